@@ -1,0 +1,40 @@
+// Railyard: portability macros shared by the CUDA build and the simulator build.
+//
+// Every device header includes this first. In the CUDA build (nvcc) it is a thin
+// layer over the CUDA keywords. In the simulator build (g++ with RAILYARD_SIM=1) it
+// pulls in the simulator's definitions of the CUDA keywords and builtins, so the
+// same kernel source compiles unmodified for the CPU.
+#pragma once
+
+#if defined(RAILYARD_SIM) && RAILYARD_SIM
+#include "railyard/sim/cuda_compat.hpp"
+#define RAILYARD_IS_SIM 1
+#else
+#define RAILYARD_IS_SIM 0
+#endif
+
+#define RAILYARD_DEVICE __device__ __forceinline__
+#define RAILYARD_HOST_DEVICE __host__ __device__ __forceinline__
+
+// Source location of a wrapper's call site. The simulator records it for hang and
+// out-of-bounds reports; the CUDA build compiles it away. A wrapper declares
+// `RAILYARD_LOC_PARAM` as its last parameter and forwards it with `RAILYARD_LOC_ARG`.
+#if RAILYARD_IS_SIM
+#define RAILYARD_LOC_PARAM , ::std::source_location railyard_loc = ::std::source_location::current()
+#define RAILYARD_LOC_ONLY_PARAM ::std::source_location railyard_loc = ::std::source_location::current()
+#define RAILYARD_LOC_ARG , railyard_loc
+#define RAILYARD_LOC_ONLY_ARG railyard_loc
+#else
+#define RAILYARD_LOC_PARAM
+#define RAILYARD_LOC_ONLY_PARAM
+#define RAILYARD_LOC_ARG
+#define RAILYARD_LOC_ONLY_ARG
+#endif
+
+// Feature macro for the Hopper/Blackwell asynchronous primitives (TMA bulk copies,
+// mbarrier transaction counts). The simulator models them; nvcc needs sm_90 or newer.
+#if RAILYARD_IS_SIM || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+#define RAILYARD_HAS_BULK_ASYNC 1
+#else
+#define RAILYARD_HAS_BULK_ASYNC 0
+#endif

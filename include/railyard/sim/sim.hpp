@@ -1,0 +1,192 @@
+// Railyard simulator: host-side API.
+//
+// The simulator runs unmodified CUDA kernel source on the CPU. Every CUDA thread is a
+// fiber; one engine thread runs all fibers of all simulated devices, choosing the
+// interleaving with a seeded random scheduler. See docs/simulator.md.
+//
+// Host threads and the engine take turns ("stop the world"): the engine runs only
+// while every participating host thread is blocked in a simulator call
+// (synchronize, run_ranks, HostWaitScope). So the interleaving is a function of the
+// seed and of the host program's sequence of calls, and host code may read and
+// write simulated memory directly whenever it holds the world (i.e. is not blocked).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <source_location>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace railyard::sim {
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr Dim3() = default;
+  constexpr Dim3(unsigned x_, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+  constexpr unsigned count() const { return x * y * z; }
+};
+
+// What a simulated device reports about itself. Presets match the datasheets of the
+// GPUs Railyard targets; tests may shrink them (e.g. fewer SMs).
+struct DeviceProps {
+  std::string name = "sim-H100";
+  int sm_count = 132;
+  int cc_major = 9, cc_minor = 0;
+  std::size_t smem_per_block_optin_bytes = 232448;  // 227 KiB usable per block
+  std::size_t global_mem_bytes = std::size_t{80} << 30;
+  int max_threads_per_block = 1024;
+  int max_blocks_per_sm = 1;  // resident blocks per SM the simulator allows
+  int nvlink_domain = 0;      // devices with the same id are peer-capable
+};
+DeviceProps h100_props();
+DeviceProps b200_props();
+
+struct Config {
+  uint64_t seed = 1;
+  // When no fiber can make progress but some are polling or in a timed wait, the
+  // virtual clock jumps by idle_warp_cycles and the waiters run again; after
+  // max_idle_rounds consecutive jumps without progress the simulator reports a hang.
+  uint64_t idle_warp_cycles = uint64_t{1} << 20;
+  uint64_t max_idle_rounds = 64;
+  std::size_t fiber_stack_bytes = 256 * 1024;
+};
+
+enum class ErrorKind { Hang, OutOfBounds, Misaligned, Trap, Misuse, PeerAccess };
+const char* to_string(ErrorKind kind);
+
+// A kernel fault or a hang, reported to the host thread that synchronizes on the
+// affected stream (like a sticky CUDA error). `what()` is the full report.
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorKind kind, std::string report) : std::runtime_error(report), kind_(kind) {}
+  ErrorKind kind() const { return kind_; }
+
+ private:
+  ErrorKind kind_;
+};
+
+// Destroys every device, stream and allocation and starts over with `config`.
+// Must be called with no host thread blocked in the simulator and no work pending.
+void reset(const Config& config = {});
+const Config& config();
+
+// ---- devices and memory -------------------------------------------------------
+int add_device(const DeviceProps& props = h100_props());
+int device_count();
+const DeviceProps& device_props(int device);
+
+// Peer mapping (the NVLink model): after enable_peer_access(d, p), kernels on device
+// d may access memory of device p. Requires both devices in the same nvlink_domain.
+void enable_peer_access(int device, int peer);
+bool peer_access_enabled(int device, int peer);
+
+// Device memory: addressable by kernels of `device` and of devices that enabled
+// peer access to it. Filled with a poison pattern (0xA5) on allocation.
+void* malloc_device(int device, std::size_t bytes, std::string label = "");
+// Pinned host memory: addressable by the host and by every device.
+void* malloc_host(std::size_t bytes, std::string label = "");
+void free(void* ptr);  // device or host allocation; freeing an unknown pointer is Misuse
+
+struct AllocationInfo {
+  uintptr_t base = 0;
+  std::size_t bytes = 0;
+  int device = -1;  // -1: pinned host memory
+  std::string label;
+};
+// The allocation containing [ptr, ptr+bytes), if any.
+bool find_allocation(const void* ptr, AllocationInfo* out);
+std::size_t live_allocation_count();
+std::size_t live_allocation_bytes();
+
+// ---- streams and events ---------------------------------------------------------
+struct Stream {
+  int id = -1;
+  bool operator==(const Stream&) const = default;
+};
+struct Event {
+  int id = -1;
+};
+Stream default_stream(int device);
+Stream create_stream(int device);
+int stream_device(Stream stream);
+
+struct LaunchConfig {
+  Dim3 grid;
+  Dim3 block;
+  std::size_t dynamic_smem_bytes = 0;
+  std::string name = "kernel";
+};
+// Enqueues a kernel: every thread of every block runs `body` (which reads the
+// builtins threadIdx, blockIdx, ... of the calling fiber). Checks the launch
+// configuration against the device limits and throws std::invalid_argument.
+void launch(Stream stream, const LaunchConfig& config, std::function<void()> body);
+void memcpy_async(Stream stream, void* dst, const void* src, std::size_t bytes);
+void memset_async(Stream stream, void* dst, int value, std::size_t bytes);
+Event record_event(Stream stream);
+void stream_wait_event(Stream stream, Event event);
+
+// Block until the work is done. Throw sim::Error if it faulted or hung.
+void stream_synchronize(Stream stream);
+void device_synchronize(int device);
+void event_synchronize(Event event);
+// Lets the engine run everything that can run now, then reports whether the stream is empty.
+bool stream_query(Stream stream);
+
+// ---- host threads ------------------------------------------------------------------
+// Runs fn(rank) on n new host threads that participate from their first instant, so
+// the engine waits for all of them; joins them and rethrows the first exception.
+void run_ranks(int num_ranks, const std::function<void(int rank)>& fn);
+
+// Marks the calling host thread as waiting on other host threads (a bootstrap
+// barrier, say), so the engine may run meanwhile.
+class HostWaitScope {
+ public:
+  HostWaitScope();
+  ~HostWaitScope();
+  HostWaitScope(const HostWaitScope&) = delete;
+  HostWaitScope& operator=(const HostWaitScope&) = delete;
+
+ private:
+  bool active_;
+};
+
+// ---- agents (the place for a simulated NIC) ------------------------------------
+// An agent is stepped by the engine like a fiber: it may read and write simulated
+// memory (e.g. poll a doorbell and move bytes between devices). step() returns
+// true when it made progress; an agent that returns false counts as idle.
+class Agent {
+ public:
+  virtual ~Agent() = default;
+  virtual bool step() = 0;
+  virtual std::string describe() const = 0;  // for hang reports
+};
+void add_agent(Agent* agent);  // not owned; removed by reset()
+
+// ---- accounting -----------------------------------------------------------------------
+// Bytes moved by kernels through the arch wrappers, by (executing device, owner of
+// the memory). Owner -1 is pinned host memory. Reads and writes are counted apart.
+struct Traffic {
+  int num_devices = 0;
+  std::vector<uint64_t> write_bytes;  // [device * (num_devices + 1) + (owner + 1)]
+  std::vector<uint64_t> read_bytes;
+  uint64_t written(int device, int owner) const {
+    return write_bytes[static_cast<std::size_t>(device) * (num_devices + 1) + (owner + 1)];
+  }
+  uint64_t read(int device, int owner) const {
+    return read_bytes[static_cast<std::size_t>(device) * (num_devices + 1) + (owner + 1)];
+  }
+};
+Traffic traffic();
+void reset_traffic();
+
+struct Stats {
+  uint64_t scheduler_steps = 0;
+  uint64_t fibers_run = 0;
+  uint64_t async_ops_completed = 0;
+  uint64_t virtual_cycles = 0;
+};
+Stats stats();
+
+}  // namespace railyard::sim
