@@ -1,0 +1,494 @@
+// Railyard simulator: device-side hooks (include/railyard/sim/device.hpp).
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "engine.hpp"
+
+namespace railyard::sim::device {
+
+using detail::AsyncOp;
+using detail::Block;
+using detail::Engine;
+using detail::Fiber;
+using detail::Mbarrier;
+using detail::WaitInfo;
+
+namespace {
+
+Engine& engine() { return Engine::get(); }
+Fiber* self() { return engine().current(); }
+
+std::string hex(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+[[noreturn]] void fail(ErrorKind kind, const std::string& message, Loc loc) {
+  engine().fault(kind, message, loc);
+}
+
+bool in_smem(const Block* b, const void* ptr, std::size_t bytes) {
+  const auto a = reinterpret_cast<uintptr_t>(ptr);
+  const auto base = reinterpret_cast<uintptr_t>(b->smem.get());
+  return a >= base && a < base + std::max<std::size_t>(b->smem_bytes, 1) && a + bytes <= base + b->smem_bytes;
+}
+
+bool near_smem(const Block* b, const void* ptr) {
+  const auto a = reinterpret_cast<uintptr_t>(ptr);
+  const auto base = reinterpret_cast<uintptr_t>(b->smem.get());
+  return a >= base && a < base + b->smem_bytes + 4096;
+}
+
+void check_alignment(const void* ptr, std::size_t align, const char* op, Loc loc) {
+  if (align > 1 && reinterpret_cast<uintptr_t>(ptr) % align != 0)
+    fail(ErrorKind::Misaligned, std::string(op) + ": address " + hex(ptr) + " is not " + std::to_string(align) +
+                                    "-byte aligned",
+         loc);
+}
+
+// Global access check; returns the owner device (-1: pinned host) for accounting.
+int check_global_impl(const void* ptr, std::size_t bytes, std::size_t align, const char* op, Loc loc) {
+  Engine& e = engine();
+  const detail::Allocation* a = e.find(ptr);
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  if (!a) {
+    // Name the nearest allocation below the address: the usual culprit of an overrun.
+    std::string nearest;
+    if (const detail::Allocation* below = e.nearest_below(ptr))
+      nearest = "; it starts " + std::to_string(addr - (below->base + below->bytes)) +
+                " bytes past the end of the nearest allocation below it, '" + below->label + "' [" +
+                hex(reinterpret_cast<void*>(below->base)) + ", +" + std::to_string(below->bytes) + ")";
+    fail(ErrorKind::OutOfBounds,
+         std::string(op) + ": access [" + hex(ptr) + ", +" + std::to_string(bytes) +
+             ") is not inside any simulated allocation" + nearest,
+         loc);
+  }
+  if (addr + bytes > a->base + a->bytes)
+    fail(ErrorKind::OutOfBounds,
+         std::string(op) + ": access [" + hex(ptr) + ", +" + std::to_string(bytes) + ") runs " +
+             std::to_string(addr + bytes - (a->base + a->bytes)) + " bytes past the end of allocation '" +
+             a->label + "' [" + hex(reinterpret_cast<void*>(a->base)) + ", +" + std::to_string(a->bytes) +
+             ") of " + (a->device < 0 ? std::string("pinned host memory") : "device " + std::to_string(a->device)),
+         loc);
+  check_alignment(ptr, align, op, loc);
+  const int dev = self()->block->kernel->device;
+  if (a->device >= 0 && a->device != dev && !e.device(dev).peer[a->device])
+    fail(ErrorKind::PeerAccess,
+         std::string(op) + ": device " + std::to_string(dev) + " accessed allocation '" + a->label +
+             "' of device " + std::to_string(a->device) + " without peer access enabled",
+         loc);
+  return a->device;
+}
+
+void forget_polls(Fiber* f) { f->polls.clear(); }
+
+// True when this fiber saw exactly these bytes at this address before, since it last
+// changed memory; records the observation otherwise.
+bool idle_poll(Fiber* f, const void* ptr, const void* data, std::size_t bytes) {
+  uint64_t v[2] = {0, 0};
+  std::memcpy(v, data, bytes);
+  for (auto& r : f->polls) {
+    if (r.addr == ptr && r.bytes == bytes) {
+      const bool same = r.value[0] == v[0] && r.value[1] == v[1];
+      r.value[0] = v[0];
+      r.value[1] = v[1];
+      return same;
+    }
+  }
+  if (f->polls.size() >= 256) f->polls.erase(f->polls.begin());
+  f->polls.push_back({ptr, bytes, {v[0], v[1]}});
+  return false;
+}
+
+}  // namespace
+
+// ---- identity ---------------------------------------------------------------------------------
+const Dim3& thread_idx() { return self()->thread_idx; }
+const Dim3& block_idx() { return self()->block->idx; }
+const Dim3& block_dim() { return self()->block->kernel->config.block; }
+const Dim3& grid_dim() { return self()->block->kernel->config.grid; }
+unsigned linear_thread_idx() { return self()->tid; }
+int current_device() { return self()->block->kernel->device; }
+uint8_t* dynamic_smem() { return self()->block->smem.get(); }
+std::size_t dynamic_smem_bytes() { return self()->block->smem_bytes; }
+
+// ---- barriers -----------------------------------------------------------------------------------
+namespace {
+void barrier(unsigned id, unsigned num_threads, bool wait, const char* what, Loc loc) {
+  Engine& e = engine();
+  Fiber* f = self();
+  Block* b = f->block;
+  const unsigned block_threads = static_cast<unsigned>(b->fibers.size());
+  if (id >= 16) fail(ErrorKind::Misuse, std::string(what) + ": barrier id " + std::to_string(id) + " is not in 0..15", loc);
+  if (num_threads == 0 || num_threads > (block_threads + 31) / 32 * 32 ||
+      (num_threads % 32 != 0 && num_threads != block_threads))
+    fail(ErrorKind::Misuse,
+         std::string(what) + ": thread count " + std::to_string(num_threads) +
+             " must be a multiple of 32 and at most the block's " + std::to_string(block_threads) + " threads",
+         loc);
+  detail::NamedBarrier& bar = b->barriers[id];
+  if (bar.expected == 0) bar.expected = num_threads;
+  if (bar.expected != num_threads)
+    fail(ErrorKind::Misuse,
+         std::string(what) + ": barrier " + std::to_string(id) + " used with " + std::to_string(num_threads) +
+             " threads while threads already waiting on it use " + std::to_string(bar.expected),
+         loc);
+  ++bar.arrived;
+  e.progress();
+  forget_polls(f);
+  if (bar.arrived == bar.expected) {
+    for (Fiber* w : bar.waiters) e.wake(w);
+    bar.waiters.clear();
+    bar.arrived = 0;
+    bar.expected = 0;
+    e.yield_runnable();
+    return;
+  }
+  if (!wait) {
+    e.yield_runnable();
+    return;
+  }
+  bar.waiters.push_back(f);
+  WaitInfo wi;
+  wi.kind = WaitInfo::Kind::Barrier;
+  wi.addr = reinterpret_cast<const void*>(static_cast<uintptr_t>(id));
+  wi.a = bar.arrived;
+  wi.b = bar.expected;
+  wi.what = what;
+  wi.loc = loc;
+  e.yield_blocked(wi);
+}
+}  // namespace
+
+void syncthreads(Loc loc) {
+  barrier(0, static_cast<unsigned>(self()->block->fibers.size()), true, "__syncthreads", loc);
+}
+void named_barrier_sync(unsigned id, unsigned num_threads, Loc loc) {
+  barrier(id, num_threads, true, "bar.sync", loc);
+}
+void named_barrier_arrive(unsigned id, unsigned num_threads, Loc loc) {
+  barrier(id, num_threads, false, "bar.arrive", loc);
+}
+
+void warp_collective(uint32_t mask, uint64_t value, uint64_t* all_values, const char* what, Loc loc) {
+  Engine& e = engine();
+  Fiber* f = self();
+  Block* b = f->block;
+  const unsigned lane = f->tid % 32, warp = f->tid / 32;
+  char buf[160];
+  if (!((mask >> lane) & 1u)) {
+    std::snprintf(buf, sizeof buf, "%s: lane %u calls with mask 0x%08x, which does not include itself", what, lane, mask);
+    fail(ErrorKind::Misuse, buf, loc);
+  }
+  const unsigned warp_lanes = std::min<unsigned>(32, static_cast<unsigned>(b->fibers.size()) - warp * 32);
+  const uint32_t existing = warp_lanes == 32 ? 0xffffffffu : ((1u << warp_lanes) - 1);
+  if (mask & ~existing) {
+    std::snprintf(buf, sizeof buf, "%s: mask 0x%08x names lanes that do not exist in this warp (0x%08x)", what, mask, existing);
+    fail(ErrorKind::Misuse, buf, loc);
+  }
+  auto& list = b->warp_collectives[warp];
+  detail::WarpCollective* c = nullptr;
+  for (auto& x : list) {
+    if (x.mask == mask) c = &x;
+    else if (x.mask & mask) {
+      std::snprintf(buf, sizeof buf, "%s: lane %u uses mask 0x%08x while lanes 0x%08x are in %s with mask 0x%08x", what,
+                    lane, mask, x.arrived, x.what, x.mask);
+      fail(ErrorKind::Misuse, buf, loc);
+    }
+  }
+  if (!c) {
+    list.emplace_back();
+    c = &list.back();
+    c->mask = mask;
+    c->what = what;
+  }
+  if (std::strcmp(c->what, what) != 0) {
+    std::snprintf(buf, sizeof buf, "%s: lane %u meets lanes 0x%08x that are in %s with the same mask", what, lane,
+                  c->arrived, c->what);
+    fail(ErrorKind::Misuse, buf, loc);
+  }
+  c->values[lane] = value;
+  c->arrived |= 1u << lane;
+  if (c->arrived == mask) {
+    for (Fiber* w : c->waiters) {
+      std::memcpy(w->collective_out, c->values, sizeof c->values);
+      e.wake(w);
+    }
+    std::memcpy(all_values, c->values, sizeof c->values);
+    list.erase(list.begin() + (c - list.data()));
+    e.yield_runnable();
+    return;
+  }
+  f->collective_out = all_values;
+  c->waiters.push_back(f);
+  WaitInfo wi;
+  wi.kind = WaitInfo::Kind::Warp;
+  wi.a = mask;
+  wi.b = c->arrived;
+  wi.what = what;
+  wi.loc = loc;
+  e.yield_blocked(wi);
+}
+
+// ---- memory --------------------------------------------------------------------------------------
+void check_shared(const void* ptr, std::size_t bytes, std::size_t align, const char* op, Loc loc) {
+  const Block* b = self()->block;
+  if (!in_smem(b, ptr, bytes))
+    fail(ErrorKind::OutOfBounds,
+         std::string(op) + ": shared-memory access [" + hex(ptr) + ", +" + std::to_string(bytes) +
+             ") is outside this block's dynamic shared memory [" + hex(b->smem.get()) + ", +" +
+             std::to_string(b->smem_bytes) + ")",
+         loc);
+  check_alignment(ptr, align, op, loc);
+}
+
+void check_global(const void* ptr, std::size_t bytes, std::size_t align, bool write, const char* op, Loc loc) {
+  const int owner = check_global_impl(ptr, bytes, align, op, loc);
+  engine().count_traffic(current_device(), owner, bytes, write);
+}
+
+void check_global_or_shared(const void* ptr, std::size_t bytes, std::size_t align, bool write, const char* op,
+                            Loc loc) {
+  const Block* b = self()->block;
+  // Generic addressing: shared if the address is in (or just past) this block's
+  // shared memory and not in a global allocation.
+  if (in_smem(b, ptr, 1) || (near_smem(b, ptr) && !engine().find(ptr))) check_shared(ptr, bytes, align, op, loc);
+  else check_global(ptr, bytes, align, write, op, loc);
+}
+
+void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope scope, const char* op, Loc loc) {
+  check_global_or_shared(ptr, bytes, bytes, false, op, loc);
+  std::memcpy(data, ptr, bytes);
+  if (order == Order::Plain) return;
+  Engine& e = engine();
+  Fiber* f = self();
+  if (idle_poll(f, ptr, data, bytes)) {
+    WaitInfo wi;
+    wi.kind = WaitInfo::Kind::Poll;
+    wi.addr = ptr;
+    std::memcpy(&wi.a, data, std::min<std::size_t>(bytes, 8));
+    wi.what = op;
+    wi.loc = loc;
+    e.yield_parked(wi);
+    std::memcpy(data, ptr, bytes);  // return what is there now
+    idle_poll(f, ptr, data, bytes);
+    return;
+  }
+  e.yield_runnable();
+}
+
+void store(void* ptr, const void* data, std::size_t bytes, Order order, Scope scope, const char* op, Loc loc) {
+  check_global_or_shared(ptr, bytes, bytes, true, op, loc);
+  std::memcpy(ptr, data, bytes);
+  Engine& e = engine();
+  e.progress();
+  forget_polls(self());
+  if (order != Order::Plain) e.yield_runnable();
+}
+
+uint64_t atomic_rmw(void* ptr, std::size_t bytes, RmwFn fn, uint64_t a, uint64_t b, Scope scope, const char* op,
+                    Loc loc) {
+  if (bytes != 4 && bytes != 8) fail(ErrorKind::Misuse, std::string(op) + ": atomics take 4 or 8 bytes", loc);
+  check_global_or_shared(ptr, bytes, bytes, true, op, loc);
+  uint64_t old = 0;
+  std::memcpy(&old, ptr, bytes);
+  uint64_t next = fn(old, a, b);
+  if (bytes == 4) next &= 0xffffffffull;
+  Engine& e = engine();
+  Fiber* f = self();
+  if (next == old) {
+    // An atomic that changes nothing is a poll (a CAS spin, an add of zero).
+    if (idle_poll(f, ptr, &old, bytes)) {
+      WaitInfo wi;
+      wi.kind = WaitInfo::Kind::Poll;
+      wi.addr = ptr;
+      wi.a = old;
+      wi.what = op;
+      wi.loc = loc;
+      e.yield_parked(wi);
+      std::memcpy(&old, ptr, bytes);
+      next = fn(old, a, b);
+      if (bytes == 4) next &= 0xffffffffull;
+      std::memcpy(ptr, &next, bytes);
+      if (next != old) {
+        e.progress();
+        forget_polls(f);
+      } else {
+        idle_poll(f, ptr, &old, bytes);
+      }
+      return old;
+    }
+    e.yield_runnable();
+    return old;
+  }
+  std::memcpy(ptr, &next, bytes);
+  e.progress();
+  forget_polls(f);
+  e.yield_runnable();
+  return old;
+}
+
+void fence(const char* op, Loc loc) { engine().yield_runnable(); }
+
+// ---- mbarrier ---------------------------------------------------------------------------------------
+void mbarrier_init(uint64_t* bar, unsigned arrival_count, Loc loc) {
+  Engine& e = engine();
+  if (arrival_count == 0 || arrival_count >= (1u << 20))
+    fail(ErrorKind::Misuse, "mbarrier_init: arrival count " + std::to_string(arrival_count) + " is not in 1..2^20-1",
+         loc);
+  e.mbarrier(bar, loc, false);  // address checks
+  Block* b = self()->block;
+  Mbarrier& m = b->mbarriers[reinterpret_cast<uintptr_t>(bar)];
+  if (!m.waiters.empty()) fail(ErrorKind::Misuse, "mbarrier_init on a barrier that threads wait on", loc);
+  m = Mbarrier{};
+  m.expected_arrivals = m.pending_arrivals = arrival_count;
+  *bar = 0;
+  e.progress();
+  e.yield_runnable();
+}
+
+void mbarrier_inval(uint64_t* bar, Loc loc) {
+  Engine& e = engine();
+  Mbarrier* m = e.mbarrier(bar, loc, true);
+  if (!m->waiters.empty()) fail(ErrorKind::Misuse, "mbarrier_inval on a barrier that threads wait on", loc);
+  self()->block->mbarriers.erase(reinterpret_cast<uintptr_t>(bar));
+  e.progress();
+  e.yield_runnable();
+}
+
+uint64_t mbarrier_arrive(uint64_t* bar, unsigned arrivals, uint32_t tx_bytes, Loc loc) {
+  Engine& e = engine();
+  Mbarrier* m = e.mbarrier(bar, loc, true);
+  if (arrivals > m->pending_arrivals)
+    fail(ErrorKind::Misuse,
+         "mbarrier_arrive: " + std::to_string(arrivals) + " arrivals but only " +
+             std::to_string(m->pending_arrivals) + " are pending in this phase (more arrivals than the init count)",
+         loc);
+  const uint64_t token = m->phases_completed;
+  m->tx_count += tx_bytes;
+  if (arrivals) e.arrive(*m, arrivals);
+  e.progress();
+  forget_polls(self());
+  e.yield_runnable();
+  return token;
+}
+
+bool mbarrier_test_wait_parity(uint64_t* bar, uint32_t parity, Loc loc) {
+  Engine& e = engine();
+  Mbarrier* m = e.mbarrier(bar, loc, true);
+  const bool done = (m->phases_completed & 1u) != (parity & 1u);
+  uint64_t observed = m->phases_completed;
+  if (!done && idle_poll(self(), bar, &observed, 8)) {
+    WaitInfo wi;
+    wi.kind = WaitInfo::Kind::Mbarrier;
+    wi.addr = bar;
+    wi.a = parity;
+    wi.loc = loc;
+    e.yield_parked(wi);
+  } else {
+    e.yield_runnable();
+  }
+  return done;
+}
+
+bool mbarrier_try_wait_parity(uint64_t* bar, uint32_t parity, Loc loc) {
+  Engine& e = engine();
+  Mbarrier* m = e.mbarrier(bar, loc, true);
+  if ((m->phases_completed & 1u) != (parity & 1u)) return true;
+  Fiber* f = self();
+  m->waiters.push_back(f);
+  WaitInfo wi;
+  wi.kind = WaitInfo::Kind::Mbarrier;
+  wi.addr = bar;
+  wi.a = parity;
+  wi.loc = loc;
+  const bool woken = e.yield_timed(wi);
+  m = e.mbarrier(bar, loc, true);
+  if (!woken) {
+    auto it = std::find(m->waiters.begin(), m->waiters.end(), f);
+    if (it != m->waiters.end()) m->waiters.erase(it);
+  }
+  return (m->phases_completed & 1u) != (parity & 1u);
+}
+
+// ---- bulk asynchronous copies ---------------------------------------------------------------------------
+namespace {
+void check_bulk_size(uint32_t bytes, const char* op, Loc loc) {
+  if (bytes == 0 || bytes % 16 != 0)
+    fail(ErrorKind::Misaligned, std::string(op) + ": size " + std::to_string(bytes) + " is not a positive multiple of 16",
+         loc);
+}
+}  // namespace
+
+void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* bar, Loc loc) {
+  Engine& e = engine();
+  const char* op = "bulk_copy_g2s";
+  check_bulk_size(bytes, op, loc);
+  check_shared(smem_dst, bytes, 16, op, loc);
+  check_global(gmem_src, bytes, 16, false, op, loc);
+  e.mbarrier(bar, loc, true);
+  Fiber* f = self();
+  e.issue_async(AsyncOp{AsyncOp::Kind::G2S, f->block, f, smem_dst, gmem_src, bytes, bar, nullptr, loc});
+  e.progress();
+  e.yield_runnable();
+}
+
+void bulk_copy_s2g(void* gmem_dst, const void* smem_src, uint32_t bytes, Loc loc) {
+  Engine& e = engine();
+  const char* op = "bulk_copy_s2g";
+  check_bulk_size(bytes, op, loc);
+  check_shared(smem_src, bytes, 16, op, loc);
+  check_global(gmem_dst, bytes, 16, true, op, loc);
+  Fiber* f = self();
+  e.issue_async(AsyncOp{AsyncOp::Kind::S2G, f->block, f, gmem_dst, smem_src, bytes, nullptr, &f->groups.back(), loc});
+  e.progress();
+  e.yield_runnable();
+}
+
+void bulk_commit_group(Loc loc) {
+  Fiber* f = self();
+  f->groups.emplace_back();
+}
+
+void bulk_wait_group(unsigned max_pending, bool read_only, Loc loc) {
+  Engine& e = engine();
+  Fiber* f = self();
+  for (;;) {
+    // groups.back() is the open group; the committed ones precede it, oldest first.
+    const std::size_t committed = f->groups.size() - 1;
+    std::size_t pending = 0;
+    bool older_pending = false;
+    for (std::size_t i = 0; i < committed; ++i) {
+      if (f->groups[i].pending) {
+        ++pending;
+        if (i + max_pending < committed) older_pending = true;
+      }
+    }
+    if (!older_pending) break;
+    WaitInfo wi;
+    wi.kind = WaitInfo::Kind::BulkGroup;
+    wi.a = max_pending;
+    wi.b = pending;
+    wi.loc = loc;
+    e.yield_blocked(wi);
+  }
+  while (f->groups.size() > 1 && f->groups.front().pending == 0) f->groups.pop_front();
+  e.yield_runnable();
+}
+
+// ---- time and faults ----------------------------------------------------------------------------------------
+uint64_t clock64() { return engine().clock(); }
+
+void nanosleep(unsigned ns, Loc loc) {
+  WaitInfo wi;
+  wi.kind = WaitInfo::Kind::Sleep;
+  wi.what = "__nanosleep";
+  wi.loc = loc;
+  engine().yield_parked(wi);
+}
+
+void trap(const char* message, Loc loc) { fail(ErrorKind::Trap, message, loc); }
+
+}  // namespace railyard::sim::device

@@ -1,0 +1,847 @@
+// Railyard simulator engine: world protocol, scheduler, kernels, async copies, reports.
+#include "engine.hpp"
+
+#include <algorithm>
+#include <boost/context/protected_fixedsize_stack.hpp>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+namespace railyard::sim::detail {
+
+// ---- Rng ------------------------------------------------------------------------------
+namespace {
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+}  // namespace
+
+Rng::Rng(uint64_t seed) {
+  for (auto& s : s_) s = splitmix64(seed);
+}
+uint64_t Rng::next() {
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+// ---- world protocol ---------------------------------------------------------------------
+namespace {
+struct ThreadRegistration {
+  bool registered = false;
+  ~ThreadRegistration() {
+    if (registered) Engine::get().leave();
+  }
+};
+thread_local ThreadRegistration t_registration;
+
+// Project-relative file name for reports.
+std::string short_file(const char* path) {
+  std::string p = path ? path : "?";
+  for (const char* root : {"/include/", "/kernels/", "/src/", "/tests/", "/benchmarks/", "/python/"}) {
+    const auto pos = p.rfind(root);
+    if (pos != std::string::npos) return p.substr(pos + 1);
+  }
+  return p;
+}
+
+std::string format_loc(const Loc& loc) {
+  std::ostringstream os;
+  os << short_file(loc.file_name()) << ":" << loc.line();
+  return os.str();
+}
+
+std::string hex(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+std::string dim(const Dim3& d) {
+  std::ostringstream os;
+  os << "(" << d.x << "," << d.y << "," << d.z << ")";
+  return os.str();
+}
+}  // namespace
+
+Engine& Engine::get() {
+  // Leaked on purpose: the engine thread may still wait on its condition variable at exit.
+  static Engine* engine = new Engine();
+  return *engine;
+}
+
+Engine::Engine() : rng_(1) {
+  thread_ = std::thread([this] { engine_main(); });
+  thread_.detach();
+}
+
+std::unique_lock<std::mutex> Engine::acquire() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!t_registration.registered) {
+    t_registration.registered = true;
+    ++participants_;
+    active_ = participants_ - blocked_;
+  }
+  quiescent_ = false;
+  cv_.wait(lock, [&] { return !engine_running_; });
+  return lock;
+}
+
+void Engine::block_until(std::unique_lock<std::mutex>& lock, std::function<bool()> ready,
+                         bool wants_quiescence) {
+  if (ready()) return;
+  HostWaiter waiter{std::move(ready), wants_quiescence};
+  host_waiters_.push_back(&waiter);
+  ++blocked_;
+  active_ = participants_ - blocked_;
+  cv_.notify_all();
+  // The engine marks the waiter satisfied and the thread active again (so it stops
+  // at a point of its own timeline, which keeps runs reproducible).
+  cv_.wait(lock, [&] { return waiter.satisfied && !engine_running_; });
+}
+
+bool Engine::begin_host_wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!t_registration.registered) return false;
+  ++blocked_;
+  active_ = participants_ - blocked_;
+  cv_.notify_all();
+  return true;
+}
+
+void Engine::end_host_wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!t_registration.registered) return;
+  --blocked_;
+  active_ = participants_ - blocked_;
+  quiescent_ = false;
+  cv_.wait(lock, [&] { return !engine_running_; });
+}
+
+void Engine::add_preassigned(int n) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  participants_ += n;
+  preassigned_ += n;
+  active_ = participants_ - blocked_;
+}
+
+void Engine::adopt_preassigned() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  t_registration.registered = true;
+  --preassigned_;
+  cv_.wait(lock, [&] { return !engine_running_; });
+}
+
+void Engine::leave() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  t_registration.registered = false;
+  --participants_;
+  active_ = participants_ - blocked_;
+  cv_.notify_all();
+}
+
+bool Engine::has_work() const {
+  if (quiescent_) return false;
+  for (const auto& s : streams_)
+    if (!s.ops.empty()) return true;
+  return false;
+}
+
+bool Engine::world_ready() const { return participants_ == blocked_ && has_work(); }
+
+void Engine::engine_main() {
+  for (;;) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return world_ready(); });
+    engine_running_ = true;
+    lock.unlock();
+    run_until_pause();
+    lock.lock();
+    engine_running_ = false;
+    cv_.notify_all();
+  }
+}
+
+void Engine::run_until_pause() {
+  while (active_.load(std::memory_order_acquire) == 0) {
+    if (!step()) break;
+  }
+}
+
+void Engine::check_host_waiters() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (auto it = host_waiters_.begin(); it != host_waiters_.end();) {
+    HostWaiter* w = *it;
+    if (w->ready()) {
+      w->satisfied = true;
+      --blocked_;
+      active_ = participants_ - blocked_;
+      it = host_waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+// ---- world state (host side, world held) ----------------------------------------------------
+void Engine::reset(const Config& config) {
+  for (const auto& s : streams_)
+    if (!s.ops.empty())
+      throw Error(ErrorKind::Misuse, "railyard::sim::reset: work is still pending on a stream; "
+                                     "synchronize first");
+  for (auto& [base, a] : allocations_) std::free(reinterpret_cast<void*>(base));
+  allocations_.clear();
+  devices_.clear();
+  streams_.clear();
+  events_done_.clear();
+  event_device_.clear();
+  kernels_.clear();
+  runnable_.clear();
+  parked_.clear();
+  timed_.clear();
+  async_.clear();
+  agents_.clear();
+  config_ = config;
+  rng_ = Rng(config.seed);
+  epoch_ = 1;
+  unpark_epoch_ = warp_epoch_ = idle_rounds_ = 0;
+  next_launch_id_ = 0;
+  quiescent_ = false;
+  traffic_write_.clear();
+  traffic_read_.clear();
+  stats_ = Stats{};
+}
+
+int Engine::add_device(const DeviceProps& props) {
+  if (props.sm_count < 1 || props.max_blocks_per_sm < 1 || props.max_threads_per_block < 32)
+    throw std::invalid_argument("railyard::sim::add_device: props.sm_count and props.max_blocks_per_sm "
+                                "must be >= 1 and props.max_threads_per_block >= 32");
+  const int id = static_cast<int>(devices_.size());
+  DeviceState d;
+  d.props = props;
+  devices_.push_back(std::move(d));
+  for (auto& dev : devices_) dev.peer.resize(devices_.size(), false);
+  devices_[id].peer[id] = true;
+  devices_[id].default_stream = new_stream(id);
+  const std::size_t n = devices_.size();
+  traffic_write_.assign(n * (n + 1), 0);
+  traffic_read_.assign(n * (n + 1), 0);
+  return id;
+}
+
+void Engine::enable_peer(int dev, int peer) {
+  if (devices_.at(dev).props.nvlink_domain != devices_.at(peer).props.nvlink_domain)
+    throw Error(ErrorKind::PeerAccess, "railyard::sim::enable_peer_access: devices " + std::to_string(dev) +
+                                           " and " + std::to_string(peer) +
+                                           " are in different NVLink domains");
+  devices_[dev].peer[peer] = true;
+}
+
+void* Engine::allocate(int dev, std::size_t bytes, std::string label) {
+  if (bytes == 0) return nullptr;
+  // cudaMalloc returns 256-byte aligned memory; keep that, and round the size so the
+  // aligned_alloc contract holds. Accesses are checked against the requested size.
+  const std::size_t rounded = (bytes + 255) / 256 * 256;
+  void* p = std::aligned_alloc(256, rounded);
+  if (!p) throw std::bad_alloc();
+  std::memset(p, 0xA5, rounded);
+  const auto base = reinterpret_cast<uintptr_t>(p);
+  allocations_[base] = Allocation{base, bytes, dev, std::move(label)};
+  return p;
+}
+
+void Engine::deallocate(void* ptr) {
+  if (!ptr) return;
+  auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == allocations_.end())
+    throw Error(ErrorKind::Misuse, "railyard::sim::free: " + hex(ptr) + " is not the start of a live allocation");
+  std::free(ptr);
+  allocations_.erase(it);
+}
+
+const Allocation* Engine::find(const void* ptr) const {
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  auto it = allocations_.upper_bound(addr);
+  if (it == allocations_.begin()) return nullptr;
+  --it;
+  const Allocation& a = it->second;
+  if (addr >= a.base && addr < a.base + std::max<std::size_t>(a.bytes, 1)) return &a;
+  return nullptr;
+}
+
+const Allocation* Engine::nearest_below(const void* ptr) const {
+  auto it = allocations_.upper_bound(reinterpret_cast<uintptr_t>(ptr));
+  if (it == allocations_.begin()) return nullptr;
+  return &std::prev(it)->second;
+}
+
+std::size_t Engine::live_bytes() const {
+  std::size_t total = 0;
+  for (const auto& [base, a] : allocations_) total += a.bytes;
+  return total;
+}
+
+int Engine::new_stream(int dev) {
+  StreamState s;
+  s.device = dev;
+  streams_.push_back(std::move(s));
+  return static_cast<int>(streams_.size()) - 1;
+}
+
+int Engine::new_event(int device) {
+  events_done_.push_back(false);
+  event_device_.push_back(device);
+  return static_cast<int>(events_done_.size()) - 1;
+}
+
+bool Engine::device_idle(int device) const {
+  for (const auto& s : streams_)
+    if (s.device == device && !s.ops.empty()) return false;
+  return true;
+}
+
+void Engine::enqueue(int stream, StreamOp op) {
+  streams_.at(stream).ops.push_back(std::move(op));
+  admission_dirty_ = true;
+}
+
+bool Engine::stream_empty(int stream) const { return streams_.at(stream).ops.empty(); }
+
+void Engine::throw_if_faulted(int dev) const {
+  const DeviceState& d = devices_.at(dev);
+  if (d.faulted) throw Error(d.fault_kind, d.fault_report);
+}
+
+Traffic Engine::traffic() const {
+  Traffic t;
+  t.num_devices = device_count();
+  t.write_bytes = traffic_write_;
+  t.read_bytes = traffic_read_;
+  return t;
+}
+
+void Engine::reset_traffic() {
+  std::fill(traffic_write_.begin(), traffic_write_.end(), 0);
+  std::fill(traffic_read_.begin(), traffic_read_.end(), 0);
+}
+
+void Engine::count_traffic(int dev, int owner, std::size_t bytes, bool write) {
+  const std::size_t i = static_cast<std::size_t>(dev) * (devices_.size() + 1) + (owner + 1);
+  (write ? traffic_write_ : traffic_read_)[i] += bytes;
+}
+
+// ---- scheduler ---------------------------------------------------------------------------------
+void Engine::make_runnable(Fiber* f) {
+  f->state = FiberState::Runnable;
+  f->runnable_index = runnable_.size();
+  runnable_.push_back(f);
+}
+
+void Engine::remove_runnable(Fiber* f) {
+  const std::size_t i = f->runnable_index;
+  runnable_[i] = runnable_.back();
+  runnable_[i]->runnable_index = i;
+  runnable_.pop_back();
+}
+
+void Engine::wake(Fiber* f) {
+  if (f->state == FiberState::TimedWait) {
+    timed_.erase(std::find(timed_.begin(), timed_.end(), f));
+  } else if (f->state == FiberState::Parked) {
+    parked_.erase(std::find(parked_.begin(), parked_.end(), f));
+  } else if (f->state != FiberState::Blocked) {
+    return;
+  }
+  f->timed_out = false;
+  make_runnable(f);
+}
+
+namespace {
+void switch_to_scheduler(Fiber* f) { f->sink = std::move(f->sink).resume(); }
+}  // namespace
+
+void Engine::yield_runnable() {
+  Fiber* f = current_;
+  f->state = FiberState::Runnable;
+  switch_to_scheduler(f);
+}
+
+void Engine::yield_parked(const WaitInfo& wait) {
+  Fiber* f = current_;
+  f->wait = wait;
+  f->state = FiberState::Parked;
+  switch_to_scheduler(f);
+  f->wait.kind = WaitInfo::Kind::None;
+}
+
+void Engine::yield_blocked(const WaitInfo& wait) {
+  Fiber* f = current_;
+  f->wait = wait;
+  f->state = FiberState::Blocked;
+  switch_to_scheduler(f);
+  f->wait.kind = WaitInfo::Kind::None;
+}
+
+bool Engine::yield_timed(const WaitInfo& wait) {
+  Fiber* f = current_;
+  f->wait = wait;
+  f->state = FiberState::TimedWait;
+  f->timed_out = false;
+  switch_to_scheduler(f);
+  f->wait.kind = WaitInfo::Kind::None;
+  return !f->timed_out;
+}
+
+void Engine::run_fiber(Fiber* f) {
+  remove_runnable(f);
+  current_ = f;
+  f->context = std::move(f->context).resume();
+  current_ = nullptr;
+  ++stats_.fibers_run;
+  if (pending_fault_.set) {
+    PendingFault pf = std::move(pending_fault_);
+    pending_fault_ = PendingFault{};
+    fault_device(pf.device, pf.kind, pf.report);
+    return;
+  }
+  switch (f->state) {
+    case FiberState::Runnable: runnable_.push_back(f), f->runnable_index = runnable_.size() - 1; break;
+    case FiberState::Parked:
+      f->park_epoch = epoch_;
+      parked_.push_back(f);
+      break;
+    case FiberState::TimedWait: timed_.push_back(f); break;
+    case FiberState::Blocked: break;
+    case FiberState::Done: {
+      ++epoch_;
+      Block* b = f->block;
+      --b->live_fibers;
+      if (b->live_fibers == 0 && b->pending_async == 0) retire_finished();
+      break;
+    }
+  }
+}
+
+bool Engine::step() {
+  if (admission_dirty_) admit();
+  if (epoch_ != unpark_epoch_ && !parked_.empty()) {
+    for (Fiber* f : parked_) make_runnable(f);
+    parked_.clear();
+  }
+  unpark_epoch_ = epoch_;
+  const std::size_t nf = runnable_.size(), na = async_.size();
+  if (nf == 0 && na == 0) {
+    bool agent_progress = false;
+    for (Agent* a : agents_)
+      if (a->step()) agent_progress = true;
+    if (agent_progress) {
+      ++epoch_;
+      return true;
+    }
+    if (kernels_.empty() && !admission_dirty_) {
+      // Nothing runs: either every stream is empty (pause) or heads wait on events
+      // that will never be recorded (a hang).
+      bool pending = false;
+      for (const auto& s : streams_) pending |= !s.ops.empty();
+      if (!pending) return false;
+    }
+    warp_or_hang();
+    return true;
+  }
+  ++stats_.scheduler_steps;
+  ++stats_.virtual_cycles;
+  const uint64_t pick = rng_.below(nf + na + agents_.size());
+  if (pick < nf) {
+    run_fiber(runnable_[pick]);
+  } else if (pick < nf + na) {
+    complete_async(pick - nf);
+  } else if (agents_[pick - nf - na]->step()) {
+    ++epoch_;
+  }
+  return true;
+}
+
+void Engine::admit() {
+  admission_dirty_ = false;
+  bool again = true;
+  while (again) {
+    again = false;
+    for (std::size_t sid = 0; sid < streams_.size(); ++sid) {
+      StreamState& s = streams_[sid];
+      while (!s.ops.empty() && !s.head_started) {
+        StreamOp& op = s.ops.front();
+        if (op.kind == StreamOp::Kind::EventWait && !events_done_[op.event]) break;
+        if (op.kind == StreamOp::Kind::Kernel) {
+          s.head_started = true;
+          op.kernel->stream = static_cast<int>(sid);
+          kernels_.push_back(op.kernel);
+          break;
+        }
+        if (op.kind == StreamOp::Kind::Memcpy) std::memmove(op.dst, op.src, op.bytes);
+        if (op.kind == StreamOp::Kind::Memset) std::memset(op.dst, op.value, op.bytes);
+        if (op.kind == StreamOp::Kind::EventRecord) {
+          events_done_[op.event] = true;
+          again = true;
+        }
+        s.ops.pop_front();
+        ++epoch_;
+        check_host_waiters();
+      }
+    }
+  }
+  // Make blocks resident, kernels in admission order, up to each device's capacity.
+  for (auto& k : kernels_) {
+    DeviceState& d = devices_[k->device];
+    const unsigned capacity = static_cast<unsigned>(d.props.sm_count * d.props.max_blocks_per_sm);
+    while (k->next_block < k->blocks_total && d.resident_blocks < capacity) start_block(*k);
+  }
+}
+
+void Engine::start_block(KernelRun& k) {
+  const unsigned linear = k.next_block++;
+  const Dim3 g = k.config.grid;
+  auto block = std::make_unique<Block>();
+  block->kernel = &k;
+  block->idx = Dim3(linear % g.x, (linear / g.x) % g.y, linear / (g.x * g.y));
+  block->smem_bytes = k.config.dynamic_smem_bytes;
+  const std::size_t smem_alloc = std::max<std::size_t>((block->smem_bytes + 127) / 128 * 128, 128);
+  block->smem.reset(static_cast<uint8_t*>(std::aligned_alloc(128, smem_alloc)));
+  std::memset(block->smem.get(), 0xA5, smem_alloc);
+  const Dim3 bd = k.config.block;
+  const unsigned threads = bd.count();
+  block->fibers.reserve(threads);
+  bctx::protected_fixedsize_stack stack(config_.fiber_stack_bytes);
+  for (unsigned t = 0; t < threads; ++t) {
+    auto f = std::make_unique<Fiber>();
+    Fiber* fp = f.get();
+    fp->block = block.get();
+    fp->tid = t;
+    fp->thread_idx = Dim3(t % bd.x, (t / bd.x) % bd.y, t / (bd.x * bd.y));
+    fp->groups.emplace_back();  // the open bulk group
+    fp->context = bctx::fiber(std::allocator_arg, stack, [this, fp](bctx::fiber&& sink) {
+      fp->sink = std::move(sink);
+      try {
+        fp->block->kernel->body();
+      } catch (const KernelFault&) {
+        // fault() recorded the report; the kernel is torn down by the scheduler.
+      }
+      fp->state = FiberState::Done;
+      return std::move(fp->sink);
+    });
+    make_runnable(fp);
+    block->fibers.push_back(std::move(f));
+  }
+  block->live_fibers = threads;
+  ++devices_[k.device].resident_blocks;
+  k.resident.push_back(std::move(block));
+}
+
+// Retires finished blocks and kernels; starts waiting blocks.
+void Engine::retire_finished() {
+  for (std::size_t ki = 0; ki < kernels_.size();) {
+    KernelRun& k = *kernels_[ki];
+    for (std::size_t bi = 0; bi < k.resident.size();) {
+      Block& b = *k.resident[bi];
+      if (b.live_fibers == 0 && b.pending_async == 0) {
+        k.resident.erase(k.resident.begin() + static_cast<std::ptrdiff_t>(bi));
+        --devices_[k.device].resident_blocks;
+        ++k.blocks_done;
+        admission_dirty_ = true;
+      } else {
+        ++bi;
+      }
+    }
+    if (k.blocks_done == k.blocks_total) {
+      const int stream = k.stream;
+      kernels_.erase(kernels_.begin() + static_cast<std::ptrdiff_t>(ki));
+      finish_head(stream);
+    } else {
+      ++ki;
+    }
+  }
+}
+
+void Engine::finish_head(int stream) {
+  StreamState& s = streams_[stream];
+  s.head_started = false;
+  s.ops.pop_front();
+  admission_dirty_ = true;
+  ++epoch_;
+  check_host_waiters();
+}
+
+// ---- asynchronous copies ---------------------------------------------------------------------
+void Engine::issue_async(const AsyncOp& op) {
+  async_.push_back(op);
+  ++op.block->pending_async;
+  if (op.kind == AsyncOp::Kind::S2G) ++op.group->pending;
+}
+
+void Engine::complete_async(std::size_t index) {
+  AsyncOp op = async_[index];
+  async_[index] = async_.back();
+  async_.pop_back();
+  ++stats_.async_ops_completed;
+  ++epoch_;
+  std::memmove(op.dst, op.src, op.bytes);
+  Block* b = op.block;
+  --b->pending_async;
+  if (op.kind == AsyncOp::Kind::G2S) {
+    auto it = b->mbarriers.find(reinterpret_cast<uintptr_t>(op.bar));
+    if (it != b->mbarriers.end()) complete_tx(it->second, op.bytes);
+  } else {
+    --op.group->pending;
+    Fiber* f = op.issuer;
+    if (f->state == FiberState::Blocked && f->wait.kind == WaitInfo::Kind::BulkGroup) wake(f);
+  }
+  if (b->live_fibers == 0 && b->pending_async == 0) retire_finished();
+}
+
+Mbarrier* Engine::mbarrier(uint64_t* bar, Loc loc, bool must_exist) {
+  Block* b = current_->block;
+  const auto addr = reinterpret_cast<uintptr_t>(bar);
+  const auto base = reinterpret_cast<uintptr_t>(b->smem.get());
+  if (addr < base || addr + 8 > base + b->smem_bytes)
+    fault(ErrorKind::OutOfBounds,
+          "mbarrier address " + hex(bar) + " is not in this block's dynamic shared memory [" +
+              hex(b->smem.get()) + ", +" + std::to_string(b->smem_bytes) + ")",
+          loc);
+  if (addr % 8) fault(ErrorKind::Misaligned, "mbarrier address " + hex(bar) + " is not 8-byte aligned", loc);
+  auto it = b->mbarriers.find(addr);
+  if (it == b->mbarriers.end()) {
+    if (must_exist)
+      fault(ErrorKind::Misuse, "mbarrier at " + hex(bar) + " used before mbarrier_init (or after inval)", loc);
+    return nullptr;
+  }
+  return &it->second;
+}
+
+void Engine::arrive(Mbarrier& bar, unsigned count) {
+  bar.pending_arrivals -= count;
+  complete_tx(bar, 0);
+}
+
+void Engine::complete_tx(Mbarrier& bar, uint32_t bytes) {
+  bar.tx_count -= bytes;
+  if (bar.pending_arrivals == 0 && bar.tx_count == 0) {
+    ++bar.phases_completed;
+    bar.pending_arrivals = bar.expected_arrivals;
+    for (Fiber* f : bar.waiters) wake(f);
+    bar.waiters.clear();
+  }
+}
+
+// ---- faults and hangs ------------------------------------------------------------------------
+std::string Engine::where(const Fiber* f) const {
+  const KernelRun& k = *f->block->kernel;
+  std::ostringstream os;
+  os << "device " << k.device << " kernel '" << k.config.name << "' block " << dim(f->block->idx) << " thread "
+     << dim(f->thread_idx) << " (warp " << f->tid / 32 << " lane " << f->tid % 32 << ")";
+  return os.str();
+}
+
+void Engine::fault(ErrorKind kind, const std::string& message, Loc loc) {
+  std::ostringstream os;
+  os << "railyard simulator: " << to_string(kind) << " in " << where(current_) << " at " << format_loc(loc)
+     << " (" << loc.function_name() << "): " << message << " [seed " << config_.seed << "]";
+  if (!pending_fault_.set) {
+    pending_fault_.set = true;
+    pending_fault_.kind = kind;
+    pending_fault_.report = os.str();
+    pending_fault_.device = current_->block->kernel->device;
+  }
+  throw KernelFault{};
+}
+
+void Engine::fault_device(int dev, ErrorKind kind, const std::string& report) {
+  DeviceState& d = devices_[dev];
+  if (!d.faulted) {
+    d.faulted = true;
+    d.fault_kind = kind;
+    d.fault_report = report;
+  }
+  for (std::size_t ki = 0; ki < kernels_.size();) {
+    if (kernels_[ki]->device == dev) {
+      destroy_kernel(*kernels_[ki]);
+      kernels_.erase(kernels_.begin() + static_cast<std::ptrdiff_t>(ki));
+    } else {
+      ++ki;
+    }
+  }
+  for (auto& s : streams_) {
+    if (s.device != dev) continue;
+    s.ops.clear();
+    s.head_started = false;
+  }
+  ++epoch_;
+  check_host_waiters();
+}
+
+void Engine::destroy_kernel(KernelRun& k) {
+  auto in_kernel = [&](Fiber* f) { return f->block->kernel == &k; };
+  std::erase_if(runnable_, in_kernel);
+  for (std::size_t i = 0; i < runnable_.size(); ++i) runnable_[i]->runnable_index = i;
+  std::erase_if(parked_, in_kernel);
+  std::erase_if(timed_, in_kernel);
+  std::erase_if(async_, [&](const AsyncOp& op) { return op.block->kernel == &k; });
+  devices_[k.device].resident_blocks -= static_cast<unsigned>(k.resident.size());
+  k.resident.clear();  // unwinds the suspended fibers' stacks
+}
+
+void Engine::warp_or_hang() {
+  // A host thread asked to run until nothing more can happen on its own
+  // (stream_query): stop here instead of warping the clock. quiescent_ stays set, so
+  // the engine idles, until the next host call.
+  bool wants_quiescence = false;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (const HostWaiter* w : host_waiters_) wants_quiescence |= w->wants_quiescence;
+  }
+  if (wants_quiescence) {
+    quiescent_ = true;
+    check_host_waiters();
+    return;
+  }
+  const bool waiters = !parked_.empty() || !timed_.empty();
+  if (epoch_ != warp_epoch_) idle_rounds_ = 0;
+  if (waiters && idle_rounds_ < config_.max_idle_rounds) {
+    ++idle_rounds_;
+    stats_.virtual_cycles += config_.idle_warp_cycles;
+    for (Fiber* f : parked_) make_runnable(f);
+    parked_.clear();
+    for (Fiber* f : timed_) {
+      f->timed_out = true;
+      make_runnable(f);
+    }
+    timed_.clear();
+    unpark_epoch_ = epoch_;
+    warp_epoch_ = epoch_;
+    return;
+  }
+  const std::string report = hang_report();
+  std::vector<int> devs;
+  for (const auto& k : kernels_) devs.push_back(k->device);
+  for (std::size_t s = 0; s < streams_.size(); ++s)
+    if (!streams_[s].ops.empty()) devs.push_back(streams_[s].device);
+  std::sort(devs.begin(), devs.end());
+  devs.erase(std::unique(devs.begin(), devs.end()), devs.end());
+  for (int d : devs) fault_device(d, ErrorKind::Hang, report);
+}
+
+namespace {
+std::string lanes_string(const std::vector<unsigned>& lanes) {
+  std::ostringstream os;
+  for (std::size_t i = 0; i < lanes.size();) {
+    std::size_t j = i;
+    while (j + 1 < lanes.size() && lanes[j + 1] == lanes[j] + 1) ++j;
+    if (i) os << ",";
+    os << lanes[i];
+    if (j > i) os << "-" << lanes[j];
+    i = j + 1;
+  }
+  return os.str();
+}
+}  // namespace
+
+std::string Engine::hang_report() const {
+  std::ostringstream os;
+  os << "railyard simulator: hang: no thread can make progress (seed " << config_.seed << ", "
+     << stats_.scheduler_steps << " steps, virtual clock " << stats_.virtual_cycles << " cycles)\n";
+  for (const auto& kp : kernels_) {
+    const KernelRun& k = *kp;
+    os << "device " << k.device << " stream " << k.stream << " kernel '" << k.config.name << "' grid "
+       << dim(k.config.grid) << " block " << dim(k.config.block) << ": " << k.blocks_done << " of "
+       << k.blocks_total << " blocks done\n";
+    for (const auto& bp : k.resident) {
+      const Block& b = *bp;
+      os << "  block " << dim(b.idx) << ":\n";
+      const unsigned warps = (static_cast<unsigned>(b.fibers.size()) + 31) / 32;
+      for (unsigned w = 0; w < warps; ++w) {
+        // Group the warp's lanes by what they wait on.
+        std::vector<std::pair<std::string, std::vector<unsigned>>> groups;
+        for (unsigned l = 0; l < 32 && w * 32 + l < b.fibers.size(); ++l) {
+          const Fiber& f = *b.fibers[w * 32 + l];
+          std::ostringstream d;
+          const WaitInfo& wi = f.wait;
+          switch (f.state) {
+            case FiberState::Done: d << "exited"; break;
+            case FiberState::Runnable: d << "runnable"; break;
+            default:
+              switch (wi.kind) {
+                case WaitInfo::Kind::Barrier: {
+                  const auto id = reinterpret_cast<uintptr_t>(wi.addr);
+                  d << wi.what << " (barrier id " << id << ": " << b.barriers[id].arrived << " of "
+                    << b.barriers[id].expected << " threads arrived)";
+                  break;
+                }
+                case WaitInfo::Kind::Warp: {
+                  uint32_t arrived = 0;
+                  for (const auto& c : b.warp_collectives[w])
+                    if (c.mask == wi.a) arrived = c.arrived;
+                  char buf[64];
+                  std::snprintf(buf, sizeof buf, " mask 0x%08x, lanes arrived 0x%08x", static_cast<unsigned>(wi.a),
+                                arrived);
+                  d << wi.what << buf;
+                  break;
+                }
+                case WaitInfo::Kind::Mbarrier: {
+                  auto it = b.mbarriers.find(reinterpret_cast<uintptr_t>(wi.addr));
+                  d << "mbarrier " << hex(wi.addr) << " wait parity " << wi.a;
+                  if (it != b.mbarriers.end()) {
+                    const Mbarrier& m = it->second;
+                    d << " (phases completed " << m.phases_completed << ", arrivals pending "
+                      << m.pending_arrivals << " of " << m.expected_arrivals << ", tx bytes pending "
+                      << m.tx_count << ")";
+                  }
+                  break;
+                }
+                case WaitInfo::Kind::Poll:
+                  d << "polling " << wi.what << " at " << hex(wi.addr) << " (value " << wi.a << ")";
+                  break;
+                case WaitInfo::Kind::BulkGroup:
+                  d << "bulk_wait_group (at most " << wi.a << " groups pending; " << wi.b << " pending)";
+                  break;
+                case WaitInfo::Kind::Sleep: d << wi.what; break;
+                case WaitInfo::Kind::None: d << "waiting"; break;
+              }
+              d << " at " << format_loc(wi.loc);
+          }
+          const std::string key = d.str();
+          auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == key; });
+          if (it == groups.end()) groups.push_back({key, {l}});
+          else it->second.push_back(l);
+        }
+        for (const auto& [what, lanes] : groups) {
+          if (what == "exited") continue;
+          os << "    warp " << w << " lanes " << lanes_string(lanes) << ": " << what << "\n";
+        }
+      }
+    }
+    if (k.next_block < k.blocks_total)
+      os << "  " << k.blocks_total - k.next_block << " blocks not yet resident\n";
+  }
+  for (std::size_t s = 0; s < streams_.size(); ++s) {
+    const StreamState& st = streams_[s];
+    if (st.ops.empty() || st.head_started) continue;
+    const StreamOp& op = st.ops.front();
+    if (op.kind == StreamOp::Kind::EventWait)
+      os << "device " << st.device << " stream " << s << ": waits for event " << op.event
+         << ", which is never recorded\n";
+  }
+  for (const AsyncOp& op : async_)
+    os << "pending bulk copy of " << op.bytes << " bytes issued at " << format_loc(op.loc) << "\n";
+  for (const Agent* a : agents_) os << "agent: " << a->describe() << "\n";
+  return os.str();
+}
+
+}  // namespace railyard::sim::detail

@@ -1,0 +1,318 @@
+// Railyard simulator internals: the engine that runs every simulated CUDA thread as a
+// fiber under a seeded scheduler. Not a public header.
+#pragma once
+
+#include <atomic>
+#include <boost/context/fiber.hpp>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <source_location>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "railyard/sim/device.hpp"
+#include "railyard/sim/sim.hpp"
+
+namespace railyard::sim::detail {
+
+namespace bctx = boost::context;
+using device::Loc;
+
+// xoshiro256** seeded through splitmix64: small, fast and identical on every platform.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed = 1);
+  uint64_t next();
+  uint64_t below(uint64_t n) { return n ? next() % n : 0; }
+
+ private:
+  uint64_t s_[4];
+};
+
+struct Block;
+struct KernelRun;
+
+// What a blocked or waiting fiber waits for; formatted only for reports.
+struct WaitInfo {
+  enum class Kind : uint8_t { None, Barrier, Warp, Mbarrier, Poll, BulkGroup, Sleep };
+  Kind kind = Kind::None;
+  const void* addr = nullptr;
+  uint64_t a = 0, b = 0;
+  const char* what = "";
+  Loc loc{};
+};
+
+enum class FiberState : uint8_t {
+  Runnable,
+  Parked,     // idle poll or sleep: runnable again once anything makes progress
+  TimedWait,  // mbarrier try_wait: woken by the barrier's phase or by a clock warp
+  Blocked,    // barrier, warp collective, bulk group: woken only by its condition
+  Done,
+};
+
+struct BulkGroup {
+  unsigned pending = 0;  // copies of this group not yet complete
+};
+
+struct Fiber {
+  Block* block = nullptr;
+  unsigned tid = 0;  // linear thread index in the block
+  Dim3 thread_idx;
+  FiberState state = FiberState::Runnable;
+  bctx::fiber context;  // the fiber while suspended
+  bctx::fiber sink;     // the scheduler while the fiber runs
+  WaitInfo wait;
+  uint64_t park_epoch = 0;
+  bool timed_out = false;  // set when a clock warp ends a timed wait
+  // Idle-poll detection: what this fiber's ordered loads saw since it last changed
+  // memory. A load that sees the same value again is an idle poll.
+  struct PollRecord {
+    const void* addr;
+    std::size_t bytes;
+    uint64_t value[2];
+  };
+  std::vector<PollRecord> polls;
+  // Bulk async-groups of this thread: the open group and the committed ones, oldest first.
+  unsigned open_group_ops = 0;
+  std::deque<BulkGroup> groups;
+  // Warp collective in progress: where to deliver the lanes' values.
+  uint64_t* collective_out = nullptr;
+  std::size_t runnable_index = 0;
+};
+
+struct NamedBarrier {
+  unsigned expected = 0;  // 0: idle
+  unsigned arrived = 0;
+  std::vector<Fiber*> waiters;
+};
+
+struct WarpCollective {
+  uint32_t mask = 0;
+  uint32_t arrived = 0;
+  const char* what = nullptr;
+  uint64_t values[32] = {};
+  std::vector<Fiber*> waiters;
+};
+
+struct Mbarrier {
+  unsigned expected_arrivals = 0;
+  unsigned pending_arrivals = 0;
+  int64_t tx_count = 0;         // expected minus completed transaction bytes
+  uint64_t phases_completed = 0;
+  std::vector<Fiber*> waiters;
+};
+
+struct Block {
+  KernelRun* kernel = nullptr;
+  Dim3 idx;
+  std::unique_ptr<uint8_t, void (*)(void*)> smem{nullptr, &std::free};
+  std::size_t smem_bytes = 0;
+  std::vector<std::unique_ptr<Fiber>> fibers;
+  unsigned live_fibers = 0;
+  unsigned pending_async = 0;
+  NamedBarrier barriers[16];
+  std::vector<WarpCollective> warp_collectives[32];  // in progress, by warp
+  std::map<uintptr_t, Mbarrier> mbarriers;
+};
+
+struct KernelRun {
+  int device = 0;
+  int stream = 0;
+  uint64_t launch_id = 0;
+  LaunchConfig config;
+  std::function<void()> body;
+  unsigned next_block = 0;  // linear index of the next block to make resident
+  unsigned blocks_total = 0;
+  unsigned blocks_done = 0;
+  std::vector<std::unique_ptr<Block>> resident;
+};
+
+struct AsyncOp {
+  enum class Kind : uint8_t { G2S, S2G };
+  Kind kind;
+  Block* block;
+  Fiber* issuer;
+  void* dst;
+  const void* src;
+  uint32_t bytes;
+  uint64_t* bar;  // G2S: the mbarrier that receives complete_tx
+  BulkGroup* group;  // S2G: nullptr until committed; counted in the open group
+  Loc loc;
+};
+
+struct StreamOp {
+  enum class Kind : uint8_t { Kernel, Memcpy, Memset, EventRecord, EventWait };
+  Kind kind = Kind::Kernel;
+  std::shared_ptr<KernelRun> kernel;
+  void* dst = nullptr;
+  const void* src = nullptr;
+  std::size_t bytes = 0;
+  int value = 0;
+  int event = -1;
+};
+
+struct StreamState {
+  int device = 0;
+  std::deque<StreamOp> ops;
+  bool head_started = false;  // the head op is a kernel already running
+};
+
+struct DeviceState {
+  DeviceProps props;
+  std::vector<bool> peer;  // peer[p]: this device may access device p
+  int default_stream = -1;
+  unsigned resident_blocks = 0;
+  bool faulted = false;
+  ErrorKind fault_kind = ErrorKind::Misuse;
+  std::string fault_report;
+};
+
+struct Allocation {
+  uintptr_t base;
+  std::size_t bytes;
+  int device;
+  std::string label;
+};
+
+// A host thread waiting in the simulator for a condition the engine can satisfy.
+struct HostWaiter {
+  std::function<bool()> ready;  // evaluated by the engine under the world lock
+  bool wants_quiescence = false;  // stream_query: satisfied once nothing can progress
+  bool satisfied = false;
+};
+
+class Engine {
+ public:
+  static Engine& get();
+
+  // ---- world protocol (host side); all take the world lock ----
+  std::unique_lock<std::mutex> acquire();                  // make the calling thread active
+  void block_until(std::unique_lock<std::mutex>& lock, std::function<bool()> ready,
+                   bool wants_quiescence = false);
+  bool begin_host_wait();  // false if the calling thread does not participate
+  void end_host_wait();
+  void add_preassigned(int n);
+  void adopt_preassigned();
+  void leave();  // a participating thread ends
+
+  // ---- host API implementation (world lock held by caller) ----
+  void reset(const Config& config);
+  const Config& config() const { return config_; }
+  int add_device(const DeviceProps& props);
+  void enable_peer(int device, int peer);
+  void* allocate(int device, std::size_t bytes, std::string label);
+  void deallocate(void* ptr);
+  const Allocation* find(const void* ptr) const;
+  const Allocation* nearest_below(const void* ptr) const;
+  int new_stream(int device);
+  int new_event(int device);
+  int event_count() const { return static_cast<int>(events_done_.size()); }
+  int event_device(int event) const { return event_device_[event]; }
+  int stream_count() const { return static_cast<int>(streams_.size()); }
+  bool device_idle(int device) const;
+  void enqueue(int stream, StreamOp op);
+  bool stream_empty(int stream) const;
+  bool event_done(int event) const { return events_done_[event]; }
+  void throw_if_faulted(int device) const;
+  int stream_device(int stream) const { return streams_.at(stream).device; }
+  const DeviceState& device(int id) const { return devices_.at(id); }
+  int device_count() const { return static_cast<int>(devices_.size()); }
+  std::size_t live_allocations() const { return allocations_.size(); }
+  std::size_t live_bytes() const;
+  void add_agent(Agent* agent) { agents_.push_back(agent); }
+  Traffic traffic() const;
+  void reset_traffic();
+  Stats stats() const { return stats_; }
+  bool quiescent() const { return quiescent_; }
+
+  // ---- device side (engine thread, world held by the engine) ----
+  Fiber* current() const { return current_; }
+  void yield_runnable();                    // stay runnable, let others run
+  void yield_parked(const WaitInfo& wait);  // idle until anything makes progress
+  void yield_blocked(const WaitInfo& wait);  // until woken explicitly
+  bool yield_timed(const WaitInfo& wait);  // until woken (true) or clock warp (false)
+  void wake(Fiber* f);
+  void progress() { ++epoch_; }
+  [[noreturn]] void fault(ErrorKind kind, const std::string& message, Loc loc);
+  void count_traffic(int device, int owner, std::size_t bytes, bool write);
+  void issue_async(const AsyncOp& op);
+  uint64_t clock() const { return stats_.virtual_cycles; }
+  Mbarrier* mbarrier(uint64_t* bar, Loc loc, bool must_exist);
+  void complete_tx(Mbarrier& bar, uint32_t bytes);
+  void arrive(Mbarrier& bar, unsigned count);
+  std::string where(const Fiber* f) const;
+
+ private:
+  Engine();
+  void engine_main();
+  void run_until_pause();
+  bool step();  // false when nothing can run without a clock warp
+  void run_fiber(Fiber* f);
+  void admit();
+  void start_block(KernelRun& k);
+  void retire_finished();
+  void complete_async(std::size_t index);
+  void warp_or_hang();
+  std::string hang_report() const;
+  void fault_device(int device, ErrorKind kind, const std::string& report);
+  void destroy_kernel(KernelRun& k);
+  void finish_head(int stream);
+  void check_host_waiters();
+  void make_runnable(Fiber* f);
+  void remove_runnable(Fiber* f);
+  bool has_work() const;
+  bool world_ready() const;
+
+  // world protocol
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int participants_ = 0;
+  int blocked_ = 0;
+  int preassigned_ = 0;
+  std::atomic<int> active_{0};  // participants_ - blocked_, read lock-free by the engine
+  bool engine_running_ = false;
+  std::vector<HostWaiter*> host_waiters_;
+  std::thread thread_;
+
+  // simulated world
+  Config config_;
+  Rng rng_;
+  std::vector<DeviceState> devices_;
+  std::vector<StreamState> streams_;
+  std::vector<bool> events_done_;
+  std::vector<int> event_device_;
+  std::map<uintptr_t, Allocation> allocations_;
+  std::vector<std::shared_ptr<KernelRun>> kernels_;  // running
+  uint64_t next_launch_id_ = 0;
+  std::vector<Fiber*> runnable_;
+  std::vector<Fiber*> parked_;
+  std::vector<Fiber*> timed_;
+  std::vector<AsyncOp> async_;
+  std::vector<Agent*> agents_;
+  Fiber* current_ = nullptr;
+  struct PendingFault {
+    bool set = false;
+    ErrorKind kind = ErrorKind::Misuse;
+    std::string report;
+    int device = 0;
+  } pending_fault_;
+  uint64_t epoch_ = 1;
+  uint64_t unpark_epoch_ = 0;
+  uint64_t warp_epoch_ = 0;
+  uint64_t idle_rounds_ = 0;
+  bool admission_dirty_ = false;
+  bool quiescent_ = false;
+  std::vector<uint64_t> traffic_write_, traffic_read_;
+  Stats stats_;
+};
+
+// Thrown inside a fiber to end it when the kernel faults; caught at the fiber's entry.
+struct KernelFault {};
+
+}  // namespace railyard::sim::detail

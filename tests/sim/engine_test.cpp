@@ -1,0 +1,499 @@
+// Tests of the simulator engine itself: launch geometry, seeded determinism, streams
+// and events, several devices with peer memory, faults, hang reports, host threads.
+// Device code here uses the CUDA builtins and the raw device hooks; the arch wrappers
+// have their own tests in tests/arch.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "railyard/common/macros.cuh"
+#include "railyard/sim/sim.hpp"
+
+namespace sim = railyard::sim;
+namespace dev = railyard::sim::device;
+
+namespace {
+
+template <class T>
+T ld_acquire(const T* p, std::source_location loc = std::source_location::current()) {
+  T v;
+  dev::load(p, &v, sizeof(T), dev::Order::Acquire, dev::Scope::System, "ld_acquire", loc);
+  return v;
+}
+template <class T>
+void st_release(T* p, T v, std::source_location loc = std::source_location::current()) {
+  dev::store(p, &v, sizeof(T), dev::Order::Release, dev::Scope::System, "st_release", loc);
+}
+template <class T>
+void st_plain(T* p, T v, std::source_location loc = std::source_location::current()) {
+  dev::store(p, &v, sizeof(T), dev::Order::Plain, dev::Scope::Gpu, "st_global", loc);
+}
+
+template <class T>
+T* alloc(int device, std::size_t n, const char* label) {
+  return static_cast<T*>(sim::malloc_device(device, n * sizeof(T), label));
+}
+
+class SimEngine : public ::testing::Test {
+ protected:
+  void start(uint64_t seed, int devices = 1, sim::DeviceProps props = sim::h100_props()) {
+    sim::Config cfg;
+    cfg.seed = seed;
+    sim::reset(cfg);
+    for (int d = 0; d < devices; ++d) sim::add_device(props);
+  }
+  void TearDown() override { sim::reset(); }
+};
+
+TEST_F(SimEngine, BuiltinsGiveEveryThreadItsCoordinates) {
+  start(7);
+  const sim::Dim3 grid(3, 2, 1), block(8, 4, 2);
+  const unsigned threads = grid.count() * block.count();
+  auto* out = alloc<unsigned>(0, threads * 6, "coords");
+  sim::launch(sim::default_stream(0), {grid, block, 0, "coords"}, [=] {
+    const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    unsigned* row = out + (b * blockDim.x * blockDim.y * blockDim.z + t) * 6;
+    const unsigned v[6] = {threadIdx.x, threadIdx.y, threadIdx.z, blockIdx.x, blockIdx.y, blockIdx.z};
+    for (int i = 0; i < 6; ++i) st_plain(row + i, v[i]);
+  });
+  sim::stream_synchronize(sim::default_stream(0));
+  for (unsigned bz = 0; bz < 1; ++bz)
+    for (unsigned by = 0; by < 2; ++by)
+      for (unsigned bx = 0; bx < 3; ++bx)
+        for (unsigned tz = 0; tz < 2; ++tz)
+          for (unsigned ty = 0; ty < 4; ++ty)
+            for (unsigned tx = 0; tx < 8; ++tx) {
+              const unsigned b = bx + 3 * by, t = tx + 8 * (ty + 4 * tz);
+              const unsigned* row = out + (b * 64 + t) * 6;
+              const unsigned want[6] = {tx, ty, tz, bx, by, bz};
+              for (int i = 0; i < 6; ++i) ASSERT_EQ(row[i], want[i]) << "block " << b << " thread " << t;
+            }
+}
+
+// Threads append their id to a log through an atomic cursor: the log is the
+// interleaving. Same seed, same log; other seeds, other logs.
+std::vector<unsigned> interleaving(uint64_t seed) {
+  sim::Config cfg;
+  cfg.seed = seed;
+  sim::reset(cfg);
+  sim::add_device();
+  const unsigned n = 2 * 64;
+  auto* cursor = alloc<unsigned>(0, 1, "cursor");
+  auto* log = alloc<unsigned>(0, n * 3, "log");
+  *cursor = 0;
+  sim::launch(sim::default_stream(0), {2, 64, 0, "append"}, [=] {
+    const unsigned id = blockIdx.x * 64 + threadIdx.x;
+    for (int i = 0; i < 3; ++i) {
+      const unsigned slot = atomicAdd(cursor, 1u);
+      st_plain(log + slot, id);
+    }
+  });
+  sim::stream_synchronize(sim::default_stream(0));
+  return std::vector<unsigned>(log, log + n * 3);
+}
+
+TEST_F(SimEngine, SameSeedReplaysTheSameInterleaving) {
+  const auto a = interleaving(42), b = interleaving(42);
+  EXPECT_EQ(a, b);
+  std::set<std::vector<unsigned>> others;
+  for (uint64_t s = 1; s <= 4; ++s) others.insert(interleaving(s));
+  EXPECT_EQ(others.size(), 4u) << "different seeds should explore different interleavings";
+  // Every thread appended exactly three times whatever the order.
+  std::vector<unsigned> counts(128, 0);
+  for (unsigned id : a) ++counts[id];
+  for (unsigned c : counts) EXPECT_EQ(c, 3u);
+}
+
+TEST_F(SimEngine, StreamOrderAndEvents) {
+  start(3);
+  const sim::Stream s0 = sim::default_stream(0), s1 = sim::create_stream(0);
+  auto* a = alloc<int>(0, 64, "a");
+  auto* b = alloc<int>(0, 64, "b");
+  std::vector<int> host(64, 0);
+  sim::memset_async(s0, a, 0, 64 * sizeof(int));
+  sim::launch(s0, {1, 64, 0, "fill"}, [=] { st_plain(a + threadIdx.x, static_cast<int>(threadIdx.x) * 2); });
+  const sim::Event filled = sim::record_event(s0);
+  sim::stream_wait_event(s1, filled);
+  sim::launch(s1, {1, 64, 0, "copy_plus_one"}, [=] {
+    int v;
+    dev::load(a + threadIdx.x, &v, 4, dev::Order::Plain, dev::Scope::Gpu, "ld", std::source_location::current());
+    st_plain(b + threadIdx.x, v + 1);
+  });
+  sim::memcpy_async(s1, host.data(), b, 64 * sizeof(int));
+  sim::stream_synchronize(s1);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(host[i], 2 * i + 1);
+  sim::event_synchronize(filled);
+  sim::device_synchronize(0);
+  EXPECT_TRUE(sim::stream_query(s0));
+}
+
+TEST_F(SimEngine, StreamQueryRunsWhatCanRunAndReportsPending) {
+  start(5);
+  auto* flag = static_cast<int*>(sim::malloc_host(sizeof(int), "host flag"));
+  *flag = 0;
+  auto* done = alloc<int>(0, 1, "done");
+  const sim::Stream s = sim::default_stream(0);
+  sim::launch(s, {1, 32, 0, "wait_for_host"}, [=] {
+    if (threadIdx.x == 0) {
+      while (ld_acquire(flag) == 0) {
+      }
+      st_plain(done, 1);
+    }
+  });
+  EXPECT_FALSE(sim::stream_query(s));  // the kernel waits for the host
+  *flag = 1;                           // the host holds the world: it may write
+  sim::stream_synchronize(s);
+  EXPECT_EQ(*done, 1);
+}
+
+// Two devices in one NVLink domain pass a message through peer memory while both
+// kernels run concurrently; the traffic matrix counts the peer bytes.
+TEST_F(SimEngine, DevicesRunConcurrentlyAndCountPeerTraffic) {
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    start(seed, 2);
+    sim::enable_peer_access(0, 1);
+    sim::enable_peer_access(1, 0);
+    auto* inbox0 = alloc<int>(0, 64, "inbox0");
+    auto* flag0 = alloc<int>(0, 1, "flag0");
+    auto* flag1 = alloc<int>(1, 1, "flag1");
+    auto* out1 = alloc<int>(1, 64, "out1");
+    *flag0 = 0;
+    *flag1 = 0;
+    // Device 1 waits for device 0's message, then acknowledges; device 0 waits for it.
+    sim::launch(sim::default_stream(1), {1, 64, 0, "receiver"}, [=] {
+      if (threadIdx.x == 0)
+        while (ld_acquire(flag0) == 0) {
+        }
+      __syncthreads();
+      int v;
+      dev::load(inbox0 + threadIdx.x, &v, 4, dev::Order::Plain, dev::Scope::Gpu, "ld", std::source_location::current());
+      st_plain(out1 + threadIdx.x, v);
+      __syncthreads();
+      if (threadIdx.x == 0) st_release(flag1, 1);
+    });
+    sim::launch(sim::default_stream(0), {1, 64, 0, "sender"}, [=] {
+      st_plain(inbox0 + threadIdx.x, 1000 + static_cast<int>(threadIdx.x));
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        st_release(flag0, 1);
+        while (ld_acquire(flag1) == 0) {
+        }
+      }
+    });
+    sim::device_synchronize(0);
+    sim::device_synchronize(1);
+    for (int i = 0; i < 64; ++i) ASSERT_EQ(out1[i], 1000 + i) << "seed " << seed;
+    const sim::Traffic t = sim::traffic();
+    EXPECT_EQ(t.written(0, 0), 64u * 4 + 4);  // inbox and flag0
+    EXPECT_EQ(t.written(1, 1), 64u * 4 + 4);  // out1 and flag1
+    EXPECT_EQ(t.written(0, 1), 0u);
+    // Device 1 read the inbox once and polled flag0 at least once, 4 bytes a poll.
+    EXPECT_GE(t.read(1, 0), 64u * 4 + 4);
+    EXPECT_EQ((t.read(1, 0) - 64u * 4) % 4, 0u);
+    EXPECT_GE(t.read(0, 1), 4u);
+  }
+}
+
+TEST_F(SimEngine, PeerAccessWithoutMappingFaults) {
+  start(1, 2);
+  auto* remote = alloc<int>(1, 4, "remote buffer");
+  sim::launch(sim::default_stream(0), {1, 1, 0, "poke"}, [=] { st_plain(remote, 1); });
+  try {
+    sim::stream_synchronize(sim::default_stream(0));
+    FAIL() << "expected a peer access fault";
+  } catch (const sim::Error& e) {
+    EXPECT_EQ(e.kind(), sim::ErrorKind::PeerAccess);
+    EXPECT_NE(std::string(e.what()).find("remote buffer"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(SimEngine, PeerAccessNeedsOneDomain) {
+  sim::Config cfg;
+  sim::reset(cfg);
+  sim::DeviceProps a = sim::h100_props(), b = sim::h100_props();
+  b.nvlink_domain = 1;
+  sim::add_device(a);
+  sim::add_device(b);
+  EXPECT_THROW(sim::enable_peer_access(0, 1), sim::Error);
+}
+
+TEST_F(SimEngine, OutOfBoundsStoreNamesTheAllocationAndLine) {
+  start(1);
+  auto* buf = alloc<int>(0, 16, "row buffer");
+  const int line = __LINE__ + 1;
+  sim::launch(sim::default_stream(0), {1, 32, 0, "overrun"}, [=] { st_plain(buf + threadIdx.x, 1); });
+  try {
+    sim::stream_synchronize(sim::default_stream(0));
+    FAIL() << "expected an out-of-bounds fault";
+  } catch (const sim::Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.kind(), sim::ErrorKind::OutOfBounds);
+    EXPECT_NE(what.find("row buffer"), std::string::npos) << what;
+    EXPECT_NE(what.find("past the end"), std::string::npos) << what;
+    EXPECT_NE(what.find("engine_test.cpp:" + std::to_string(line)), std::string::npos) << what;
+  }
+  // The fault is sticky until reset, like a CUDA context error.
+  EXPECT_THROW(sim::launch(sim::default_stream(0), {1, 1, 0, "after"}, [] {}), sim::Error);
+}
+
+TEST_F(SimEngine, AccessOutsideEveryAllocationNamesTheNearestOne) {
+  start(1);
+  auto* buf = alloc<uint8_t>(0, 256, "lonely");
+  sim::launch(sim::default_stream(0), {1, 1, 0, "wild"}, [=] { st_plain(buf + (1 << 20), uint8_t{1}); });
+  try {
+    sim::stream_synchronize(sim::default_stream(0));
+    FAIL();
+  } catch (const sim::Error& e) {
+    EXPECT_EQ(e.kind(), sim::ErrorKind::OutOfBounds);
+    EXPECT_NE(std::string(e.what()).find("not inside any simulated allocation"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(SimEngine, DivergentSyncthreadsIsReportedAsAHangWithEveryWaitingSite) {
+  start(11);
+  const int line = __LINE__ + 3;
+  sim::launch(sim::default_stream(0), {1, 64, 0, "divergent"}, [=] {
+    if (threadIdx.x < 32) {
+      __syncthreads();
+    }
+  });
+  try {
+    sim::stream_synchronize(sim::default_stream(0));
+    FAIL() << "expected a hang";
+  } catch (const sim::Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.kind(), sim::ErrorKind::Hang);
+    EXPECT_NE(what.find("kernel 'divergent'"), std::string::npos) << what;
+    EXPECT_NE(what.find("warp 0 lanes 0-31: __syncthreads (barrier id 0: 32 of 64 threads arrived) at "
+                        "tests/sim/engine_test.cpp:" +
+                        std::to_string(line)),
+              std::string::npos)
+        << what;
+    EXPECT_EQ(what.find("warp 1"), std::string::npos) << "warp 1 exited and must not be listed\n" << what;
+  }
+}
+
+TEST_F(SimEngine, PollingForeverIsReportedAfterTheClockWarps) {
+  sim::Config cfg;
+  cfg.seed = 2;
+  cfg.max_idle_rounds = 8;
+  sim::reset(cfg);
+  sim::add_device();
+  auto* flag = alloc<int>(0, 1, "never set");
+  *flag = 0;
+  const int line = __LINE__ + 3;
+  sim::launch(sim::default_stream(0), {2, 32, 0, "spin"}, [=] {
+    if (threadIdx.x == 0)
+      while (ld_acquire(flag) == 0) {
+      }
+  });
+  try {
+    sim::stream_synchronize(sim::default_stream(0));
+    FAIL();
+  } catch (const sim::Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.kind(), sim::ErrorKind::Hang);
+    EXPECT_NE(what.find("warp 0 lanes 0: polling ld_acquire"), std::string::npos) << what;
+    EXPECT_NE(what.find("engine_test.cpp:" + std::to_string(line)), std::string::npos) << what;
+    EXPECT_NE(what.find("block (1,0,0)"), std::string::npos) << what;
+  }
+  EXPECT_GE(sim::stats().virtual_cycles, 8 * cfg.idle_warp_cycles);
+}
+
+// A kernel's own cycle budget fires before the simulator's hang detector when the
+// detector allows enough clock warps: the path kernels use to report their own hangs.
+TEST_F(SimEngine, KernelSideTimeoutsSeeTheClockAdvance) {
+  sim::Config cfg;
+  cfg.max_idle_rounds = 1000;
+  sim::reset(cfg);
+  sim::add_device();
+  auto* flag = alloc<int>(0, 1, "flag");
+  *flag = 0;
+  sim::launch(sim::default_stream(0), {1, 1, 0, "timeout"}, [=] {
+    const long long start = clock64();
+    while (ld_acquire(flag) == 0)
+      if (clock64() - start > (1ll << 24)) __trap();
+  });
+  try {
+    sim::stream_synchronize(sim::default_stream(0));
+    FAIL();
+  } catch (const sim::Error& e) {
+    EXPECT_EQ(e.kind(), sim::ErrorKind::Trap) << e.what();
+  }
+}
+
+TEST_F(SimEngine, LaunchValidationNamesTheArgument) {
+  start(1);
+  const sim::Stream s = sim::default_stream(0);
+  auto expect_msg = [&](sim::LaunchConfig c, const std::string& needle) {
+    try {
+      sim::launch(s, c, [] {});
+      FAIL() << "expected invalid_argument for " << needle;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_msg({sim::Dim3(0), 32, 0, "g"}, "zero dimension");
+  expect_msg({1, 2048, 0, "b"}, "expected 1..1024");
+  expect_msg({1, 32, 300000, "smem"}, "exceeds the device's 232448 bytes");
+}
+
+TEST_F(SimEngine, AllocationsAreCountedAndFreed) {
+  start(1, 2);
+  const std::size_t before = sim::live_allocation_count();
+  void* a = sim::malloc_device(0, 1000, "a");
+  void* b = sim::malloc_device(1, 24, "b");
+  void* h = sim::malloc_host(8, "h");
+  EXPECT_EQ(sim::live_allocation_count(), before + 3);
+  EXPECT_EQ(sim::live_allocation_bytes(), 1032u);
+  sim::AllocationInfo info;
+  ASSERT_TRUE(sim::find_allocation(static_cast<char*>(a) + 999, &info));
+  EXPECT_EQ(info.label, "a");
+  EXPECT_EQ(info.device, 0);
+  EXPECT_FALSE(sim::find_allocation(static_cast<char*>(a) + 1000, &info));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 256, 0u);
+  sim::free(a);
+  sim::free(b);
+  sim::free(h);
+  EXPECT_EQ(sim::live_allocation_count(), before);
+  int x;
+  EXPECT_THROW(sim::free(&x), sim::Error);
+}
+
+TEST_F(SimEngine, MemcpyPastAnAllocationIsRefused) {
+  start(1);
+  auto* buf = alloc<int>(0, 4, "small");
+  std::vector<int> host(8);
+  EXPECT_THROW(sim::memcpy_async(sim::default_stream(0), host.data(), buf, 8 * sizeof(int)), sim::Error);
+}
+
+// Blocks beyond the device's residency wait for earlier ones to finish, as on a GPU:
+// a kernel whose blocks wait for the last block deadlocks when they cannot all be
+// resident together.
+TEST_F(SimEngine, ResidencyIsLimitedBySmCount) {
+  sim::DeviceProps small = sim::h100_props();
+  small.sm_count = 2;
+  for (int grid : {2, 3}) {
+    sim::Config cfg;
+    cfg.max_idle_rounds = 4;
+    sim::reset(cfg);
+    sim::add_device(small);
+    auto* flag = alloc<int>(0, 1, "flag");
+    *flag = 0;
+    sim::launch(sim::default_stream(0), {static_cast<unsigned>(grid), 1, 0, "wave"}, [=] {
+      if (blockIdx.x == gridDim.x - 1) st_release(flag, 1);
+      else
+        while (ld_acquire(flag) == 0) {
+        }
+    });
+    if (grid == 2) {
+      EXPECT_NO_THROW(sim::stream_synchronize(sim::default_stream(0)));
+    } else {
+      try {
+        sim::stream_synchronize(sim::default_stream(0));
+        FAIL();
+      } catch (const sim::Error& e) {
+        EXPECT_EQ(e.kind(), sim::ErrorKind::Hang);
+        EXPECT_NE(std::string(e.what()).find("1 blocks not yet resident"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
+// Ranks on their own host threads, one simulated GPU each, pass a token around a
+// ring through peer memory. The engine runs only when every rank is blocked, so the
+// run is the same for the same seed.
+TEST_F(SimEngine, RanksOnHostThreadsRunDeterministically) {
+  const int n = 4;
+  auto run = [&](uint64_t seed) {
+    sim::Config cfg;
+    cfg.seed = seed;
+    sim::reset(cfg);
+    std::vector<int*> box(n);
+    for (int r = 0; r < n; ++r) sim::add_device();
+    for (int r = 0; r < n; ++r) {
+      for (int p = 0; p < n; ++p)
+        if (p != r) sim::enable_peer_access(r, p);
+      box[r] = alloc<int>(r, 1, "box");
+      *box[r] = 0;
+    }
+    std::vector<int> got(n, -1);
+    sim::run_ranks(n, [&](int rank) {
+      int* mine = box[rank];
+      int* next = box[(rank + 1) % n];
+      sim::launch(sim::default_stream(rank), {1, 32, 0, "ring"}, [=] {
+        if (threadIdx.x != 0) return;
+        if (rank == 0) st_release(next, 1);
+        int v;
+        while ((v = ld_acquire(mine)) == 0) {
+        }
+        if (rank != 0) st_release(next, v + 1);
+      });
+      sim::stream_synchronize(sim::default_stream(rank));
+      got[rank] = *mine;
+    });
+    EXPECT_EQ(got[0], n);
+    for (int r = 1; r < n; ++r) EXPECT_EQ(got[r], r);
+    return sim::stats().scheduler_steps;
+  };
+  for (uint64_t seed : {1, 2, 3}) EXPECT_EQ(run(seed), run(seed)) << "seed " << seed;
+}
+
+TEST_F(SimEngine, RankExceptionsPropagate) {
+  start(1);
+  EXPECT_THROW(sim::run_ranks(2, [](int r) {
+                 if (r == 1) throw std::runtime_error("rank 1 failed");
+               }),
+               std::runtime_error);
+  EXPECT_THROW(sim::run_ranks(0, [](int) {}), std::invalid_argument);
+}
+
+// A simulated NIC is an agent the engine steps between fibers: here it copies a
+// doorbell-posted request from one device to another.
+TEST_F(SimEngine, AgentsMoveBytesBetweenDevices) {
+  start(9, 2);
+  auto* doorbell = alloc<int>(0, 1, "doorbell");
+  auto* src = alloc<int>(0, 16, "src");
+  auto* dst = alloc<int>(1, 16, "dst");
+  auto* done = alloc<int>(1, 1, "done");
+  *doorbell = 0;
+  *done = 0;
+  struct Nic : sim::Agent {
+    int* doorbell;
+    int* src;
+    int* dst;
+    int* done;
+    bool step() override {
+      if (*doorbell != 1) return false;
+      std::memcpy(dst, src, 16 * sizeof(int));
+      *done = 1;
+      *doorbell = 2;
+      return true;
+    }
+    std::string describe() const override { return "test nic, doorbell " + std::to_string(*doorbell); }
+  } nic;
+  nic.doorbell = doorbell;
+  nic.src = src;
+  nic.dst = dst;
+  nic.done = done;
+  sim::add_agent(&nic);
+  sim::launch(sim::default_stream(0), {1, 16, 0, "post"}, [=] {
+    st_plain(src + threadIdx.x, 7 * static_cast<int>(threadIdx.x));
+    __syncthreads();
+    if (threadIdx.x == 0) st_release(doorbell, 1);
+  });
+  sim::launch(sim::default_stream(1), {1, 1, 0, "wait"}, [=] {
+    while (ld_acquire(done) == 0) {
+    }
+  });
+  sim::device_synchronize(0);
+  sim::device_synchronize(1);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(dst[i], 7 * i);
+}
+
+}  // namespace
