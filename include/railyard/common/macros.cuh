@@ -14,7 +14,15 @@
 #endif
 
 #define RAILYARD_DEVICE __device__ __forceinline__
+#if RAILYARD_IS_SIM || defined(__CUDACC__)
 #define RAILYARD_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+// Plain host compiler without CUDA headers (the reference library, host tests): the
+// CUDA keywords do not exist, and defining them here would clash with
+// cuda_runtime.h in a translation unit that includes it later. Host-device helpers
+// are then ordinary inline functions.
+#define RAILYARD_HOST_DEVICE inline
+#endif
 
 // Source location of a wrapper's call site. The simulator records it for hang and
 // out-of-bounds reports; the CUDA build compiles it away. A wrapper declares
