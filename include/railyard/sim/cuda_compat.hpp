@@ -9,6 +9,10 @@
 
 #include <cstdint>
 #include <cstring>
+// libstdc++ 12 spells `__attribute__((__noinline__))` in <memory> (shared_ptr_base.h),
+// which the __noinline__ macro below would break; including it first makes later
+// includes no-ops.
+#include <memory>
 #include <source_location>
 #include <type_traits>
 
@@ -202,3 +206,19 @@ inline void __threadfence_system(RAILYARD_SIM_LOC_DEFAULT) {
 inline void __nanosleep(unsigned ns, RAILYARD_SIM_LOC_DEFAULT) { ::railyard::sim::device::nanosleep(ns, loc); }
 inline long long clock64() { return static_cast<long long>(::railyard::sim::device::clock64()); }
 [[noreturn]] inline void __trap(RAILYARD_SIM_LOC_DEFAULT) { ::railyard::sim::device::trap("__trap()", loc); }
+
+// CUDA's built-in vector types (the ones kernels use for 8- and 16-byte data).
+struct alignas(8) int2 { int x, y; };
+struct alignas(8) uint2 { unsigned int x, y; };
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(16) uint4 { unsigned int x, y, z, w; };
+struct alignas(16) float4 { float x, y, z, w; };
+inline int2 make_int2(int x, int y) { return {x, y}; }
+inline uint2 make_uint2(unsigned int x, unsigned int y) { return {x, y}; }
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
+inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) {
+  return {x, y, z, w};
+}
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }

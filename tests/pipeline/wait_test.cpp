@@ -1,0 +1,76 @@
+// pipeline/wait.cuh: timeout_while returns once its predicate clears, traps with a
+// report naming the waiter and its target when the cycle budget runs out, and with
+// the default budget leaves true deadlocks to the simulator's hang detector.
+#include "railyard/pipeline/wait.cuh"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "railyard/arch/memory.cuh"
+#include "railyard/arch/thread.cuh"
+#include "tests/arch/sim_harness.hpp"
+
+namespace railyard {
+namespace {
+
+using test::DeviceArray;
+using test::expect_sim_error;
+using test::reset_sim;
+using test::run_kernel;
+
+TEST(TimeoutWhile, ReturnsOnceThePredicateClears) {
+  for (uint64_t seed : test::seeds(8)) {
+    reset_sim(seed);
+    DeviceArray<uint32_t> flag(0, 2, "flag");
+    flag[0] = 0;
+    flag[1] = 0;
+    uint32_t* f = flag.ptr;
+    run_kernel(1, 64, 0, [=] {
+      if (threadIdx.x == 0) {
+        pipeline::timeout_while([&] { return arch::ld_acquire_gpu(f) != 5; }, {"flag", 0, 5});
+        arch::st_global(f + 1, 1u);
+      } else if (threadIdx.x == 32) {
+        for (uint32_t v = 1; v <= 5; ++v) arch::st_release_gpu(f, v);
+      }
+    });
+    EXPECT_EQ(flag[1], 1u) << "seed " << seed;
+  }
+}
+
+int g_wait_line = 0;
+
+TEST(TimeoutWhile, TrapsWithAReportWhenTheBudgetRunsOut) {
+  reset_sim(1);
+  DeviceArray<uint32_t> flag(0, 1, "flag");
+  flag[0] = 0;
+  uint32_t* f = flag.ptr;
+  const std::string report = expect_sim_error(sim::ErrorKind::Trap, [&] {
+    run_kernel(2, 64, 0, [=] {
+      if (blockIdx.x == 1 && threadIdx.x == 37) {
+        g_wait_line = __LINE__; pipeline::timeout_while([&] { return arch::ld_acquire_gpu(f) == 0; }, {"never-set flag", 7, 1}, uint64_t{1} << 22);
+      }
+    });
+  });
+  EXPECT_NE(report.find("timeout_while"), std::string::npos) << report;
+  EXPECT_NE(report.find("never-set flag (index 7, value 1)"), std::string::npos) << report;
+  EXPECT_NE(report.find("block (1,0,0) warp 1 lane 5"), std::string::npos) << report;
+  EXPECT_NE(report.find("wait_test.cpp:" + std::to_string(g_wait_line)), std::string::npos) << report;
+}
+
+TEST(TimeoutWhile, DefaultBudgetLeavesDeadlocksToTheHangDetector) {
+  reset_sim(1);
+  DeviceArray<uint32_t> flag(0, 1, "flag");
+  flag[0] = 0;
+  uint32_t* f = flag.ptr;
+  const std::string report = expect_sim_error(sim::ErrorKind::Hang, [&] {
+    run_kernel(1, 32, 0, [=] {
+      g_wait_line = __LINE__; pipeline::timeout_while([&] { return arch::ld_acquire_gpu(f) == 0; }, {"never-set flag"});
+    });
+  });
+  EXPECT_NE(report.find("wait_test.cpp:" + std::to_string(g_wait_line)), std::string::npos) << report;
+}
+
+}  // namespace
+}  // namespace railyard
