@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Railyard's main job. Until the bandwidth benchmark exists: builds and runs the
+# simulator demo (benchmarks/sim_demo.cpp), RowGather on two simulated GPUs. Runs on
+# the CPU simulator: no GPU is needed or used.
+#
+#   bash scripts/demo.sh [demo options, e.g. --rows 1024 --seed 3]
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${RAILYARD_BUILD_DIR:-$root/build}
+
+bash "$root/scripts/setup.sh"
+# The same build directory as scripts/test.sh; options already in its cache are kept.
+mkdir -p "$build"
+echo "demo.sh: configuring $build (log: $build/configure.log)"
+cmake -S "$root" -B "$build" -G Ninja >"$build/configure.log" 2>&1 ||
+  { cat "$build/configure.log"; echo "demo.sh: configure failed"; exit 1; }
+ninja -C "$build" -j"${RAILYARD_JOBS:-2}" railyard_sim_demo
+echo
+# In a coverage build (scripts/test.sh), the demo's gcov counters go aside so they
+# neither mix with the tests' coverage nor clash with stale counters.
+GCOV_PREFIX="$build/demo-gcov" "$build/benchmarks/railyard_sim_demo" "$@"

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Installs what Railyard's build and tests need on a Debian 12 machine. Idempotent:
+# when everything is present it installs nothing and takes a second.
+#
+# nvcc is not installed here: machines of this kind have the CUDA toolkit at
+# /usr/local/cuda. Without it CMake disables the CUDA flavour (RAILYARD_BUILD_CUDA=AUTO)
+# and the simulator flavour still builds and tests everything it can.
+set -euo pipefail
+
+# Debian packages: build tools, the simulator's fibers (Boost.Context), tests
+# (GoogleTest), compiler cache, coverage (gcovr), the RDMA transport's headers
+# (rdma-core), python3 for the build's check scripts, c++filt (binutils).
+packages=(
+  cmake ninja-build g++ binutils make
+  libboost-context-dev
+  libgtest-dev googletest
+  ccache gcovr
+  libibverbs-dev ibverbs-providers
+  python3 python3-pip
+)
+
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then
+  sudo_cmd=(sudo)
+fi
+
+missing=()
+for pkg in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$pkg")
+  fi
+done
+# python3 may come from elsewhere (pyenv) than Debian: accept any python3 on PATH
+# that runs, with pip.
+if command -v python3 >/dev/null && python3 -m pip --version >/dev/null 2>&1; then
+  filtered=()
+  for pkg in "${missing[@]}"; do
+    [[ $pkg == python3 || $pkg == python3-pip ]] || filtered+=("$pkg")
+  done
+  missing=("${filtered[@]}")
+fi
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -q
+  "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
+else
+  echo "setup: Debian packages present"
+fi
+
+# cuobjdump, for the test that reads the PTX nvcc embedded: not every toolkit install
+# ships it, PyPI's nvidia-cuda-cuobjdump does. Only useful with nvcc.
+nvcc=$(command -v nvcc || true)
+[[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
+if [[ -n $nvcc ]]; then
+  have_cuobjdump=0
+  if [[ -x "$(dirname "$nvcc")/cuobjdump" ]] || command -v cuobjdump >/dev/null; then
+    have_cuobjdump=1
+  elif python3 - <<'EOF' 2>/dev/null
+import nvidia, os, sys
+sys.exit(0 if any(os.path.exists(os.path.join(p, "cu13", "bin", "cuobjdump"))
+                  for p in nvidia.__path__) else 1)
+EOF
+  then
+    have_cuobjdump=1
+  fi
+  if ((have_cuobjdump)); then
+    echo "setup: cuobjdump present"
+  else
+    echo "setup: installing cuobjdump (PyPI nvidia-cuda-cuobjdump)"
+    pip_flags=(--quiet --disable-pip-version-check)
+    export PIP_ROOT_USER_ACTION=ignore
+    # Debian's own python3 refuses system-wide pip installs without this flag.
+    if python3 -m pip install --help 2>/dev/null | grep -q -- --break-system-packages; then
+      pip_flags+=(--break-system-packages)
+    fi
+    python3 -m pip install "${pip_flags[@]}" 'nvidia-cuda-cuobjdump>=13.2,<14' </dev/null ||
+      echo "setup: WARNING: could not install cuobjdump; the PTX content test will be skipped"
+  fi
+  echo "setup: nvcc $("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') at $nvcc"
+else
+  echo "setup: no nvcc: the CUDA flavour will be disabled (simulator flavour only)"
+fi
