@@ -8,9 +8,8 @@
 
 #include "railyard/common/macros.cuh"
 
-#if !RAILYARD_IS_SIM
+#include <cstdint>
 #include <cstdio>
-#endif
 
 namespace railyard::arch {
 
@@ -20,6 +19,24 @@ namespace railyard::arch {
 #else
   printf("railyard: device trap in block (%u,%u,%u) thread (%u,%u,%u): %s\n", blockIdx.x, blockIdx.y,
          blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z, why);
+  __trap();
+  __builtin_unreachable();
+#endif
+}
+
+// trap() with three numbers in the message: `format` is a printf format with exactly
+// three %lld conversions (e.g. "topk_idx[%lld][%lld] = %lld is not an expert id").
+[[noreturn]] RAILYARD_DEVICE void trap_with(const char* format, int64_t a, int64_t b, int64_t c RAILYARD_LOC_PARAM) {
+#if RAILYARD_IS_SIM
+  char why[256];
+  std::snprintf(why, sizeof why, format, static_cast<long long>(a), static_cast<long long>(b),
+                static_cast<long long>(c));
+  ::railyard::sim::device::trap(why, railyard_loc);
+#else
+  printf("railyard: device trap in block (%u,%u,%u) thread (%u,%u,%u): ", blockIdx.x, blockIdx.y, blockIdx.z,
+         threadIdx.x, threadIdx.y, threadIdx.z);
+  printf(format, static_cast<long long>(a), static_cast<long long>(b), static_cast<long long>(c));
+  printf("\n");
   __trap();
   __builtin_unreachable();
 #endif

@@ -153,6 +153,20 @@ inline int __all_sync(unsigned mask, int predicate, RAILYARD_SIM_LOC_DEFAULT) {
   return 1;
 }
 
+// match.any.sync: the lanes of `mask` whose value equals the caller's.
+template <class T>
+inline unsigned __match_any_sync(unsigned mask, T value, RAILYARD_SIM_LOC_DEFAULT) {
+  using namespace ::railyard::sim::compat;
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "__match_any_sync takes 32- or 64-bit values");
+  uint64_t all[32];
+  ::railyard::sim::device::warp_collective(mask, to_bits(value), all, "__match_any_sync", loc);
+  const unsigned me = lane();
+  unsigned peers = 0;
+  for (unsigned l = 0; l < 32; ++l)
+    if (((mask >> l) & 1u) && all[l] == all[me]) peers |= 1u << l;
+  return peers;
+}
+
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }

@@ -1,0 +1,42 @@
+// Railyard intra-node metadata: host interface. The kernel is in metadata.cuh, the
+// launcher in src/kernels/metadata.cu. See docs/design-intranode.md, "Metadata".
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/intranode/protocol.cuh"
+#include "railyard/common/gpu_stream.hpp"
+#include "railyard/common/status.hpp"
+
+namespace railyard::kernels::intranode {
+
+struct MetadataArguments {
+  DomainParams domain;
+  int num_tokens = 0;  // T of this rank, 0..shape.max_tokens
+
+  // Routing, exactly one form:
+  //  - top-k: topk_idx int64 [T, num_topk] (-1: unused slot), topk_weights fp32 [T, num_topk];
+  //  - map: routing_map bool (one byte each) [T, E], probs fp32 [T, E]; at most
+  //    shape.max_topk experts per token.
+  const int64_t* topk_idx = nullptr;
+  const float* topk_weights = nullptr;
+  int num_topk = 0;
+  const uint8_t* routing_map = nullptr;
+  const float* probs = nullptr;
+
+  // This rank's bounds on rows it receives (-1: none) and the expert-group padding,
+  // which every rank must give the same.
+  int64_t max_recv_rows = -1;
+  int64_t max_permuted_rows = -1;
+  int pad_multiple = 1;
+
+  // The handle to fill (layout::HandleView over IntranodeLayout::handle_bytes(recv_capacity)).
+  uint8_t* handle = nullptr;
+  int64_t recv_capacity = 0;
+};
+
+// Checks the arguments (errors name the argument and the expected value), then
+// enqueues the metadata kernel on `stream`. Every rank of the domain must call it.
+Status launch_metadata(const MetadataArguments& args, GpuStream stream);
+
+}  // namespace railyard::kernels::intranode

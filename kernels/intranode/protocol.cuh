@@ -1,0 +1,79 @@
+// Railyard intra-node kernels: the cross-rank protocol every kernel shares.
+//
+// - operation sequence numbers (`seq`), the same on every rank for the same
+//   collective operation, kept in the registered buffer's local_state;
+// - the entry barrier that starts every dispatch and combine;
+// - the table of peer-mapped registered buffers.
+// See docs/design-intranode.md, "Ordering across calls".
+#pragma once
+
+#include <cstdint>
+
+#include "railyard/arch/memory.cuh"
+#include "railyard/common/macros.cuh"
+#include "railyard/layout/intranode_layout.cuh"
+#include "railyard/pipeline/wait.cuh"
+
+namespace railyard::kernels::intranode {
+
+// The registered buffer of every rank of the domain, as mapped in this process
+// (ptr[rank] is this rank's own). Passed by value in kernel Params.
+struct PeerBuffers {
+  uint8_t* ptr[layout::kMaxRanksPerDomain];
+};
+
+// What every intra-node kernel knows about where it runs.
+struct DomainParams {
+  layout::IntranodeShape shape;
+  int rank = 0;  // this rank's index in the domain
+  PeerBuffers peers;
+  uint64_t timeout_cycles = pipeline::kDefaultTimeoutCycles;
+
+  RAILYARD_HOST_DEVICE uint8_t* self() const { return peers.ptr[rank]; }
+};
+
+// seq a - seq b as a signed distance: sequence numbers wrap after 2^32 operations.
+RAILYARD_HOST_DEVICE int32_t seq_diff(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b); }
+
+// The sequence number of the operation this kernel performs. Every block reads it at
+// its start; op_end() publishes it once every block is done.
+RAILYARD_DEVICE uint32_t op_begin(const DomainParams& p RAILYARD_LOC_PARAM) {
+  const layout::IntranodeLayout layout(p.shape);
+  return arch::ld_relaxed_gpu(layout.local_state(p.self()) RAILYARD_LOC_ARG) + 1u;
+}
+
+// Called by every thread of a block after its last use of `seq`. The last block to
+// finish (counted in local_state[1]) resets the count and stores `seq` as done.
+RAILYARD_DEVICE void op_end(const DomainParams& p, uint32_t seq RAILYARD_LOC_PARAM) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const layout::IntranodeLayout layout(p.shape);
+  uint32_t* state = layout.local_state(p.self());
+  const uint32_t finished = arch::atomic_add_release_gpu(&state[1], 1u RAILYARD_LOC_ARG);
+  if (finished + 1 == gridDim.x) {
+    arch::st_relaxed_gpu(&state[1], 0u RAILYARD_LOC_ARG);
+    arch::st_release_gpu(&state[0], seq RAILYARD_LOC_ARG);
+  }
+}
+
+// Entry barrier: block 0 stores `seq` into this rank's flag on every peer; every block
+// then waits until every peer's flag in its own buffer has reached `seq`. Passing it
+// proves every peer finished its previous operation. Uses all threads of the block.
+RAILYARD_DEVICE void entry_barrier(const DomainParams& p, uint32_t seq RAILYARD_LOC_PARAM) {
+  const layout::IntranodeLayout layout(p.shape);
+  const int num_ranks = p.shape.num_ranks;
+  if (blockIdx.x == 0) {
+    for (int peer = static_cast<int>(threadIdx.x); peer < num_ranks; peer += static_cast<int>(blockDim.x)) {
+      arch::st_release_sys(layout.barrier_flag(p.peers.ptr[peer], p.rank), seq RAILYARD_LOC_ARG);
+    }
+  }
+  for (int peer = static_cast<int>(threadIdx.x); peer < num_ranks; peer += static_cast<int>(blockDim.x)) {
+    const uint32_t* flag = layout.barrier_flag(p.self(), peer);
+    pipeline::timeout_while(
+        [&] { return seq_diff(arch::ld_acquire_sys(flag RAILYARD_LOC_ARG), seq) < 0; },
+        {"entry barrier flag of peer rank", peer, static_cast<int64_t>(seq)}, p.timeout_cycles RAILYARD_LOC_ARG);
+  }
+  __syncthreads();
+}
+
+}  // namespace railyard::kernels::intranode

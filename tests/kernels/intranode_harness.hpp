@@ -1,0 +1,334 @@
+// Test harness for the intra-node (NVLink) kernels in the simulator:
+//  - IntranodeWorld: R simulated GPUs in one NVLink domain, all peer-mapped, each
+//    with a zeroed registered buffer laid out by IntranodeLayout; per-rank device
+//    arrays; run(fn) runs fn(rank, stream) on every rank's own host thread;
+//  - random inputs (uniform or fully skewed routing, BF16 or FP8, top-k or map);
+//  - reference_handle(): the handle a correct metadata + dispatch must produce,
+//    computed from railyard::reference alone, as a host image of the device bytes.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/intranode/protocol.cuh"
+#include "railyard/common/gpu_stream.hpp"
+#include "railyard/layout/intranode_layout.cuh"
+#include "railyard/reference/reference.hpp"
+#include "railyard/sim/sim.hpp"
+
+namespace railyard::test {
+
+namespace ref = railyard::reference;
+using layout::IntranodeLayout;
+using layout::IntranodeShape;
+
+// Small simulated GPUs keep fiber counts low; the kernels take any block count.
+inline sim::DeviceProps small_device(int sm_count = 8) {
+  sim::DeviceProps p = sim::h100_props();
+  p.sm_count = sm_count;
+  return p;
+}
+
+class IntranodeWorld {
+ public:
+  IntranodeWorld(const IntranodeShape& shape, uint64_t seed, int sm_count = 8) : shape_(shape), layout_(shape) {
+    sim::reset({.seed = seed});
+    for (int r = 0; r < shape.num_ranks; ++r) sim::add_device(small_device(sm_count));
+    for (int r = 0; r < shape.num_ranks; ++r)
+      for (int p = 0; p < shape.num_ranks; ++p)
+        if (p != r) sim::enable_peer_access(r, p);
+    for (int r = 0; r < shape.num_ranks; ++r) {
+      auto* buf = static_cast<uint8_t*>(
+          sim::malloc_device(r, static_cast<std::size_t>(layout_.registered_bytes()), "registered[" + std::to_string(r) + "]"));
+      std::memset(buf, 0, static_cast<std::size_t>(layout_.registered_bytes()));  // flags start at 0
+      registered_.push_back(buf);
+      allocations_.push_back(buf);
+    }
+  }
+  ~IntranodeWorld() {
+    for (void* p : allocations_) sim::free(p);
+    sim::reset();
+  }
+  IntranodeWorld(const IntranodeWorld&) = delete;
+  IntranodeWorld& operator=(const IntranodeWorld&) = delete;
+
+  const IntranodeShape& shape() const { return shape_; }
+  const IntranodeLayout& layout() const { return layout_; }
+  int num_ranks() const { return shape_.num_ranks; }
+  uint8_t* registered(int rank) const { return registered_[rank]; }
+
+  kernels::intranode::DomainParams domain(int rank, uint64_t timeout_cycles = pipeline::kDefaultTimeoutCycles) const {
+    kernels::intranode::DomainParams p;
+    p.shape = shape_;
+    p.rank = rank;
+    for (int r = 0; r < shape_.num_ranks; ++r) p.peers.ptr[r] = registered_[r];
+    p.timeout_cycles = timeout_cycles;
+    return p;
+  }
+
+  // Device memory of `rank`, poisoned (0xA5) so that unwritten bytes show.
+  template <class T>
+  T* alloc(int rank, std::size_t count, const std::string& label) {
+    auto* p = static_cast<T*>(sim::malloc_device(rank, std::max<std::size_t>(count, 1) * sizeof(T), label));
+    allocations_.push_back(p);
+    return p;
+  }
+  template <class T>
+  T* copy_in(int rank, std::span<const T> host, const std::string& label) {
+    T* p = alloc<T>(rank, host.size(), label);
+    if (!host.empty()) std::memcpy(p, host.data(), host.size_bytes());
+    return p;
+  }
+  // A handle for `rank` able to describe `recv_capacity` received rows, poisoned.
+  uint8_t* alloc_handle(int rank, int64_t recv_capacity) {
+    return alloc<uint8_t>(rank, static_cast<std::size_t>(layout_.handle_bytes(recv_capacity)),
+                          "handle[" + std::to_string(rank) + "]");
+  }
+
+  // Runs fn(rank, stream) on every rank's own host thread, then waits for each stream.
+  void run(const std::function<void(int rank, GpuStream stream)>& fn) {
+    sim::run_ranks(shape_.num_ranks, [&](int rank) {
+      const sim::Stream stream = sim::default_stream(rank);
+      fn(rank, stream);
+      sim::stream_synchronize(stream);
+    });
+  }
+
+ private:
+  IntranodeShape shape_;
+  IntranodeLayout layout_;
+  std::vector<uint8_t*> registered_;
+  std::vector<void*> allocations_;
+};
+
+// ---- inputs --------------------------------------------------------------------------------
+enum class Routing { Uniform, Skewed };  // Skewed: every token chooses experts 0..K-1
+
+struct InputSpec {
+  ref::World world;
+  std::vector<int> tokens_per_rank;  // T of each rank
+  int topk = 1;
+  DType dtype = DType::BF16;
+  Routing routing = Routing::Uniform;
+  bool routing_map = false;  // give MapRouting instead of TopkRouting
+  uint64_t seed = 1;
+};
+
+inline std::vector<ref::RankInput> make_inputs(const InputSpec& spec) {
+  std::mt19937_64 rng(spec.seed * 7919 + 17);
+  const ref::World& w = spec.world;
+  std::vector<ref::RankInput> inputs;
+  for (int r = 0; r < w.num_ranks; ++r) {
+    const int T = spec.tokens_per_rank[r];
+    ref::RankInput in;
+    in.num_tokens = T;
+    std::uniform_real_distribution<float> val(-4.0f, 4.0f);
+    std::vector<float> values(static_cast<std::size_t>(T) * w.hidden);
+    for (auto& v : values) v = val(rng);
+    if (spec.dtype == DType::FP8_E4M3) {
+      in.hidden = ref::quantize_fp8_rows(std::span<const float>(values), w.hidden);
+    } else {
+      std::vector<bf16> b(values.size());
+      for (std::size_t i = 0; i < values.size(); ++i) b[i] = float_to_bf16(values[i]);
+      in.hidden = ref::bf16_rows(b);
+    }
+    std::vector<std::vector<int>> chosen(T);
+    for (int t = 0; t < T; ++t) {
+      std::vector<int> experts(w.num_experts);
+      for (int e = 0; e < w.num_experts; ++e) experts[e] = e;
+      if (spec.routing == Routing::Uniform) std::shuffle(experts.begin(), experts.end(), rng);
+      chosen[t].assign(experts.begin(), experts.begin() + spec.topk);
+    }
+    std::uniform_real_distribution<float> prob(0.01f, 1.0f);
+    if (spec.routing_map) {
+      ref::MapRouting m;
+      m.routing_map.assign(static_cast<std::size_t>(T) * w.num_experts, 0);
+      m.probs.resize(static_cast<std::size_t>(T) * w.num_experts);
+      for (auto& p : m.probs) p = prob(rng);  // probs of unchosen experts are ignored
+      for (int t = 0; t < T; ++t)
+        for (int e : chosen[t]) m.routing_map[static_cast<std::size_t>(t) * w.num_experts + e] = 1;
+      in.routing = std::move(m);
+    } else {
+      ref::TopkRouting k;
+      k.num_topk = spec.topk;
+      k.topk_idx.resize(static_cast<std::size_t>(T) * spec.topk);
+      k.topk_weights.resize(k.topk_idx.size());
+      for (int t = 0; t < T; ++t)
+        for (int i = 0; i < spec.topk; ++i) {
+          k.topk_idx[static_cast<std::size_t>(t) * spec.topk + i] = chosen[t][i];
+          k.topk_weights[static_cast<std::size_t>(t) * spec.topk + i] = prob(rng);
+        }
+      in.routing = std::move(k);
+    }
+    inputs.push_back(std::move(in));
+  }
+  return inputs;
+}
+
+// The top-k slots of one rank's routing as the metadata kernel must normalise them:
+// top-k form as given; map form as the chosen experts ascending, then unused slots.
+struct Slots {
+  std::vector<int32_t> expert;  // [T][K], -1 unused
+  std::vector<float> prob;      // [T][K], 0 unused
+};
+inline Slots normalise_slots(const ref::RankInput& in, int num_experts, int K) {
+  Slots s;
+  s.expert.assign(static_cast<std::size_t>(in.num_tokens) * K, -1);
+  s.prob.assign(s.expert.size(), 0.0f);
+  if (const auto* k = std::get_if<ref::TopkRouting>(&in.routing)) {
+    for (int t = 0; t < in.num_tokens; ++t)
+      for (int i = 0; i < k->num_topk; ++i) {
+        const int64_t e = k->topk_idx[static_cast<std::size_t>(t) * k->num_topk + i];
+        if (e < 0) continue;
+        s.expert[static_cast<std::size_t>(t) * K + i] = static_cast<int32_t>(e);
+        s.prob[static_cast<std::size_t>(t) * K + i] = k->topk_weights[static_cast<std::size_t>(t) * k->num_topk + i];
+      }
+  } else {
+    const auto& m = std::get<ref::MapRouting>(in.routing);
+    for (int t = 0; t < in.num_tokens; ++t) {
+      int slot = 0;
+      for (int e = 0; e < num_experts; ++e)
+        if (m.routing_map[static_cast<std::size_t>(t) * num_experts + e]) {
+          s.expert[static_cast<std::size_t>(t) * K + slot] = e;
+          s.prob[static_cast<std::size_t>(t) * K + slot] = m.probs[static_cast<std::size_t>(t) * num_experts + e];
+          ++slot;
+        }
+    }
+  }
+  return s;
+}
+
+// Per-call options every rank passes (bounds may differ per rank).
+struct CallOptions {
+  std::vector<int64_t> max_recv_rows;      // per rank, -1: none (empty: none anywhere)
+  std::vector<int64_t> max_permuted_rows;  // per rank, -1: none
+  int pad_multiple = 1;
+  int64_t recv_bound(int r) const { return max_recv_rows.empty() ? -1 : max_recv_rows[r]; }
+  int64_t permuted_bound(int r) const { return max_permuted_rows.empty() ? -1 : max_permuted_rows[r]; }
+};
+
+// The reference's view of a whole call: unbounded received and permuted layouts per
+// rank (positions are canonical whatever the bounds) and the bounded counts.
+struct ReferenceCall {
+  ref::World world;
+  std::vector<ref::RankInput> inputs;
+  ref::DispatchResult received;              // unbounded
+  std::vector<ref::PermutedRows> permuted;   // unbounded, with pad_multiple
+  CallOptions options;
+};
+
+inline ReferenceCall reference_call(const ref::World& world, std::vector<ref::RankInput> inputs,
+                                    const CallOptions& options) {
+  ReferenceCall c{world, std::move(inputs), {}, {}, options};
+  c.received = ref::dispatch(world, c.inputs);
+  for (int d = 0; d < world.num_ranks; ++d)
+    c.permuted.push_back(ref::permute(world, c.received.ranks[d], {.pad_multiple = options.pad_multiple}));
+  return c;
+}
+
+// The handle of `rank` as bytes: what metadata (home side, counts, totals) and
+// dispatch (expert side) must write. recv_capacity as passed to alloc_handle.
+inline std::vector<uint8_t> reference_handle(const IntranodeLayout& L, const ReferenceCall& call, int rank,
+                                             int64_t recv_capacity) {
+  const IntranodeShape& s = L.shape();
+  const int R = s.num_ranks, El = s.num_local_experts, K = s.max_topk, M = s.max_tokens;
+  std::vector<uint8_t> bytes(static_cast<std::size_t>(L.handle_bytes(recv_capacity)), 0);
+  layout::HandleView h = layout::HandleView::carve(L, bytes.data(), recv_capacity);
+  // Unwritten parts of the arrays (tokens past T, rows past the count) are not compared.
+  const ref::RankInput& in = call.inputs[rank];
+  const int T = in.num_tokens;
+
+  // recv_pos[t][d]: index of (rank, t) among d's received rows.
+  for (int t = 0; t < M * R; ++t) h.recv_pos[t] = -1;
+  std::vector<std::vector<int64_t>> pos_at(R, std::vector<int64_t>(T, -1));
+  for (int d = 0; d < R; ++d) {
+    const ref::ReceivedRows& rr = call.received.ranks[d];
+    for (int64_t i = 0; i < rr.num_rows(); ++i)
+      if (rr.src_rank[i] == rank) pos_at[d][rr.src_token[i]] = i;
+    for (int t = 0; t < T; ++t) h.recv_pos[static_cast<std::size_t>(t) * R + d] = static_cast<int32_t>(pos_at[d][t]);
+  }
+  // Slots, and the permuted position of each at its expert's rank.
+  const Slots slots = normalise_slots(in, s.num_ranks * El, K);
+  for (int t = 0; t < T; ++t)
+    for (int k = 0; k < K; ++k) {
+      const std::size_t i = static_cast<std::size_t>(t) * K + k;
+      h.slot_expert[i] = slots.expert[i];
+      h.slot_prob[i] = slots.prob[i];
+      h.slot_pos[i] = -1;
+      const int e = slots.expert[i];
+      if (e < 0) continue;
+      const int d = e / El, j = e % El;
+      const ref::PermutedRows& pr = call.permuted[d];
+      const int64_t bound = call.options.permuted_bound(d);
+      for (int64_t p = 0; p < pr.num_rows(); ++p)
+        if (pr.recv_row[p] == pos_at[d][t] && pr.local_expert_of_row(p) == j) {
+          if (bound < 0 || p < bound) h.slot_pos[i] = static_cast<int32_t>(p);
+          break;
+        }
+    }
+  // Count matrix: every rank's count row.
+  for (int src = 0; src < R; ++src) {
+    int32_t* row = h.count_matrix + static_cast<std::size_t>(src) * L.count_row_ints();
+    row[static_cast<int>(layout::CountRow::NumTokens)] = call.inputs[src].num_tokens;
+    row[static_cast<int>(layout::CountRow::MaxRecvRows)] = static_cast<int32_t>(call.options.recv_bound(src));
+    row[static_cast<int>(layout::CountRow::MaxPermutedRows)] = static_cast<int32_t>(call.options.permuted_bound(src));
+    row[static_cast<int>(layout::CountRow::PadMultiple)] = call.options.pad_multiple;
+    for (int d = 0; d < R; ++d) {
+      const ref::ReceivedRows& rr = call.received.ranks[d];
+      int32_t n = 0;
+      std::vector<int32_t> per_expert(El, 0);
+      for (int64_t i = 0; i < rr.num_rows(); ++i) {
+        if (rr.src_rank[i] != src) continue;
+        ++n;
+        for (int j = 0; j < El; ++j) per_expert[j] += rr.routing_map[static_cast<std::size_t>(i) * El + j];
+      }
+      row[layout::count_to_rank(d)] = n;
+      for (int j = 0; j < El; ++j) row[layout::count_to_expert(R, El, d, j)] = per_expert[j];
+    }
+  }
+  // Totals of this rank as a destination.
+  const ref::ReceivedRows& mine = call.received.ranks[rank];
+  const ref::PermutedRows& perm = call.permuted[rank];
+  const int64_t rb = call.options.recv_bound(rank), pb = call.options.permuted_bound(rank);
+  h.totals[static_cast<int>(layout::Total::NumRecv)] = mine.num_recv_tokens;
+  h.totals[static_cast<int>(layout::Total::NumPermuted)] = perm.num_permuted_rows;
+  h.totals[static_cast<int>(layout::Total::OverflowRecv)] = rb >= 0 && mine.num_recv_tokens > rb;
+  h.totals[static_cast<int>(layout::Total::OverflowPermuted)] = pb >= 0 && perm.num_permuted_rows > pb;
+  for (int j = 0; j < El; ++j) {
+    h.totals[static_cast<int>(layout::Total::TokensPerExpert) + j] = perm.tokens_per_expert[j];
+    h.totals[static_cast<int>(layout::Total::TokensPerExpert) + El + j] = perm.unpadded_tokens_per_expert[j];
+  }
+  // Expert side: received rows kept (below the bound and the capacity).
+  int64_t kept = mine.num_rows();
+  if (rb >= 0) kept = std::min(kept, rb);
+  kept = std::min(kept, recv_capacity);
+  for (int64_t r = 0; r < kept; ++r) {
+    h.recv_src[2 * r] = mine.src_rank[r];
+    h.recv_src[2 * r + 1] = mine.src_token[r];
+    int n = 0;
+    for (int j = 0; j < El; ++j) {
+      if (!mine.routing_map[static_cast<std::size_t>(r) * El + j]) continue;
+      int32_t p = -1;
+      for (int64_t q = 0; q < perm.num_rows(); ++q)
+        if (perm.recv_row[q] == r && perm.local_expert_of_row(q) == j) {
+          if (pb < 0 || q < pb) p = static_cast<int32_t>(q);
+          break;
+        }
+      h.recv_entries[r * L.max_entries() + n] = layout::RecvEntry{j, p};
+      ++n;
+    }
+    h.recv_num_entries[r] = n;
+  }
+  return bytes;
+}
+
+}  // namespace railyard::test

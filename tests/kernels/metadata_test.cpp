@@ -1,0 +1,296 @@
+// kernels/intranode/metadata.cuh in the simulator: every field of the handle it
+// writes equals what railyard::reference implies (tests/kernels/intranode_harness.hpp
+// builds that independently), over ranks, token counts (unequal, zero), top-k,
+// experts per rank, routing forms and skew, bounds and padding, under several seeds;
+// the count exchange moves exactly one count row and one flag to each peer; bad
+// arguments and bad routing give errors that name them.
+#include "kernels/intranode/metadata.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/kernels/intranode_harness.hpp"
+
+namespace railyard {
+namespace {
+
+namespace ref = railyard::reference;
+using kernels::intranode::launch_metadata;
+using kernels::intranode::MetadataArguments;
+using test::CallOptions;
+using test::InputSpec;
+using test::IntranodeWorld;
+using test::Routing;
+
+struct Case {
+  int num_ranks;
+  std::vector<int> tokens;  // per rank
+  int topk;
+  int local_experts;
+  Routing routing = Routing::Uniform;
+  bool routing_map = false;
+  CallOptions options;
+};
+
+std::string describe(const Case& c) {
+  std::string s = "ranks " + std::to_string(c.num_ranks) + " tokens [";
+  for (int t : c.tokens) s += std::to_string(t) + " ";
+  s += "] topk " + std::to_string(c.topk) + " experts/rank " + std::to_string(c.local_experts) +
+       (c.routing == Routing::Skewed ? " skewed" : " uniform") + (c.routing_map ? " map" : " topk") +
+       " pad " + std::to_string(c.options.pad_multiple);
+  return s;
+}
+
+// Per-rank device copies of one call's routing.
+struct DeviceRouting {
+  int64_t* topk_idx = nullptr;
+  float* topk_weights = nullptr;
+  uint8_t* routing_map = nullptr;
+  float* probs = nullptr;
+  int num_topk = 0;
+};
+
+DeviceRouting to_device(IntranodeWorld& w, int rank, const ref::RankInput& in) {
+  DeviceRouting d;
+  if (const auto* k = std::get_if<ref::TopkRouting>(&in.routing)) {
+    d.topk_idx = w.copy_in<int64_t>(rank, k->topk_idx, "topk_idx");
+    d.topk_weights = w.copy_in<float>(rank, k->topk_weights, "topk_weights");
+    d.num_topk = k->num_topk;
+  } else {
+    const auto& m = std::get<ref::MapRouting>(in.routing);
+    d.routing_map = w.copy_in<uint8_t>(rank, m.routing_map, "routing_map");
+    d.probs = w.copy_in<float>(rank, m.probs, "probs");
+  }
+  return d;
+}
+
+MetadataArguments args_for(const IntranodeWorld& w, int rank, const ref::RankInput& in, const DeviceRouting& r,
+                           const CallOptions& o, uint8_t* handle, int64_t capacity) {
+  MetadataArguments a;
+  a.domain = w.domain(rank);
+  a.num_tokens = in.num_tokens;
+  a.topk_idx = r.topk_idx;
+  a.topk_weights = r.topk_weights;
+  a.num_topk = r.num_topk;
+  a.routing_map = r.routing_map;
+  a.probs = r.probs;
+  a.max_recv_rows = o.recv_bound(rank);
+  a.max_permuted_rows = o.permuted_bound(rank);
+  a.pad_multiple = o.pad_multiple;
+  a.handle = handle;
+  a.recv_capacity = capacity;
+  return a;
+}
+
+// Compares the fields metadata writes (not the expert-side rows dispatch writes).
+void expect_handle_eq(const IntranodeWorld& w, const uint8_t* got_bytes, const std::vector<uint8_t>& want_bytes,
+                      int rank, int num_tokens, int64_t capacity, const std::string& what) {
+  const auto& L = w.layout();
+  const auto& s = L.shape();
+  const auto got = layout::HandleView::carve(L, const_cast<uint8_t*>(got_bytes), capacity);
+  const auto want = layout::HandleView::carve(L, const_cast<uint8_t*>(want_bytes.data()), capacity);
+  const int R = s.num_ranks, K = s.max_topk;
+  for (int t = 0; t < num_tokens; ++t) {
+    for (int d = 0; d < R; ++d)
+      ASSERT_EQ(got.recv_pos[t * R + d], want.recv_pos[t * R + d]) << what << ": recv_pos rank " << rank << " token " << t << " to " << d;
+    for (int k = 0; k < K; ++k) {
+      ASSERT_EQ(got.slot_expert[t * K + k], want.slot_expert[t * K + k]) << what << ": slot_expert t " << t << " k " << k;
+      ASSERT_EQ(std::memcmp(&got.slot_prob[t * K + k], &want.slot_prob[t * K + k], 4), 0) << what << ": slot_prob t " << t << " k " << k;
+      ASSERT_EQ(got.slot_pos[t * K + k], want.slot_pos[t * K + k]) << what << ": slot_pos rank " << rank << " t " << t << " k " << k;
+    }
+  }
+  for (int i = 0; i < R * L.count_row_ints(); ++i)
+    ASSERT_EQ(got.count_matrix[i], want.count_matrix[i]) << what << ": count_matrix[" << i << "] on rank " << rank;
+  for (int i = 0; i < 4 + 2 * s.num_local_experts; ++i)
+    ASSERT_EQ(got.totals[i], want.totals[i]) << what << ": totals[" << i << "] on rank " << rank;
+}
+
+void run_case(const Case& c, uint64_t seed) {
+  const int El = c.local_experts;
+  int max_tokens = 0;
+  for (int t : c.tokens) max_tokens = std::max(max_tokens, t);
+  ref::World world{c.num_ranks, c.num_ranks, c.num_ranks * El, 16, max_tokens};
+  InputSpec spec{world, c.tokens, c.topk, DType::BF16, c.routing, c.routing_map, seed};
+  const test::ReferenceCall call = test::reference_call(world, test::make_inputs(spec), c.options);
+
+  layout::IntranodeShape shape{c.num_ranks, El, max_tokens, 16, c.topk, DType::BF16};
+  IntranodeWorld w(shape, seed);
+  const int64_t capacity = w.layout().stage_capacity_rows();
+  std::vector<uint8_t*> handles;
+  std::vector<DeviceRouting> routing;
+  for (int r = 0; r < c.num_ranks; ++r) {
+    handles.push_back(w.alloc_handle(r, capacity));
+    routing.push_back(to_device(w, r, call.inputs[r]));
+  }
+  sim::reset_traffic();
+  w.run([&](int rank, GpuStream stream) {
+    const Status st = launch_metadata(args_for(w, rank, call.inputs[rank], routing[rank], c.options, handles[rank], capacity), stream);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  });
+  for (int r = 0; r < c.num_ranks; ++r)
+    expect_handle_eq(w, handles[r], test::reference_handle(w.layout(), call, r, capacity), r, c.tokens[r], capacity,
+                     describe(c) + " seed " + std::to_string(seed));
+  // The exchange: each rank writes one count row and one flag to each peer, nothing more.
+  const sim::Traffic traffic = sim::traffic();
+  const uint64_t row_bytes = static_cast<uint64_t>(w.layout().count_row_ints()) * 4 + 4;
+  for (int r = 0; r < c.num_ranks; ++r) {
+    for (int d = 0; d < c.num_ranks; ++d) {
+      if (d == r) continue;
+      EXPECT_EQ(traffic.written(r, d), row_bytes) << "rank " << r << " to " << d;
+    }
+  }
+}
+
+TEST(IntranodeMetadata, MatchesTheReferenceOverTheMatrix) {
+  const std::vector<Case> cases = {
+      {1, {0}, 1, 1},
+      {1, {65}, 2, 2},
+      {2, {3, 0}, 2, 2},
+      {2, {64, 65}, 1, 1},
+      {3, {63, 1, 257}, 2, 8, Routing::Uniform, true},
+      {4, {65, 64, 0, 63}, 8, 2},
+      {4, {65, 64, 0, 63}, 8, 2, Routing::Skewed},
+      {8, {64, 1, 0, 63, 65, 20, 7, 33}, 8, 2, Routing::Uniform, false, {{}, {}, 4}},
+      {8, {40, 41, 42, 43, 44, 45, 46, 47}, 2, 8, Routing::Skewed, true, {{}, {}, 16}},
+  };
+  for (const Case& c : cases)
+    for (uint64_t seed : {1, 2, 3}) {
+      SCOPED_TRACE(describe(c) + " seed " + std::to_string(seed));
+      run_case(c, seed);
+      if (HasFatalFailure()) return;
+    }
+}
+
+TEST(IntranodeMetadata, BoundsDropPermutedSlotsAndFlagOverflow) {
+  Case c{4, {65, 64, 3, 63}, 4, 2, Routing::Uniform, false, {}};
+  c.options.max_recv_rows = {10, -1, 0, 1000};
+  c.options.max_permuted_rows = {-1, 17, 5, 0};
+  c.options.pad_multiple = 8;
+  for (uint64_t seed : {4, 5}) run_case(c, seed);
+}
+
+// Two calls in a row on the same buffers (the count table's parity alternates, and
+// sequence numbers keep growing): the second call's results are its own.
+TEST(IntranodeMetadata, BackToBackCallsUseTheirOwnCounts) {
+  const int R = 3, El = 2, K = 2, M = 40;
+  layout::IntranodeShape shape{R, El, M, 16, K, DType::BF16};
+  IntranodeWorld w(shape, 9);
+  const int64_t capacity = w.layout().stage_capacity_rows();
+  ref::World world{R, R, R * El, 16, M};
+  for (int call_index = 0; call_index < 3; ++call_index) {
+    std::vector<int> tokens = {M - call_index * 7, call_index * 11, 13 + call_index};
+    const auto call = test::reference_call(world, test::make_inputs({world, tokens, K, DType::BF16, Routing::Uniform, false, 40u + call_index}), {});
+    std::vector<uint8_t*> handles;
+    std::vector<DeviceRouting> routing;
+    for (int r = 0; r < R; ++r) {
+      handles.push_back(w.alloc_handle(r, capacity));
+      routing.push_back(to_device(w, r, call.inputs[r]));
+    }
+    w.run([&](int rank, GpuStream stream) {
+      ASSERT_TRUE(launch_metadata(args_for(w, rank, call.inputs[rank], routing[rank], {}, handles[rank], capacity), stream).ok());
+    });
+    for (int r = 0; r < R; ++r)
+      expect_handle_eq(w, handles[r], test::reference_handle(w.layout(), call, r, capacity), r, tokens[r], capacity,
+                       "call " + std::to_string(call_index));
+    EXPECT_EQ(*w.layout().local_state(w.registered(0)), static_cast<uint32_t>(call_index + 1)) << "sequence number";
+  }
+}
+
+TEST(IntranodeMetadata, ArgumentErrorsNameTheArgument) {
+  layout::IntranodeShape shape{2, 2, 8, 16, 2, DType::BF16};
+  IntranodeWorld w(shape, 1);
+  int64_t* idx = w.alloc<int64_t>(0, 16, "idx");
+  float* wts = w.alloc<float>(0, 16, "w");
+  uint8_t* handle = w.alloc_handle(0, 16);
+  auto base = [&] {
+    MetadataArguments a;
+    a.domain = w.domain(0);
+    a.num_tokens = 4;
+    a.topk_idx = idx;
+    a.topk_weights = wts;
+    a.num_topk = 2;
+    a.handle = handle;
+    a.recv_capacity = 16;
+    return a;
+  };
+  auto expect = [&](MetadataArguments a, const std::string& needle) {
+    const Status st = launch_metadata(a, sim::default_stream(0));
+    EXPECT_EQ(st.code(), StatusCode::InvalidArgument) << needle;
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+  };
+  auto a = base();
+  a.num_tokens = 9;
+  expect(a, "num_tokens is 9; expected 0..8");
+  a = base();
+  a.num_topk = 3;
+  expect(a, "num_topk is 3; expected 1..2");
+  a = base();
+  a.routing_map = reinterpret_cast<const uint8_t*>(idx);
+  expect(a, "exactly one routing");
+  a = base();
+  a.pad_multiple = 0;
+  expect(a, "pad_multiple is 0");
+  a = base();
+  a.max_recv_rows = -2;
+  expect(a, "max_recv_rows is -2");
+  a = base();
+  a.recv_capacity = 17;
+  expect(a, "recv_capacity is 17; expected 0..16");
+  a = base();
+  a.domain.rank = 2;
+  expect(a, "domain.rank is 2; expected 0..1");
+  a = base();
+  a.domain.shape.hidden = 12;
+  expect(a, "hidden is 12");
+}
+
+// Bad routing is data on the device: the kernel traps with a message naming it.
+TEST(IntranodeMetadata, BadExpertIdTrapsWithTheSlot) {
+  layout::IntranodeShape shape{1, 4, 4, 16, 2, DType::BF16};
+  IntranodeWorld w(shape, 1);
+  const std::vector<int64_t> idx = {0, 1, 2, 7, 3, -1, 1, 0};
+  int64_t* d_idx = w.copy_in<int64_t>(0, idx, "topk_idx");
+  float* d_w = w.alloc<float>(0, 8, "w");
+  uint8_t* handle = w.alloc_handle(0, 4);
+  MetadataArguments a;
+  a.domain = w.domain(0);
+  a.num_tokens = 4;
+  a.topk_idx = d_idx;
+  a.topk_weights = d_w;
+  a.num_topk = 2;
+  a.handle = handle;
+  a.recv_capacity = 4;
+  try {
+    w.run([&](int, GpuStream stream) { ASSERT_TRUE(launch_metadata(a, stream).ok()); });
+    FAIL() << "expected a trap";
+  } catch (const sim::Error& e) {
+    EXPECT_EQ(e.kind(), sim::ErrorKind::Trap);
+    EXPECT_NE(std::string(e.what()).find("topk_idx[1][1] = 7 is not -1 or an expert id"), std::string::npos) << e.what();
+  }
+}
+
+TEST(IntranodeMetadata, MismatchedPadMultipleTraps) {
+  layout::IntranodeShape shape{2, 1, 4, 16, 1, DType::BF16};
+  IntranodeWorld w(shape, 1);
+  ref::World world{2, 2, 2, 16, 4};
+  const auto inputs = test::make_inputs({world, {4, 4}, 1, DType::BF16, Routing::Uniform, false, 3});
+  std::vector<uint8_t*> handles = {w.alloc_handle(0, 8), w.alloc_handle(1, 8)};
+  std::vector<DeviceRouting> routing = {to_device(w, 0, inputs[0]), to_device(w, 1, inputs[1])};
+  try {
+    w.run([&](int rank, GpuStream stream) {
+      CallOptions o;
+      o.pad_multiple = rank == 0 ? 4 : 8;
+      ASSERT_TRUE(launch_metadata(args_for(w, rank, inputs[rank], routing[rank], o, handles[rank], 8), stream).ok());
+    });
+    FAIL() << "expected a trap";
+  } catch (const sim::Error& e) {
+    EXPECT_EQ(e.kind(), sim::ErrorKind::Trap);
+    EXPECT_NE(std::string(e.what()).find("pad_multiple differs between ranks"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace railyard
