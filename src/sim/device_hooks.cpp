@@ -455,26 +455,28 @@ void bulk_commit_group(Loc loc) {
 void bulk_wait_group(unsigned max_pending, bool read_only, Loc loc) {
   Engine& e = engine();
   Fiber* f = self();
+  auto pending = [&](const detail::BulkGroup& g) { return read_only ? g.pending_reads : g.pending_writes; };
   for (;;) {
     // groups.back() is the open group; the committed ones precede it, oldest first.
     const std::size_t committed = f->groups.size() - 1;
-    std::size_t pending = 0;
+    std::size_t waiting_on = 0;
     bool older_pending = false;
     for (std::size_t i = 0; i < committed; ++i) {
-      if (f->groups[i].pending) {
-        ++pending;
+      if (pending(f->groups[i])) {
+        ++waiting_on;
         if (i + max_pending < committed) older_pending = true;
       }
     }
     if (!older_pending) break;
     WaitInfo wi;
     wi.kind = WaitInfo::Kind::BulkGroup;
+    wi.what = read_only ? "bulk_wait_group_read" : "bulk_wait_group";
     wi.a = max_pending;
-    wi.b = pending;
+    wi.b = waiting_on;
     wi.loc = loc;
     e.yield_blocked(wi);
   }
-  while (f->groups.size() > 1 && f->groups.front().pending == 0) f->groups.pop_front();
+  while (f->groups.size() > 1 && f->groups.front().pending_writes == 0) f->groups.pop_front();
   e.yield_runnable();
 }
 

@@ -584,23 +584,38 @@ void Engine::finish_head(int stream) {
 void Engine::issue_async(const AsyncOp& op) {
   async_.push_back(op);
   ++op.block->pending_async;
-  if (op.kind == AsyncOp::Kind::S2G) ++op.group->pending;
+  if (op.kind == AsyncOp::Kind::S2G) {
+    ++op.group->pending_reads;
+    ++op.group->pending_writes;
+  }
 }
 
 void Engine::complete_async(std::size_t index) {
-  AsyncOp op = async_[index];
-  async_[index] = async_.back();
+  ++epoch_;
+  AsyncOp& pending = async_[index];
+  if (pending.kind == AsyncOp::Kind::S2G && !pending.data) {
+    // First step of a shared-to-global copy: read the source. The slot may be reused
+    // from now on; the global write is a later, separate step.
+    pending.data = std::make_shared<std::vector<uint8_t>>(static_cast<const uint8_t*>(pending.src),
+                                                          static_cast<const uint8_t*>(pending.src) + pending.bytes);
+    --pending.group->pending_reads;
+    Fiber* f = pending.issuer;
+    if (f->state == FiberState::Blocked && f->wait.kind == WaitInfo::Kind::BulkGroup) wake(f);
+    return;
+  }
+  AsyncOp op = std::move(pending);
+  async_[index] = std::move(async_.back());
   async_.pop_back();
   ++stats_.async_ops_completed;
-  ++epoch_;
-  std::memmove(op.dst, op.src, op.bytes);
   Block* b = op.block;
   --b->pending_async;
   if (op.kind == AsyncOp::Kind::G2S) {
+    std::memmove(op.dst, op.src, op.bytes);
     auto it = b->mbarriers.find(reinterpret_cast<uintptr_t>(op.bar));
     if (it != b->mbarriers.end()) complete_tx(it->second, op.bytes);
   } else {
-    --op.group->pending;
+    std::memcpy(op.dst, op.data->data(), op.bytes);
+    --op.group->pending_writes;
     Fiber* f = op.issuer;
     if (f->state == FiberState::Blocked && f->wait.kind == WaitInfo::Kind::BulkGroup) wake(f);
   }
@@ -809,7 +824,7 @@ std::string Engine::hang_report() const {
                   d << "polling " << wi.what << " at " << hex(wi.addr) << " (value " << wi.a << ")";
                   break;
                 case WaitInfo::Kind::BulkGroup:
-                  d << "bulk_wait_group (at most " << wi.a << " groups pending; " << wi.b << " pending)";
+                  d << wi.what << " (at most " << wi.a << " groups pending; " << wi.b << " pending)";
                   break;
                 case WaitInfo::Kind::Sleep: d << wi.what; break;
                 case WaitInfo::Kind::None: d << "waiting"; break;
@@ -839,7 +854,8 @@ std::string Engine::hang_report() const {
          << ", which is never recorded\n";
   }
   for (const AsyncOp& op : async_)
-    os << "pending bulk copy of " << op.bytes << " bytes issued at " << format_loc(op.loc) << "\n";
+    os << "pending bulk copy of " << op.bytes << " bytes issued at " << format_loc(op.loc)
+       << (op.data ? " (source read, write pending)" : "") << "\n";
   for (const Agent* a : agents_) os << "agent: " << a->describe() << "\n";
   return os.str();
 }

@@ -56,8 +56,11 @@ enum class FiberState : uint8_t {
   Done,
 };
 
+// A bulk async-group of one thread. A shared-to-global copy first reads shared
+// memory, later writes global memory: wait_group.read waits for the reads only.
 struct BulkGroup {
-  unsigned pending = 0;  // copies of this group not yet complete
+  unsigned pending_reads = 0;   // copies that have not read their source yet
+  unsigned pending_writes = 0;  // copies whose writes have not landed yet
 };
 
 struct Fiber {
@@ -141,9 +144,12 @@ struct AsyncOp {
   void* dst;
   const void* src;
   uint32_t bytes;
-  uint64_t* bar;  // G2S: the mbarrier that receives complete_tx
-  BulkGroup* group;  // S2G: nullptr until committed; counted in the open group
+  uint64_t* bar;     // G2S: the mbarrier that receives complete_tx
+  BulkGroup* group;  // S2G: the issuing thread's group it counts in
   Loc loc;
+  // S2G completes in two scheduler steps: the shared-memory read (into `data`),
+  // then the global write.
+  std::shared_ptr<std::vector<uint8_t>> data = nullptr;
 };
 
 struct StreamOp {
