@@ -318,4 +318,17 @@ RAILYARD_DEVICE void fence_proxy_async_shared_cta(RAILYARD_LOC_ONLY_PARAM) {
 #endif
 }
 
+// Orders global-memory accesses of the generic proxy (ld/st, acquire/release) with
+// those of the async proxy (TMA bulk copies), both ways. Used where a row written by
+// TMA is announced by a release store (writer: after bulk_wait_group, before the
+// release) and where an acquired announcement is followed by a TMA read of that row
+// (reader: after the acquire, before bulk_copy_g2s).
+RAILYARD_DEVICE void fence_proxy_async_global(RAILYARD_LOC_ONLY_PARAM) {
+#if RAILYARD_IS_SIM
+  ::railyard::sim::device::fence("fence.proxy.async.global", railyard_loc);
+#else
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+#endif
+}
+
 }  // namespace railyard::arch

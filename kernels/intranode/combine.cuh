@@ -1,0 +1,560 @@
+// Railyard intra-node combine kernel (NVLink path): every home token gets the fp32
+// sum, in a fixed order, of the expert outputs computed for it on every rank.
+// See docs/design-intranode.md ("Combine") and docs/semantics.md sections 7-8.
+//
+// One launch per rank; every block is an independent channel and runs two kinds of
+// jobs through ONE pipeline of three roles (192 threads):
+//
+//   Load (warp 0)      Reduce (warps 1-4)               Store (warp 5)
+//   TMA G2S of source  fp32 sums of a piece's sources   TMA S2G of the BF16 piece
+//   pieces -> FIFO --> (fixed order) -> BF16 piece ---> to its destination
+//
+//   stage job (received row r of this rank; local): sources are the caller's expert
+//     output rows of r (one in the received layout, one per surviving local expert
+//     in the permuted layout), summed in local-expert order and rounded once (the
+//     unpermute); destination: this rank's own staging row r. After its last piece
+//     is written, the row header's `seq` is released, so home ranks may pull it.
+//     Rows with nothing to send (dropped by a bound) get `num_entries` 0 and `seq`
+//     at once, without passing through the FIFO.
+//   gather job (home token t of this rank; NVLink pull): sources are the staged rows
+//     of t on every rank d that holds one, in ascending d, read over the peer mapping
+//     once their header `seq` is released; the sum is rounded to BF16 per NVLink
+//     domain, then the domain partials are summed and rounded (semantics.md 7);
+//     destination: the caller's out[t]. A token with no source gets zeros.
+//
+// A block runs all its stage jobs before its gather jobs. Stage jobs never wait on
+// another rank, so every row a gather job waits for is staged by a block that cannot
+// be blocked by it: no deadlock, and no cross-block communication inside a rank.
+//
+// Rows travel in pieces of SlotBytes; reduction warps split a piece by 16-byte
+// vectors, so each reduction lane keeps only 2 x 8 x ceil(SlotBytes / 2 KiB) fp32
+// accumulators (32 for 4 KiB slots). The fixed order (entries ascending, ranks
+// ascending) makes the result bitwise independent of the interleaving.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kernels/intranode/combine.hpp"
+#include "kernels/intranode/protocol.cuh"
+#include "railyard/arch/bulk_copy.cuh"
+#include "railyard/arch/fault.cuh"
+#include "railyard/arch/mbarrier.cuh"
+#include "railyard/arch/memory.cuh"
+#include "railyard/arch/smem.cuh"
+#include "railyard/arch/thread.cuh"
+#include "railyard/common/dtypes.cuh"
+#include "railyard/common/macros.cuh"
+#include "railyard/common/status.hpp"
+#include "railyard/layout/intranode_layout.cuh"
+#include "railyard/pipeline/pipeline.cuh"
+#include "railyard/pipeline/wait.cuh"
+
+namespace railyard::kernels::intranode {
+
+template <uint32_t SlotBytes, int Stages>
+struct Combine {
+  static_assert(Stages >= 1);
+  static_assert(SlotBytes > 0 && SlotBytes % arch::kBulkCopyAlign == 0,
+                "a slot holds whole 16-byte bulk-copy units");
+
+  static constexpr uint32_t kSlotBytes = SlotBytes;
+  static constexpr int kStages = Stages;
+  static constexpr const char* kName = "intranode::Combine";
+
+  enum class WarpRole : uint32_t { Load, Reduce, Store };
+  static constexpr uint32_t kNumReduceWarps = 4;
+  static constexpr uint32_t kNumWarps = 1 + kNumReduceWarps + 1;
+  static constexpr uint32_t kMaxThreadsPerBlock = kNumWarps * arch::kWarpSize;
+  static constexpr uint32_t kMinBlocksPerSm = 1;
+  static constexpr uint32_t kNumReduceThreads = kNumReduceWarps * arch::kWarpSize;
+
+  // A piece is split into 16-byte vectors of 8 BF16; reduction thread i owns vectors
+  // i, i + kNumReduceThreads, ... of every piece.
+  static constexpr uint32_t kVectorBytes = 16;
+  static constexpr uint32_t kElemsPerVector = kVectorBytes / 2;
+  static constexpr uint32_t kVectorsPerLane =
+      (SlotBytes / kVectorBytes + kNumReduceThreads - 1) / kNumReduceThreads;
+  static constexpr uint32_t kAccumulators = kVectorsPerLane * kElemsPerVector;
+
+  // Two slots suffice between reducers and the store warp: a reduced piece is ready
+  // only every (sources of the token) load slots.
+  static constexpr int kStoreStages = 2;
+  // Sources of one job: local experts of a received row, or ranks of a home token.
+  static constexpr int kMaxSources =
+      layout::kMaxLocalExperts > layout::kMaxRanksPerDomain ? layout::kMaxLocalExperts
+                                                            : layout::kMaxRanksPerDomain;
+
+  using LoadPipeline = pipeline::Pipeline<Stages>;
+  using StorePipeline = pipeline::Pipeline<kStoreStages>;
+
+  // What a FIFO slot holds, for the roles downstream (written before the slot's
+  // producer arrival, read after the consumer's wait).
+  enum TagFlag : uint32_t {
+    kFirst = 1u << 0,         // zero the accumulators first: a new piece starts
+    kData = 1u << 1,          // the slot holds `bytes` of BF16 to add (else it adds nothing)
+    kDomainEnd = 1u << 2,     // after adding: total += bf16(partial), partial = 0
+    kLast = 1u << 3,          // after adding: the piece is complete, emit it
+    kDomainRounded = 1u << 4, // the piece's result is `total` (gather), else `partial` (stage)
+    kDone = 1u << 5,          // no more jobs: pass it on and stop
+  };
+  struct SlotTag {
+    uint8_t* dst;         // where the reduced piece goes
+    int64_t publish_row;  // >= 0: after storing, release the header seq of own staged row
+    uint32_t bytes;       // bytes of the piece
+    uint32_t flags;
+  };
+
+  struct SharedStorage {
+    // 128: bulk copies need 16; 128 keeps every slot on its own lines.
+    alignas(128) uint8_t load_slots[Stages][SlotBytes];
+    alignas(128) uint8_t store_slots[kStoreStages][SlotBytes];
+    SlotTag load_tags[Stages];
+    SlotTag store_tags[kStoreStages];
+    // The current job's sources, in summation order (Load warp only).
+    const uint8_t* sources[kMaxSources];
+    int16_t source_rank[kMaxSources];
+    typename LoadPipeline::SharedStorage load_pipe;
+    typename StorePipeline::SharedStorage store_pipe;
+  };
+  static_assert(sizeof(SharedStorage) <= arch::kMaxDynamicSmemBytes,
+                "Combine FIFOs exceed the 227 KiB shared-memory budget");
+
+  using Arguments = CombineArguments;
+
+  struct Params {
+    DomainParams domain;
+    layout::HandleView handle;
+    int num_tokens;
+    int ranks_per_domain;  // resolved: 1..R, divides R
+    int chunk_rows;
+    bool permuted_input;
+    const uint8_t* input;
+    int64_t num_input_rows;
+    const float* input_probs;  // null: no probs combine
+    float* combined_probs;
+    uint8_t* out;
+  };
+
+  static constexpr std::size_t shared_memory_bytes() { return sizeof(SharedStorage); }
+
+  // Checks everything the kernel relies on; errors name the argument and what was
+  // expected. The device-dependent checks (blocks, shared memory) are the launcher's.
+  static Status can_implement(const Arguments& a) {
+    const layout::IntranodeShape& s = a.domain.shape;
+    const std::string who = "intranode combine: ";
+    const auto range = [](int64_t lo, int64_t hi) { return std::to_string(lo) + ".." + std::to_string(hi); };
+    if (s.num_ranks < 1 || s.num_ranks > layout::kMaxRanksPerDomain)
+      return Status::invalid_argument(who + "domain.shape.num_ranks is " + std::to_string(s.num_ranks) +
+                                      "; expected " + range(1, layout::kMaxRanksPerDomain));
+    if (s.num_local_experts < 1 || s.num_local_experts > layout::kMaxLocalExperts)
+      return Status::invalid_argument(who + "domain.shape.num_local_experts is " +
+                                      std::to_string(s.num_local_experts) + "; expected " +
+                                      range(1, layout::kMaxLocalExperts));
+    if (s.max_topk < 1 || s.max_topk > s.num_ranks * s.num_local_experts)
+      return Status::invalid_argument(who + "domain.shape.max_topk is " + std::to_string(s.max_topk) +
+                                      "; expected " + range(1, int64_t{s.num_ranks} * s.num_local_experts));
+    if (s.hidden < 1 || (int64_t{s.hidden} * 2) % arch::kBulkCopyAlign != 0)
+      return Status::invalid_argument(who + "domain.shape.hidden is " + std::to_string(s.hidden) +
+                                      "; expected a positive multiple of 8 (BF16 rows of whole 16-byte units)");
+    if (a.domain.rank < 0 || a.domain.rank >= s.num_ranks)
+      return Status::invalid_argument(who + "domain.rank is " + std::to_string(a.domain.rank) + "; expected " +
+                                      range(0, s.num_ranks - 1));
+    for (int r = 0; r < s.num_ranks; ++r)
+      if (a.domain.peers.ptr[r] == nullptr)
+        return Status::invalid_argument(who + "domain.peers.ptr[" + std::to_string(r) + "] is null");
+    const layout::IntranodeLayout lay(s);
+    if (a.handle == nullptr) return Status::invalid_argument(who + "handle is null");
+    if (a.recv_capacity < 0 || a.recv_capacity > lay.stage_capacity_rows())
+      return Status::invalid_argument(who + "recv_capacity is " + std::to_string(a.recv_capacity) + "; expected " +
+                                      range(0, lay.stage_capacity_rows()) + " (num_ranks x max_tokens)");
+    if (a.num_tokens < 0 || a.num_tokens > s.max_tokens)
+      return Status::invalid_argument(who + "num_tokens is " + std::to_string(a.num_tokens) + "; expected " +
+                                      range(0, s.max_tokens) + " (shape.max_tokens)");
+    if (a.num_input_rows < 0)
+      return Status::invalid_argument(who + "num_input_rows is " + std::to_string(a.num_input_rows) +
+                                      "; expected >= 0");
+    if (a.num_input_rows > 0 && a.input == nullptr)
+      return Status::invalid_argument(who + "input is null but num_input_rows is " +
+                                      std::to_string(a.num_input_rows));
+    if (a.num_tokens > 0 && a.out == nullptr) return Status::invalid_argument(who + "out is null");
+    if (reinterpret_cast<uintptr_t>(a.input) % arch::kBulkCopyAlign != 0 ||
+        reinterpret_cast<uintptr_t>(a.out) % arch::kBulkCopyAlign != 0)
+      return Status::invalid_argument(who + "input and out must be 16-byte aligned (TMA)");
+    if ((a.input_probs == nullptr) != (a.combined_probs == nullptr))
+      return Status::invalid_argument(who + "input_probs and combined_probs go together; one of them is null");
+    if (reinterpret_cast<uintptr_t>(a.input_probs) % alignof(float) != 0 ||
+        reinterpret_cast<uintptr_t>(a.combined_probs) % alignof(float) != 0)
+      return Status::invalid_argument(who + "input_probs and combined_probs must be 4-byte aligned");
+    if (a.ranks_per_domain < 0 || (a.ranks_per_domain > 0 && s.num_ranks % a.ranks_per_domain != 0))
+      return Status::invalid_argument(who + "ranks_per_domain is " + std::to_string(a.ranks_per_domain) +
+                                      "; expected 0 (one domain) or a divisor of num_ranks " +
+                                      std::to_string(s.num_ranks));
+    if (a.chunk_rows < 1)
+      return Status::invalid_argument(who + "chunk_rows is " + std::to_string(a.chunk_rows) + "; expected >= 1");
+    return Status::success();
+  }
+
+  static Params to_params(const Arguments& a) {
+    Params p{};
+    p.domain = a.domain;
+    // The handle is const to the caller; the kernel only reads it.
+    p.handle = layout::HandleView::carve(layout::IntranodeLayout(a.domain.shape), const_cast<uint8_t*>(a.handle),
+                                         a.recv_capacity);
+    p.num_tokens = a.num_tokens;
+    p.ranks_per_domain = a.ranks_per_domain > 0 ? a.ranks_per_domain : a.domain.shape.num_ranks;
+    p.chunk_rows = a.chunk_rows;
+    p.permuted_input = a.input_layout == CombineInputLayout::Permuted;
+    p.input = static_cast<const uint8_t*>(a.input);
+    p.num_input_rows = a.num_input_rows;
+    p.input_probs = a.input_probs;
+    p.combined_probs = a.combined_probs;
+    p.out = static_cast<uint8_t*>(a.out);
+    return p;
+  }
+
+  RAILYARD_DEVICE void operator()(const Params& p, SharedStorage& storage) const {
+    const DomainParams& dom = p.domain;
+    if (arch::linear_thread_idx() == 0) {
+      // One elected producer lane per pipeline; every reduction warp arrives once.
+      LoadPipeline::init(storage.load_pipe, /*producer_arrivals=*/1, /*consumer_arrivals=*/kNumReduceWarps);
+      StorePipeline::init(storage.store_pipe, /*producer_arrivals=*/kNumReduceWarps, /*consumer_arrivals=*/1);
+    }
+    const uint32_t seq = op_begin(dom);
+    entry_barrier(dom, seq);  // ends with __syncthreads: the pipelines are initialised
+
+    LoadPipeline load_pipe(storage.load_pipe, dom.timeout_cycles);
+    StorePipeline store_pipe(storage.store_pipe, dom.timeout_cycles);
+    const WarpRole role = role_of_warp(arch::warp_idx());
+    if (role == WarpRole::Load) {
+      run_load(p, storage, load_pipe, seq);
+    } else if (role == WarpRole::Reduce) {
+      run_reduce(storage, load_pipe, store_pipe);
+    } else {
+      run_store(p, storage, store_pipe, seq);
+    }
+    op_end(dom, seq);
+  }
+
+ private:
+  RAILYARD_DEVICE static WarpRole role_of_warp(uint32_t warp) {
+    return warp == 0 ? WarpRole::Load : warp <= kNumReduceWarps ? WarpRole::Reduce : WarpRole::Store;
+  }
+  RAILYARD_DEVICE static int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+  RAILYARD_DEVICE static uint32_t piece_bytes(uint32_t row_bytes, uint32_t offset) {
+    return row_bytes - offset < SlotBytes ? row_bytes - offset : SlotBytes;
+  }
+  RAILYARD_DEVICE static float round_to_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
+
+  // ---- Load ------------------------------------------------------------------------------
+
+  // One slot: wait until it is empty, tag it, arrive on its full barrier announcing
+  // the bulk copy's bytes, issue the copy (none for a slot without data). The tag is
+  // written before the arrival, which releases it: a slot without data completes its
+  // phase at that arrival. (Hence not producer_acquire(state, tx), which arrives first.)
+  RAILYARD_DEVICE static void push_slot(SharedStorage& storage, LoadPipeline& pipe,
+                                        typename LoadPipeline::State& state, const SlotTag& tag,
+                                        const uint8_t* src) {
+    pipe.producer_acquire(state);
+    storage.load_tags[state.index] = tag;
+    uint64_t* full = pipe.full_barrier(state);
+    arch::mbarrier_arrive_expect_tx(full, src != nullptr ? tag.bytes : 0u);
+    if (src != nullptr) arch::bulk_copy_g2s(storage.load_slots[state.index], src, tag.bytes, full);
+    ++state;
+  }
+
+  // Lane 0: every piece of a job, and for each piece every source in order.
+  RAILYARD_DEVICE static void push_job(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
+                                       typename LoadPipeline::State& state, int num_sources, uint8_t* dst,
+                                       int64_t publish_row, bool gather) {
+    const uint32_t row_bytes = static_cast<uint32_t>(layout::IntranodeLayout(p.domain.shape).combine_row_bytes());
+    for (uint32_t offset = 0; offset < row_bytes; offset += SlotBytes) {
+      const uint32_t bytes = piece_bytes(row_bytes, offset);
+      const bool last_piece = offset + bytes == row_bytes;
+      const uint32_t job_flags = gather ? static_cast<uint32_t>(kDomainRounded) : 0u;
+      if (num_sources == 0) {  // a token routed nowhere (or only to dropped rows): zeros
+        push_slot(storage, pipe, state,
+                  SlotTag{dst + offset, -1, bytes, job_flags | kFirst | kDomainEnd | kLast}, nullptr);
+        continue;
+      }
+      for (int i = 0; i < num_sources; ++i) {
+        const bool last = i + 1 == num_sources;
+        uint32_t flags = job_flags | kData;
+        if (i == 0) flags |= kFirst;
+        if (last) flags |= kLast;
+        if (gather && (last || storage.source_rank[i + 1] / p.ranks_per_domain !=
+                                   storage.source_rank[i] / p.ranks_per_domain)) {
+          flags |= kDomainEnd;
+        }
+        const SlotTag tag{dst + offset, last && last_piece ? publish_row : -1, bytes, flags};
+        push_slot(storage, pipe, state, tag, storage.sources[i] + offset);
+      }
+    }
+  }
+
+  RAILYARD_DEVICE static void run_load(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
+                                       uint32_t seq) {
+    const DomainParams& dom = p.domain;
+    const layout::IntranodeLayout lay(dom.shape);
+    const layout::HandleView& h = p.handle;
+    const int R = dom.shape.num_ranks;
+    const int El = dom.shape.num_local_experts;
+    const int Kl = lay.max_entries();
+    const int64_t row_bytes = lay.combine_row_bytes();
+    const uint32_t lane = arch::lane_idx();
+    const uint32_t lower_lanes = (1u << lane) - 1u;
+    const bool with_probs = p.input_probs != nullptr;
+    typename LoadPipeline::State state;  // used by lane 0 only
+
+    // ---- stage jobs: this rank's received rows ----------------------------------------
+    const int64_t num_recv = arch::ld_global(&h.totals[static_cast<int>(layout::Total::NumRecv)]);
+    if (num_recv < 0 || num_recv > lay.stage_capacity_rows()) {
+      arch::trap_with("combine: handle says rank %lld received %lld rows; staging holds %lld", dom.rank, num_recv,
+                      lay.stage_capacity_rows());
+    }
+    // Rows the handle describes: those its dispatch kept (below this rank's bound on
+    // received rows, as exchanged in the count matrix) and that fit its capacity.
+    int64_t described = min_i64(num_recv, h.recv_capacity);
+    const int32_t recv_bound = arch::ld_global(
+        &h.count_matrix[int64_t{dom.rank} * lay.count_row_ints() + static_cast<int>(layout::CountRow::MaxRecvRows)]);
+    if (recv_bound >= 0) described = min_i64(described, recv_bound);
+    // Received layout: a row exists as input iff the caller passes it.
+    const int64_t rows_with_input = p.permuted_input ? described : min_i64(described, p.num_input_rows);
+
+    const int64_t chunk = p.chunk_rows;
+    for (int64_t begin = int64_t{blockIdx.x} * chunk; begin < num_recv; begin += int64_t{gridDim.x} * chunk) {
+      const int64_t end = min_i64(num_recv, begin + chunk);
+      for (int64_t r = begin; r < end; ++r) {
+        __syncwarp();  // lane 0 is done with the previous job's sources
+        layout::RowHeader* header = lay.header(dom.self(), r);
+        layout::HeaderEntry* entries = lay.header_entries(dom.self(), r);
+        const int n = r < rows_with_input ? arch::ld_global(&h.recv_num_entries[r]) : 0;
+        // Keep the entries whose input exists, in handle order (local expert
+        // ascending, the unpermute's summation order), and describe them in the
+        // header for the probs combine.
+        int kept = 0;
+        for (int base = 0; base < n; base += 32) {
+          const int i = base + static_cast<int>(lane);
+          layout::RecvEntry entry{-1, -1};
+          bool keep = false;
+          if (i < n) {
+            entry = arch::ld_global(&h.recv_entries[r * Kl + i]);
+            keep = !p.permuted_input || (entry.permuted_pos >= 0 && entry.permuted_pos < p.num_input_rows);
+          }
+          const uint32_t keepers = __ballot_sync(arch::kFullWarpMask, keep);
+          if (keep) {
+            const int idx = kept + __popc(keepers & lower_lanes);
+            if (p.permuted_input) storage.sources[idx] = p.input + int64_t{entry.permuted_pos} * row_bytes;
+            float prob = 0.0f;
+            if (with_probs) {
+              prob = arch::ld_global(p.permuted_input ? &p.input_probs[entry.permuted_pos]
+                                                      : &p.input_probs[r * El + entry.local_expert]);
+            }
+            arch::st_global(&entries[idx].local_expert, entry.local_expert);
+            arch::st_global(&entries[idx].prob, prob);
+            arch::st_global(&entries[idx].permuted_pos, entry.permuted_pos);
+          }
+          kept += __popc(keepers);
+        }
+        const int num_sources = p.permuted_input ? kept : (kept > 0 ? 1 : 0);
+        if (!p.permuted_input && lane == 0) storage.sources[0] = p.input + r * row_bytes;
+        __syncwarp();  // sources and header entries are written
+        if (lane != 0) continue;
+        // num_entries 0 tells home ranks the row has nothing for them (semantics.md 6:
+        // dropped rows contribute nothing).
+        arch::st_global(&header->num_entries, static_cast<int32_t>(kept));
+        if (num_sources == 0) {
+          arch::st_release_sys(&header->seq, seq);
+        } else {
+          // The store warp releases seq once the row's bulk stores have completed.
+          push_job(p, storage, pipe, state, num_sources, lay.stage_row(dom.self(), r), r, /*gather=*/false);
+        }
+      }
+    }
+
+    // ---- gather jobs: this rank's tokens, pulled from every rank that holds them -------
+    const int E = R * El;
+    for (int64_t begin = int64_t{blockIdx.x} * chunk; begin < p.num_tokens; begin += int64_t{gridDim.x} * chunk) {
+      const int64_t end = min_i64(p.num_tokens, begin + chunk);
+      for (int64_t t = begin; t < end; ++t) {
+        __syncwarp();  // lane 0 is done with the previous job's sources
+        if (with_probs) {
+          for (int e = static_cast<int>(lane); e < E; e += 32) arch::st_global(&p.combined_probs[t * E + e], 0.0f);
+          __syncwarp();  // zeros before the chosen experts' probs, which other lanes write
+        }
+        // Lane l waits for rank d = l (+ 32, + 64)'s row of t: the waits overlap.
+        int num_sources = 0;
+        for (int base = 0; base < R; base += 32) {
+          const int d = base + static_cast<int>(lane);
+          bool has_row = false;
+          const uint8_t* row = nullptr;
+          if (d < R) {
+            const int32_t pos = arch::ld_global(&h.recv_pos[t * R + d]);
+            // A row at or past d's bound on received rows was never dispatched: its
+            // pair is skipped without touching d. (Read here rather than kept in a
+            // per-lane array, which a runtime index would put in local memory.)
+            const int32_t bound =
+                pos < 0 ? -1
+                        : arch::ld_global(&h.count_matrix[int64_t{d} * lay.count_row_ints() +
+                                                          static_cast<int>(layout::CountRow::MaxRecvRows)]);
+            if (pos >= 0 && (bound < 0 || pos < bound)) {
+              uint8_t* peer = dom.peers.ptr[d];
+              const layout::RowHeader* header = lay.header(peer, pos);
+              pipeline::timeout_while(
+                  [&] { return seq_diff(arch::ld_acquire_sys(&header->seq), seq) < 0; },
+                  {"combine: staged row header seq of peer rank (index) at row (value)", d, pos},
+                  dom.timeout_cycles);
+              // The acquire (generic proxy) before the TMA reads (async proxy) of the row.
+              arch::fence_proxy_async_global();
+              const int32_t num_entries = arch::ld_global(&header->num_entries);
+              if (with_probs) {
+                const layout::HeaderEntry* entries = lay.header_entries(peer, pos);
+                for (int i = 0; i < num_entries; ++i) {
+                  const int32_t j = arch::ld_global(&entries[i].local_expert);
+                  arch::st_global(&p.combined_probs[t * E + int64_t{d} * El + j], arch::ld_global(&entries[i].prob));
+                }
+              }
+              has_row = num_entries > 0;
+              row = lay.stage_row(peer, pos);
+            }
+          }
+          const uint32_t holders = __ballot_sync(arch::kFullWarpMask, has_row);
+          if (has_row) {
+            const int idx = num_sources + __popc(holders & lower_lanes);
+            storage.sources[idx] = row;
+            storage.source_rank[idx] = static_cast<int16_t>(d);
+          }
+          num_sources += __popc(holders);
+        }
+        // The lanes that acquired the headers synchronise with lane 0 here, before it
+        // bulk-loads the rows those headers published; lane 0 fences its own proxies too.
+        __syncwarp();
+        if (lane == 0) {
+          arch::fence_proxy_async_global();
+          push_job(p, storage, pipe, state, num_sources, p.out + t * row_bytes, -1, /*gather=*/true);
+        }
+      }
+    }
+
+    if (lane == 0) push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kDone}, nullptr);
+  }
+
+  // ---- Reduce ------------------------------------------------------------------------------
+
+  struct alignas(16) Bf16x8 {
+    uint32_t word[4];  // element 2k in the low half of word k, 2k + 1 in the high half
+  };
+
+  RAILYARD_DEVICE static void run_reduce(SharedStorage& storage, LoadPipeline& load_pipe,
+                                         StorePipeline& store_pipe) {
+    const uint32_t thread = arch::linear_thread_idx() - arch::kWarpSize;  // 0..kNumReduceThreads-1
+    const bool leader = thread == 0;  // writes the store tags
+    const uint32_t lane = arch::lane_idx();
+    float partial[kAccumulators] = {};
+    float total[kAccumulators] = {};
+    typename LoadPipeline::State load_state;
+    typename StorePipeline::State store_state;
+    for (;;) {
+      load_pipe.consumer_wait(load_state);
+      const SlotTag tag = storage.load_tags[load_state.index];
+      if (tag.flags & kDone) {
+        __syncwarp();
+        if (lane == 0) load_pipe.consumer_release(load_state);
+        store_pipe.producer_acquire(store_state);
+        if (leader) storage.store_tags[store_state.index] = tag;
+        __syncwarp();
+        if (lane == 0) store_pipe.producer_commit(store_state);
+        return;
+      }
+      if (tag.flags & kFirst) {
+        for (uint32_t k = 0; k < kAccumulators; ++k) partial[k] = total[k] = 0.0f;
+      }
+      if (tag.flags & kData) {
+        const uint8_t* slot = storage.load_slots[load_state.index];
+        for (uint32_t v = 0; v < kVectorsPerLane; ++v) {
+          const uint32_t vector = thread + v * kNumReduceThreads;
+          if (vector * kVectorBytes >= tag.bytes) break;
+          const Bf16x8 x = *reinterpret_cast<const Bf16x8*>(slot + vector * kVectorBytes);
+          for (uint32_t w = 0; w < 4; ++w) {
+            partial[v * kElemsPerVector + 2 * w] += bf16_to_float(bf16{static_cast<uint16_t>(x.word[w])});
+            partial[v * kElemsPerVector + 2 * w + 1] += bf16_to_float(bf16{static_cast<uint16_t>(x.word[w] >> 16)});
+          }
+        }
+      }
+      // The slot's bytes are in registers now: hand it back before anything else.
+      __syncwarp();
+      if (lane == 0) load_pipe.consumer_release(load_state);
+      ++load_state;
+      if (tag.flags & kDomainEnd) {
+        // BF16 on the wire between NVLink domains (semantics.md 7): every domain's
+        // partial is rounded, the home domain's too.
+        for (uint32_t k = 0; k < kAccumulators; ++k) {
+          total[k] += round_to_bf16(partial[k]);
+          partial[k] = 0.0f;
+        }
+      }
+      if (!(tag.flags & kLast)) continue;
+
+      store_pipe.producer_acquire(store_state);
+      uint8_t* out_slot = storage.store_slots[store_state.index];
+      const bool rounded = (tag.flags & kDomainRounded) != 0;
+      for (uint32_t v = 0; v < kVectorsPerLane; ++v) {
+        const uint32_t vector = thread + v * kNumReduceThreads;
+        if (vector * kVectorBytes >= tag.bytes) break;
+        Bf16x8 y;
+        for (uint32_t w = 0; w < 4; ++w) {
+          const uint32_t k = v * kElemsPerVector + 2 * w;
+          // A select per element, not a pointer to one array: a pointer would force
+          // both arrays out of registers into local memory.
+          const uint32_t lo = float_to_bf16(rounded ? total[k] : partial[k]).bits;
+          const uint32_t hi = float_to_bf16(rounded ? total[k + 1] : partial[k + 1]).bits;
+          y.word[w] = lo | (hi << 16);
+        }
+        *reinterpret_cast<Bf16x8*>(out_slot + vector * kVectorBytes) = y;
+      }
+      if (leader) storage.store_tags[store_state.index] = tag;
+      // Generic-proxy writes to shared memory, read next by the async proxy (TMA store).
+      arch::fence_proxy_async_shared_cta();
+      __syncwarp();
+      if (lane == 0) store_pipe.producer_commit(store_state);
+      ++store_state;
+    }
+  }
+
+  // ---- Store -------------------------------------------------------------------------------
+
+  RAILYARD_DEVICE static void run_store(const Params& p, SharedStorage& storage, StorePipeline& pipe, uint32_t seq) {
+    // Bulk groups belong to the issuing thread: one lane commits and waits for all.
+    if (arch::lane_idx() != 0) return;
+    const layout::IntranodeLayout lay(p.domain.shape);
+    typename StorePipeline::State state;
+    for (;;) {
+      pipe.consumer_wait(state);
+      const SlotTag tag = storage.store_tags[state.index];
+      if (tag.flags & kDone) {
+        pipe.consumer_release(state);
+        break;
+      }
+      arch::bulk_copy_s2g(tag.dst, storage.store_slots[state.index], tag.bytes);
+      arch::bulk_commit_group();
+      // The slot may be refilled once the store has read it.
+      arch::bulk_wait_group_read<0>();
+      pipe.consumer_release(state);
+      ++state;
+      if (tag.publish_row >= 0) {
+        // The row's writes must be complete before its header says so; the release
+        // then publishes them (and the header entries the Load warp wrote) to the
+        // home ranks, which acquire seq before reading anything else of the row.
+        arch::bulk_wait_group<0>();
+        arch::fence_proxy_async_global();  // the TMA (async-proxy) writes before the generic release
+        arch::st_release_sys(&lay.header(p.domain.self(), tag.publish_row)->seq, seq);
+      }
+    }
+    // Shared memory must outlive the reads and the writes must land before the
+    // block retires.
+    arch::bulk_wait_group<0>();
+  }
+};
+
+}  // namespace railyard::kernels::intranode

@@ -1,0 +1,68 @@
+// Railyard intra-node combine: host interface. The kernel is in combine.cuh, the
+// launcher in src/kernels/combine.cu. See docs/design-intranode.md, "Combine", and
+// docs/semantics.md sections 7 (combine) and 8 (unpermute).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/intranode/protocol.cuh"
+#include "railyard/common/gpu_stream.hpp"
+#include "railyard/common/status.hpp"
+
+namespace railyard::kernels::intranode {
+
+// How the caller's expert outputs are laid out on this rank.
+enum class CombineInputLayout {
+  Received,  // one row per received row: y [rows, H]; probs [rows, E_local]
+  Permuted,  // expert-grouped, padded (dispatch_with_permute): z [rows, H]; probs [rows]
+};
+
+struct CombineArguments {
+  DomainParams domain;
+
+  // The handle the metadata and dispatch kernels filled for this call
+  // (layout::HandleView over IntranodeLayout::handle_bytes(recv_capacity)).
+  const uint8_t* handle = nullptr;
+  int64_t recv_capacity = 0;
+
+  // T of this rank at dispatch time: the rows of `out`. 0..shape.max_tokens.
+  int num_tokens = 0;
+
+  // Expert outputs, BF16, 16-byte aligned. Rows at or past `num_input_rows` (the
+  // caller's bound in the no-host-sync mode) do not exist: their rows, or their
+  // permuted entries, count as dropped and contribute nothing (semantics.md 6-8).
+  CombineInputLayout input_layout = CombineInputLayout::Received;
+  const void* input = nullptr;
+  int64_t num_input_rows = 0;
+
+  // Probs combine (optional): input_probs fp32, [num_input_rows, E_local] (Received)
+  // or [num_input_rows] (Permuted); combined_probs fp32 [num_tokens, E]. Both or
+  // neither; every rank of the domain must make the same choice.
+  const float* input_probs = nullptr;
+  float* combined_probs = nullptr;
+
+  // Output: BF16 [num_tokens, H], 16-byte aligned.
+  void* out = nullptr;
+
+  // Ranks per NVLink domain for the per-domain BF16 rounding of semantics.md 7.
+  // 0 means all ranks form one domain (the NVLink path); otherwise it must divide
+  // shape.num_ranks.
+  int ranks_per_domain = 0;
+
+  // Rows (received rows, home tokens) per chunk; block b takes chunks b, b + B, ...
+  int chunk_rows = 32;
+};
+
+// The compiled configuration: 4 KiB FIFO slots (a 7168-element BF16 row is 3.5
+// slots), eight of them. The FIFO depth and slot size are the only template
+// parameters; everything else above is runtime.
+inline constexpr uint32_t kCombineSlotBytes = 4096;
+inline constexpr int kCombineStages = 8;
+
+// Checks the arguments (errors name the argument and the expected value), then
+// enqueues the combine on `stream` with `num_blocks` blocks (1..the device's SM
+// count). Every rank of the domain must call it, also with nothing to do: the call
+// is a collective operation (it starts with the entry barrier).
+Status launch_combine(const CombineArguments& args, int num_blocks, GpuStream stream);
+
+}  // namespace railyard::kernels::intranode

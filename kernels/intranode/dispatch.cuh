@@ -1,0 +1,578 @@
+// Railyard intra-node dispatch: every rank pushes its tokens over NVLink into the
+// staging rows of the ranks that host their experts, and copies the rows it received
+// out of its own staging into the caller's output. See docs/design-intranode.md.
+//
+// One block is one channel; it never waits on another block of its rank. Four warps:
+//   SendLoad     (G2S)  TMA-loads this block's token rows, piece by piece, into the
+//                       send FIFO;
+//   SendStore    (S2G)  TMA-stores each piece into the staging row of every
+//                       destination of the token (ascending rank, over the peer
+//                       mapping); once the row has landed, writes the row header's
+//                       entries and FP8 scales, then `seq` with a release store;
+//   CopyOutLoad  (G2S)  for each received row of this block's chunks, waits for its
+//                       header `seq` (acquire, bounded), TMA-loads it into the
+//                       copy-out FIFO;
+//   CopyOutStore (S2G)  TMA-stores it to the caller's output (its received row, or
+//                       each of its permuted positions), writes probs, routing map,
+//                       source and the handle's expert side; zeroes padding rows.
+// Only each role's elected lane touches the FIFOs and the bulk copies (bulk groups
+// belong to the issuing thread); the other lanes of the S2G warps write the small
+// per-row fields in parallel.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kernels/intranode/dispatch.hpp"
+#include "kernels/intranode/protocol.cuh"
+#include "railyard/arch/bulk_copy.cuh"
+#include "railyard/arch/fault.cuh"
+#include "railyard/arch/memory.cuh"
+#include "railyard/arch/smem.cuh"
+#include "railyard/arch/thread.cuh"
+#include "railyard/common/dtypes.cuh"
+#include "railyard/common/macros.cuh"
+#include "railyard/common/status.hpp"
+#include "railyard/layout/intranode_layout.cuh"
+#include "railyard/pipeline/pipeline.cuh"
+#include "railyard/pipeline/wait.cuh"
+
+namespace railyard::kernels::intranode {
+
+template <uint32_t SlotBytes = kDispatchSlotBytes, int Stages = kDispatchStages>
+struct Dispatch {
+  static_assert(Stages >= 1);
+  static_assert(SlotBytes > 0 && SlotBytes % arch::kBulkCopyAlign == 0,
+                "a slot holds whole 16-byte bulk-copy units");
+
+  static constexpr uint32_t kSlotBytes = SlotBytes;
+  static constexpr int kStages = Stages;
+  static constexpr const char* kName = "IntranodeDispatch";
+
+  enum class WarpRole : uint32_t { SendLoad = 0, SendStore = 1, CopyOutLoad = 2, CopyOutStore = 3 };
+  static constexpr uint32_t kNumWarps = 4;
+  static constexpr uint32_t kMaxThreadsPerBlock = kNumWarps * arch::kWarpSize;
+  static constexpr uint32_t kMinBlocksPerSm = 1;
+
+  using Pipeline = pipeline::Pipeline<Stages>;
+  using PipelineState = typename Pipeline::State;
+  static constexpr int kMaxRanks = layout::kMaxRanksPerDomain;
+
+  struct SharedStorage {
+    alignas(128) uint8_t send_slots[Stages][SlotBytes];  // SendLoad -> SendStore
+    alignas(128) uint8_t copy_slots[Stages][SlotBytes];  // CopyOutLoad -> CopyOutStore
+    alignas(128) uint8_t zero_slot[SlotBytes];           // source of the padding rows
+    typename Pipeline::SharedStorage send_pipe;
+    typename Pipeline::SharedStorage copy_pipe;
+    int32_t recv_bound[kMaxRanks];  // every rank's max_recv_rows, -1: none
+    // SendStore's view of its current token, written by its lanes for its leader:
+    // the token's row at each destination (-1: no header there) and whether that
+    // destination copies the row out (else only the header travels).
+    int32_t send_pos[kMaxRanks];
+    uint8_t send_bytes[kMaxRanks];
+  };
+  static_assert(sizeof(SharedStorage) <= arch::kMaxDynamicSmemBytes,
+                "Dispatch FIFOs exceed the 227 KiB shared-memory budget");
+
+  using Arguments = DispatchArguments;
+
+  struct Params {
+    DomainParams domain;
+    layout::HandleView handle;
+    const uint8_t* hidden;
+    const float* scales;
+    uint8_t* out_hidden;
+    float* out_scales;
+    float* out_probs;
+    int64_t* out_recv_row;
+    uint8_t* out_routing_map;
+    int32_t* out_src_rank;
+    int32_t* out_src_token;
+    int num_tokens;
+    int chunk_rows;
+    DispatchOutput output;
+  };
+
+  static constexpr std::size_t shared_memory_bytes() { return sizeof(SharedStorage); }
+
+  static Status can_implement(const Arguments& args) {
+    const layout::IntranodeShape& s = args.domain.shape;
+    const layout::IntranodeLayout layout(s);
+    const auto bad = [](const std::string& what) { return Status::invalid_argument("Dispatch: " + what); };
+    if (s.num_ranks < 1 || s.num_ranks > layout::kMaxRanksPerDomain)
+      return bad("shape.num_ranks " + std::to_string(s.num_ranks) + ": expected 1..72");
+    if (args.domain.rank < 0 || args.domain.rank >= s.num_ranks)
+      return bad("domain.rank " + std::to_string(args.domain.rank) + ": expected 0..num_ranks-1");
+    for (int r = 0; r < s.num_ranks; ++r) {
+      if (args.domain.peers.ptr[r] == nullptr) return bad("domain.peers.ptr[" + std::to_string(r) + "] is null");
+    }
+    if (s.num_local_experts < 1 || s.num_local_experts > layout::kMaxLocalExperts)
+      return bad("shape.num_local_experts " + std::to_string(s.num_local_experts) + ": expected 1..256");
+    if (s.max_topk < 1 || s.max_topk > s.num_ranks * s.num_local_experts)
+      return bad("shape.max_topk " + std::to_string(s.max_topk) + ": expected 1..num_ranks*num_local_experts");
+    if (s.dispatch_dtype != DType::BF16 && s.dispatch_dtype != DType::FP8_E4M3)
+      return bad("shape.dispatch_dtype: expected BF16 or FP8_E4M3");
+    if (s.hidden < 1 || layout.dispatch_row_bytes() % arch::kBulkCopyAlign != 0)
+      return bad("shape.hidden " + std::to_string(s.hidden) + ": expected rows of a positive multiple of 16 bytes");
+    if (s.dispatch_dtype == DType::FP8_E4M3 && s.hidden % layout::kFp8ScaleBlock != 0)
+      return bad("shape.hidden " + std::to_string(s.hidden) + ": expected a multiple of 128 for FP8");
+    if (args.num_tokens < 0 || args.num_tokens > s.max_tokens)
+      return bad("num_tokens " + std::to_string(args.num_tokens) + ": expected 0..shape.max_tokens = " +
+                 std::to_string(s.max_tokens));
+    if (args.num_tokens > 0 && (args.hidden == nullptr || aligned(args.hidden, arch::kBulkCopyAlign) == false))
+      return bad("hidden: expected a 16-byte aligned pointer");
+    const bool fp8 = s.dispatch_dtype == DType::FP8_E4M3;
+    if (fp8 && args.num_tokens > 0 && (args.scales == nullptr || !aligned(args.scales, 4)))
+      return bad("scales: expected a 4-byte aligned pointer for FP8");
+    if (args.handle == nullptr || !aligned(args.handle, 16)) return bad("handle: expected a 16-byte aligned pointer");
+    if (args.recv_capacity < 0 || args.recv_capacity > layout.stage_capacity_rows())
+      return bad("recv_capacity " + std::to_string(args.recv_capacity) + ": expected 0..num_ranks*max_tokens");
+    if (args.out_hidden == nullptr || !aligned(args.out_hidden, arch::kBulkCopyAlign))
+      return bad("out_hidden: expected a 16-byte aligned pointer");
+    if (fp8 && (args.out_scales == nullptr || !aligned(args.out_scales, 4)))
+      return bad("out_scales: expected a 4-byte aligned pointer for FP8");
+    if (!aligned(args.out_probs, 4) || !aligned(args.out_recv_row, 8) || !aligned(args.out_src_rank, 4) ||
+        !aligned(args.out_src_token, 4))
+      return bad("out_probs, out_recv_row, out_src_rank, out_src_token: misaligned for their element type");
+    if (args.output != DispatchOutput::Received && args.output != DispatchOutput::ExpertGrouped)
+      return bad("output: expected Received or ExpertGrouped");
+    if (args.output == DispatchOutput::Received && args.out_recv_row != nullptr)
+      return bad("out_recv_row: only the ExpertGrouped layout has it; expected null");
+    if (args.num_blocks < 1) return bad("num_blocks " + std::to_string(args.num_blocks) + ": expected >= 1");
+    if (args.chunk_rows < 1) return bad("chunk_rows " + std::to_string(args.chunk_rows) + ": expected >= 1");
+    return Status::success();
+  }
+
+  static Params to_params(const Arguments& args) {
+    const layout::IntranodeLayout layout(args.domain.shape);
+    Params p{};
+    p.domain = args.domain;
+    p.handle = layout::HandleView::carve(layout, args.handle, args.recv_capacity);
+    p.hidden = static_cast<const uint8_t*>(args.hidden);
+    p.scales = args.scales;
+    p.out_hidden = static_cast<uint8_t*>(args.out_hidden);
+    p.out_scales = args.out_scales;
+    p.out_probs = args.out_probs;
+    p.out_recv_row = args.out_recv_row;
+    p.out_routing_map = args.out_routing_map;
+    p.out_src_rank = args.out_src_rank;
+    p.out_src_token = args.out_src_token;
+    p.num_tokens = args.num_tokens;
+    p.chunk_rows = args.chunk_rows;
+    p.output = args.output;
+    return p;
+  }
+
+  RAILYARD_DEVICE void operator()(const Params& params, SharedStorage& storage) const {
+    const uint32_t seq = op_begin(params.domain);
+    const uint32_t thread = arch::linear_thread_idx();
+    if (thread == 0) {
+      Pipeline::init(storage.send_pipe, /*producer_arrivals=*/1, /*consumer_arrivals=*/1);
+      Pipeline::init(storage.copy_pipe, /*producer_arrivals=*/1, /*consumer_arrivals=*/1);
+    }
+    const Context ctx(params);
+    for (int d = static_cast<int>(thread); d < ctx.num_ranks; d += static_cast<int>(kMaxThreadsPerBlock)) {
+      storage.recv_bound[d] = arch::ld_global(ctx.count_row(params, d) + static_cast<int>(layout::CountRow::MaxRecvRows));
+    }
+    if (ctx.grouped) {
+      // Generic-proxy writes that TMA (the async proxy) reads later: the fence is the
+      // hardware's requirement, the block barrier below orders the other threads.
+      auto* words = reinterpret_cast<uint32_t*>(storage.zero_slot);
+      for (uint32_t i = thread; i < SlotBytes / 4; i += kMaxThreadsPerBlock) words[i] = 0;
+      arch::fence_proxy_async_shared_cta();
+    }
+    // Ends with __syncthreads: barrier inits, bounds and the zero slot are visible to
+    // every warp, and every peer has finished its previous operation (so its copy-out
+    // of our earlier rows is done and its staging may be overwritten).
+    entry_barrier(params.domain, seq);
+
+    const auto role = static_cast<WarpRole>(arch::warp_idx());
+    switch (role) {
+      case WarpRole::SendLoad: send_load(params, ctx, storage); break;
+      case WarpRole::SendStore: send_store(params, ctx, storage, seq); break;
+      case WarpRole::CopyOutLoad: copy_out_load(params, ctx, storage, seq); break;
+      case WarpRole::CopyOutStore: copy_out_store(params, ctx, storage); break;
+    }
+    op_end(params.domain, seq);
+  }
+
+ private:
+  static bool aligned(const void* ptr, std::size_t alignment) {
+    return reinterpret_cast<uintptr_t>(ptr) % alignment == 0;
+  }
+  RAILYARD_DEVICE static int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+  RAILYARD_DEVICE static uint32_t piece_bytes(uint32_t row_bytes, uint32_t offset) {
+    return row_bytes - offset < SlotBytes ? row_bytes - offset : SlotBytes;
+  }
+
+  // What every warp derives from the params and the handle at the start.
+  struct Context {
+    layout::IntranodeLayout layout;
+    uint32_t row_bytes;
+    int num_scales;  // fp32 scales a row (FP8), else 0
+    int num_ranks, num_local_experts, max_topk, max_entries;
+    bool grouped;  // ExpertGrouped output
+    int64_t copy_rows;      // received rows whose header this rank waits for
+    int64_t recv_keep;      // received rows below max_recv_rows (received-row outputs)
+    int64_t permuted_keep;  // permuted rows below max_permuted_rows
+    int64_t handle_rows;    // received rows the handle's expert side describes
+
+    RAILYARD_DEVICE explicit Context(const Params& p)
+        : layout(p.domain.shape),
+          row_bytes(static_cast<uint32_t>(layout.dispatch_row_bytes())),
+          num_scales(layout.num_scales()),
+          num_ranks(p.domain.shape.num_ranks),
+          num_local_experts(p.domain.shape.num_local_experts),
+          max_topk(p.domain.shape.max_topk),
+          max_entries(layout.max_entries()),
+          grouped(p.output == DispatchOutput::ExpertGrouped) {
+      const int32_t* mine = count_row(p, p.domain.rank);
+      const int64_t num_recv = arch::ld_global(p.handle.totals + static_cast<int>(layout::Total::NumRecv));
+      const int64_t num_permuted = arch::ld_global(p.handle.totals + static_cast<int>(layout::Total::NumPermuted));
+      const int32_t recv_bound = arch::ld_global(mine + static_cast<int>(layout::CountRow::MaxRecvRows));
+      const int32_t permuted_bound = arch::ld_global(mine + static_cast<int>(layout::CountRow::MaxPermutedRows));
+      recv_keep = recv_bound < 0 ? num_recv : min_i64(num_recv, recv_bound);
+      permuted_keep = permuted_bound < 0 ? num_permuted : min_i64(num_permuted, permuted_bound);
+      // A permuted row may come from any received row, so the grouped layout needs
+      // every received row; the received layout only those below its bound (sources
+      // send nothing past it).
+      copy_rows = grouped ? num_recv : recv_keep;
+      handle_rows = min_i64(recv_keep, p.handle.recv_capacity);
+    }
+    RAILYARD_DEVICE const int32_t* count_row(const Params& p, int rank) const {
+      return p.handle.count_matrix + static_cast<int64_t>(rank) * layout.count_row_ints();
+    }
+  };
+
+  // Calls fn(i) for the items of this block: chunks blockIdx.x, +gridDim.x, ... of
+  // chunk_rows items each.
+  template <class Fn>
+  RAILYARD_DEVICE static void for_each_in_my_chunks(int64_t count, int64_t chunk_rows, Fn&& fn) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * chunk_rows;
+    for (int64_t begin = static_cast<int64_t>(blockIdx.x) * chunk_rows; begin < count; begin += stride) {
+      const int64_t end = min_i64(begin + chunk_rows, count);
+      for (int64_t i = begin; i < end; ++i) fn(i);
+    }
+  }
+
+  // Whether token t's row goes into the send FIFO: some destination copies it out.
+  // SendLoad and SendStore both decide with this one function, so they agree on
+  // which tokens occupy FIFO slots.
+  RAILYARD_DEVICE static bool token_sends_row(const Params& p, const Context& c, const SharedStorage& s, int64_t t) {
+    if (c.grouped) {
+      // A kept permuted position (slot_pos >= 0) is a row its rank copies out.
+      for (int k = 0; k < c.max_topk; ++k) {
+        if (arch::ld_global(p.handle.slot_pos + t * c.max_topk + k) >= 0) return true;
+      }
+      return false;
+    }
+    for (int d = 0; d < c.num_ranks; ++d) {
+      const int32_t pos = arch::ld_global(p.handle.recv_pos + t * c.num_ranks + d);
+      if (pos >= 0 && (s.recv_bound[d] < 0 || pos < s.recv_bound[d])) return true;
+    }
+    return false;
+  }
+
+  // ---- send side ----------------------------------------------------------------------------
+
+  RAILYARD_DEVICE static void send_load(const Params& p, const Context& c, SharedStorage& s) {
+    if (!arch::elect_one_sync()) return;
+    Pipeline pipe(s.send_pipe, p.domain.timeout_cycles);
+    PipelineState state;
+    for_each_in_my_chunks(p.num_tokens, p.chunk_rows, [&](int64_t t) {
+      if (!token_sends_row(p, c, s, t)) return;
+      const uint8_t* src = p.hidden + t * c.row_bytes;
+      for (uint32_t offset = 0; offset < c.row_bytes; offset += SlotBytes) {
+        const uint32_t bytes = piece_bytes(c.row_bytes, offset);
+        pipe.producer_acquire(state, bytes);
+        arch::bulk_copy_g2s(s.send_slots[state.index], src + offset, bytes, pipe.full_barrier(state));
+        ++state;
+      }
+    });
+  }
+
+  RAILYARD_DEVICE static void send_store(const Params& p, const Context& c, SharedStorage& s, uint32_t seq) {
+    const bool leader = arch::elect_one_sync();
+    const int lane = static_cast<int>(arch::lane_idx());
+    const int R = c.num_ranks, K = c.max_topk, El = c.num_local_experts;
+    const int rank = p.domain.rank;
+    Pipeline pipe(s.send_pipe, p.domain.timeout_cycles);
+    PipelineState state;
+    for_each_in_my_chunks(p.num_tokens, p.chunk_rows, [&](int64_t t) {
+      const int32_t* slot_expert = p.handle.slot_expert + t * K;
+      const int32_t* slot_pos = p.handle.slot_pos + t * K;
+      // 1. Where the token goes. A destination gets the header when it waits for it
+      //    (every row in the grouped layout, rows below its bound otherwise) and the
+      //    row bytes when it copies them out.
+      for (int d = lane; d < R; d += static_cast<int>(arch::kWarpSize)) {
+        const int32_t pos = arch::ld_global(p.handle.recv_pos + t * R + d);
+        const bool header = pos >= 0 && (c.grouped || s.recv_bound[d] < 0 || pos < s.recv_bound[d]);
+        bool bytes = header && !c.grouped;
+        if (header && c.grouped) {
+          for (int k = 0; k < K && !bytes; ++k) {
+            const int32_t e = arch::ld_global(slot_expert + k);
+            bytes = e >= 0 && e / El == d && arch::ld_global(slot_pos + k) >= 0;
+          }
+        }
+        s.send_pos[d] = header ? pos : -1;
+        s.send_bytes[d] = bytes ? 1 : 0;
+      }
+      __syncwarp();
+
+      // 2. The row, piece by piece, to every destination that copies it out, each
+      //    once however many of its experts the token chose.
+      if (leader && token_sends_row(p, c, s, t)) {
+        for (uint32_t offset = 0; offset < c.row_bytes; offset += SlotBytes) {
+          const uint32_t bytes = piece_bytes(c.row_bytes, offset);
+          pipe.consumer_wait(state);
+          for (int d = 0; d < R; ++d) {
+            if (!s.send_bytes[d]) continue;
+            arch::bulk_copy_s2g(c.layout.stage_row(p.domain.peers.ptr[d], s.send_pos[d]) + offset,
+                                s.send_slots[state.index], bytes);
+          }
+          arch::bulk_commit_group();
+          // The slot may be refilled once every store has read it.
+          arch::bulk_wait_group_read<0>();
+          pipe.consumer_release(state);
+          ++state;
+        }
+        // The header must not announce a row that has not landed; the proxy fence
+        // orders the TMA (async-proxy) writes before the header's generic release.
+        arch::bulk_wait_group<0>();
+        arch::fence_proxy_async_global();
+      }
+      __syncwarp();
+
+      // 3. Header fields and entries, and the FP8 scales. Entries are in ascending
+      //    local expert order, the order combine sums in.
+      for (int d = lane; d < R; d += static_cast<int>(arch::kWarpSize)) {
+        const int32_t pos = s.send_pos[d];
+        if (pos < 0) continue;
+        int32_t num_entries = 0;
+        for (int k = 0; k < K; ++k) {
+          const int32_t e = arch::ld_global(slot_expert + k);
+          num_entries += (e >= 0 && e / El == d) ? 1 : 0;
+        }
+        layout::RowHeader* header = c.layout.header(p.domain.peers.ptr[d], pos);
+        arch::st_global(&header->src_token, static_cast<int32_t>(t));
+        arch::st_global(&header->num_entries, num_entries);
+        arch::st_global(&header->src_rank, static_cast<int32_t>(rank));
+      }
+      for (int k = lane; k < K; k += static_cast<int>(arch::kWarpSize)) {
+        const int32_t e = arch::ld_global(slot_expert + k);
+        if (e < 0) continue;
+        const int d = e / El;
+        const int32_t pos = s.send_pos[d];
+        if (pos < 0) continue;
+        int32_t index = 0;  // this entry's place among the token's experts on d
+        for (int other = 0; other < K; ++other) {
+          const int32_t f = arch::ld_global(slot_expert + other);
+          index += (f >= 0 && f / El == d && f < e) ? 1 : 0;
+        }
+        layout::HeaderEntry* entry = c.layout.header_entries(p.domain.peers.ptr[d], pos) + index;
+        arch::st_global(&entry->local_expert, static_cast<int32_t>(e % El));
+        arch::st_global(&entry->prob, arch::ld_global(p.handle.slot_prob + t * K + k));
+        arch::st_global(&entry->permuted_pos, arch::ld_global(slot_pos + k));
+      }
+      for (int i = lane; i < c.num_scales; i += static_cast<int>(arch::kWarpSize)) {
+        const float scale = arch::ld_global(p.scales + t * c.num_scales + i);
+        for (int d = 0; d < R; ++d) {
+          if (s.send_bytes[d]) arch::st_global(c.layout.stage_scales(p.domain.peers.ptr[d], s.send_pos[d]) + i, scale);
+        }
+      }
+      // 4. `seq` last: the release (after the warp barrier, so it covers every lane's
+      //    writes and the leader's completed bulk stores) publishes the row.
+      __syncwarp();
+      for (int d = lane; d < R; d += static_cast<int>(arch::kWarpSize)) {
+        const int32_t pos = s.send_pos[d];
+        if (pos >= 0) arch::st_release_sys(&c.layout.header(p.domain.peers.ptr[d], pos)->seq, seq);
+      }
+      __syncwarp();  // send_pos and send_bytes are rewritten for the next token
+    });
+  }
+
+  // ---- copy-out side ---------------------------------------------------------------------------
+
+  // Whether received row r's bytes go anywhere: always in the received layout; in the
+  // grouped layout when one of its permuted positions is kept.
+  RAILYARD_DEVICE static bool row_is_copied(const Context& c, uint8_t* self, int64_t r) {
+    if (!c.grouped) return true;
+    const int32_t num_entries = arch::ld_global(&c.layout.header(self, r)->num_entries);
+    const layout::HeaderEntry* entries = c.layout.header_entries(self, r);
+    for (int e = 0; e < num_entries; ++e) {
+      if (arch::ld_global(&entries[e].permuted_pos) >= 0) return true;
+    }
+    return false;
+  }
+
+  RAILYARD_DEVICE static void copy_out_load(const Params& p, const Context& c, SharedStorage& s, uint32_t seq) {
+    if (!arch::elect_one_sync()) return;
+    uint8_t* self = p.domain.self();
+    Pipeline pipe(s.copy_pipe, p.domain.timeout_cycles);
+    PipelineState state;
+    for_each_in_my_chunks(c.copy_rows, p.chunk_rows, [&](int64_t r) {
+      const uint32_t* row_seq = &c.layout.header(self, r)->seq;
+      pipeline::timeout_while([&] { return seq_diff(arch::ld_acquire_sys(row_seq), seq) < 0; },
+                              {"dispatch: row header seq of received row", r, static_cast<int64_t>(seq)},
+                              p.domain.timeout_cycles);
+      // The row was written by TMA and is read by TMA; the acquire above is generic.
+      arch::fence_proxy_async_global();
+      if (!row_is_copied(c, self, r)) {
+        // One empty slot still tells CopyOutStore that the header is in.
+        pipe.producer_acquire(state);
+        pipe.producer_commit(state);
+        ++state;
+        return;
+      }
+      const uint8_t* src = c.layout.stage_row(self, r);
+      for (uint32_t offset = 0; offset < c.row_bytes; offset += SlotBytes) {
+        const uint32_t bytes = piece_bytes(c.row_bytes, offset);
+        pipe.producer_acquire(state, bytes);
+        arch::bulk_copy_g2s(s.copy_slots[state.index], src + offset, bytes, pipe.full_barrier(state));
+        ++state;
+      }
+    });
+  }
+
+  RAILYARD_DEVICE static void copy_out_store(const Params& p, const Context& c, SharedStorage& s) {
+    const bool leader = arch::elect_one_sync();
+    const int lane = static_cast<int>(arch::lane_idx());
+    const int El = c.num_local_experts;
+    const int ns = c.num_scales;
+    uint8_t* self = p.domain.self();
+    Pipeline pipe(s.copy_pipe, p.domain.timeout_cycles);
+    PipelineState state;
+    for_each_in_my_chunks(c.copy_rows, p.chunk_rows, [&](int64_t r) {
+      // The leader's wait on the first slot orders the header (acquired by
+      // CopyOutLoad before it filled the slot); the warp barrier passes it on.
+      if (leader) pipe.consumer_wait(state);
+      __syncwarp();
+      const layout::RowHeader header = arch::ld_global(c.layout.header(self, r));
+      const layout::HeaderEntry* entries = c.layout.header_entries(self, r);
+      const bool copied = row_is_copied(c, self, r);
+
+      // The row bytes, piece by piece, to its received row or to each kept permuted row.
+      if (leader) {
+        for (uint32_t offset = 0; copied && offset < c.row_bytes; offset += SlotBytes) {
+          const uint32_t bytes = piece_bytes(c.row_bytes, offset);
+          if (offset > 0) pipe.consumer_wait(state);
+          if (!c.grouped) {
+            arch::bulk_copy_s2g(p.out_hidden + r * c.row_bytes + offset, s.copy_slots[state.index], bytes);
+          } else {
+            for (int e = 0; e < header.num_entries; ++e) {
+              const int32_t pos = arch::ld_global(&entries[e].permuted_pos);
+              if (pos < 0 || pos >= c.permuted_keep) continue;
+              arch::bulk_copy_s2g(p.out_hidden + static_cast<int64_t>(pos) * c.row_bytes + offset,
+                                  s.copy_slots[state.index], bytes);
+            }
+          }
+          arch::bulk_commit_group();
+          arch::bulk_wait_group_read<0>();
+          pipe.consumer_release(state);
+          ++state;
+        }
+        if (!copied) {
+          pipe.consumer_release(state);
+          ++state;
+        }
+      }
+
+      // Per received row (below max_recv_rows): source, routing map, received probs
+      // and scales, and the handle's expert side.
+      if (r < c.recv_keep) {
+        if (lane == 0) {
+          if (p.out_src_rank != nullptr) arch::st_global(p.out_src_rank + r, header.src_rank);
+          if (p.out_src_token != nullptr) arch::st_global(p.out_src_token + r, header.src_token);
+        }
+        const bool received_probs = !c.grouped && p.out_probs != nullptr;
+        if (p.out_routing_map != nullptr || received_probs) {
+          for (int j = lane; j < El; j += static_cast<int>(arch::kWarpSize)) {
+            uint8_t chosen = 0;
+            float prob = 0.0f;
+            for (int e = 0; e < header.num_entries; ++e) {
+              if (arch::ld_global(&entries[e].local_expert) != j) continue;
+              chosen = 1;
+              prob = arch::ld_global(&entries[e].prob);
+              break;
+            }
+            if (p.out_routing_map != nullptr) arch::st_global(p.out_routing_map + r * El + j, chosen);
+            if (received_probs) arch::st_global(p.out_probs + r * El + j, prob);
+          }
+        }
+        if (!c.grouped) {
+          const float* src_scales = c.layout.stage_scales(self, r);
+          for (int i = lane; i < ns; i += static_cast<int>(arch::kWarpSize)) {
+            arch::st_global(p.out_scales + r * ns + i, arch::ld_global(src_scales + i));
+          }
+        }
+      }
+      if (r < c.handle_rows) {
+        if (lane == 0) {
+          arch::st_global(p.handle.recv_src + 2 * r, header.src_rank);
+          arch::st_global(p.handle.recv_src + 2 * r + 1, header.src_token);
+          arch::st_global(p.handle.recv_num_entries + r, header.num_entries);
+        }
+        for (int e = lane; e < header.num_entries; e += static_cast<int>(arch::kWarpSize)) {
+          const layout::RecvEntry entry{arch::ld_global(&entries[e].local_expert),
+                                        arch::ld_global(&entries[e].permuted_pos)};
+          arch::st_global(p.handle.recv_entries + r * c.max_entries + e, entry);
+        }
+      }
+
+      // Per kept permuted row: prob, received row, scales.
+      if (c.grouped) {
+        for (int e = 0; e < header.num_entries; ++e) {
+          const int32_t pos = arch::ld_global(&entries[e].permuted_pos);
+          if (pos < 0 || pos >= c.permuted_keep) continue;
+          if (lane == 0) {
+            if (p.out_probs != nullptr) arch::st_global(p.out_probs + pos, arch::ld_global(&entries[e].prob));
+            if (p.out_recv_row != nullptr) arch::st_global(p.out_recv_row + pos, r);
+          }
+          const float* src_scales = c.layout.stage_scales(self, r);
+          for (int i = lane; i < ns; i += static_cast<int>(arch::kWarpSize)) {
+            arch::st_global(p.out_scales + static_cast<int64_t>(pos) * ns + i, arch::ld_global(src_scales + i));
+          }
+        }
+      }
+    });
+
+    if (c.grouped) zero_padding_rows(p, c, s, leader, lane);
+    // The outputs must be written, and the slots read, before the block retires.
+    if (leader) arch::bulk_wait_group<0>();
+    __syncwarp();
+  }
+
+  // Padding rows of the grouped layout: [start_j + unpadded_j, start_j + padded_j) for
+  // each local expert j, below max_permuted_rows. Padding row q (counted over all
+  // experts) belongs to block q % gridDim.x.
+  RAILYARD_DEVICE static void zero_padding_rows(const Params& p, const Context& c, SharedStorage& s, bool leader,
+                                                int lane) {
+    const int El = c.num_local_experts;
+    const int64_t* padded = p.handle.totals + static_cast<int>(layout::Total::TokensPerExpert);
+    const int64_t* unpadded = padded + El;
+    int64_t start = 0, q = 0;
+    for (int j = 0; j < El && start < c.permuted_keep; ++j) {
+      const int64_t rows = arch::ld_global(padded + j);
+      const int64_t end = min_i64(start + rows, c.permuted_keep);
+      for (int64_t row = start + arch::ld_global(unpadded + j); row < end; ++row, ++q) {
+        if (q % gridDim.x != blockIdx.x) continue;
+        if (leader) {
+          for (uint32_t offset = 0; offset < c.row_bytes; offset += SlotBytes) {
+            arch::bulk_copy_s2g(p.out_hidden + row * c.row_bytes + offset, s.zero_slot,
+                                piece_bytes(c.row_bytes, offset));
+          }
+          arch::bulk_commit_group();  // the zero slot never changes: nothing to wait for here
+          if (p.out_probs != nullptr) arch::st_global(p.out_probs + row, 0.0f);
+          if (p.out_recv_row != nullptr) arch::st_global(p.out_recv_row + row, int64_t{-1});
+        }
+        for (int i = lane; i < c.num_scales; i += static_cast<int>(arch::kWarpSize)) {
+          arch::st_global(p.out_scales + row * c.num_scales + i, 0.0f);
+        }
+      }
+      start += rows;
+    }
+  }
+};
+
+}  // namespace railyard::kernels::intranode

@@ -1,0 +1,641 @@
+// kernels/intranode/dispatch.cuh in the simulator, after the metadata kernel of the
+// same call (or a handle built from the reference alone), against railyard::reference
+// bit for bit:
+//  - MatchesTheReferenceOverTheMatrix: ranks {1,2,3,4,8}, tokens {0,1,63,64,65,257}
+//    unequal across ranks, hidden {16,112,7168} (1 and 2 FIFO pieces a row), top-k
+//    {1,2,8}, experts per rank {1,2,8}, blocks {1,2,5} (different per rank), uniform
+//    and fully skewed routing, BF16 and FP8, received and expert-grouped layouts, hidden
+//    16384 too, under four scheduler seeds each: every output array and the handle's
+//    expert side;
+//  - bounds: rows at or past a rank's bound are never written (outputs are allocated
+//    to exactly the bound, so a stray write is an out-of-bounds fault), nor handle rows
+//    past recv_capacity;
+//  - small FIFO slots and an odd stage count: a row in 8 pieces, the ring wrapping;
+//  - back-to-back calls on the same registered buffers (sequence numbers, staging reuse);
+//  - traffic: bytes each rank writes to each peer equal the minimum, printed;
+//  - a header that never comes is reported by the bounded wait, naming the row;
+//  - arguments the launcher refuses;
+//  - the seed configuration (label sim_large), its wall time printed.
+#include "kernels/intranode/dispatch.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/common/launch.hpp"
+#include "kernels/intranode/dispatch.cuh"
+#include "kernels/intranode/metadata.hpp"
+#include "tests/arch/sim_harness.hpp"
+#include "tests/kernels/intranode_harness.hpp"
+
+namespace railyard {
+namespace {
+
+namespace ref = railyard::reference;
+using kernels::intranode::DispatchArguments;
+using kernels::intranode::DispatchOutput;
+using kernels::intranode::launch_dispatch;
+using kernels::intranode::launch_metadata;
+using kernels::intranode::MetadataArguments;
+using test::CallOptions;
+using test::InputSpec;
+using test::IntranodeWorld;
+using test::Routing;
+using layout::IntranodeLayout;
+
+// Where the handle's home side comes from.
+enum class HandleSource { MetadataKernel, Reference };
+
+struct Case {
+  int num_ranks;
+  std::vector<int> tokens;  // per rank
+  int hidden;
+  int topk;
+  int local_experts;
+  DType dtype = DType::BF16;
+  Routing routing = Routing::Uniform;
+  DispatchOutput output = DispatchOutput::Received;
+  std::vector<int> blocks = {1};  // rank r launches blocks[r % size]
+  int chunk_rows = 64;
+  CallOptions options = {};
+  bool routing_map = false;
+  HandleSource source = HandleSource::MetadataKernel;
+  int64_t recv_capacity = -1;  // rows the handle describes; -1: num_ranks x max_tokens
+};
+
+std::string describe(const Case& c) {
+  std::string s = "ranks " + std::to_string(c.num_ranks) + " tokens [";
+  for (int t : c.tokens) s += std::to_string(t) + " ";
+  s += "] hidden " + std::to_string(c.hidden) + (c.dtype == DType::FP8_E4M3 ? " fp8" : " bf16") + " topk " +
+       std::to_string(c.topk) + " experts/rank " + std::to_string(c.local_experts) +
+       (c.routing == Routing::Skewed ? " skewed" : " uniform") +
+       (c.output == DispatchOutput::ExpertGrouped ? " grouped pad " + std::to_string(c.options.pad_multiple)
+                                                  : " received") +
+       " blocks [";
+  for (int b : c.blocks) s += std::to_string(b) + " ";
+  s += "] chunk " + std::to_string(c.chunk_rows) + " recv_capacity " + std::to_string(c.recv_capacity) +
+       (c.source == HandleSource::Reference ? " handle from reference" : " handle from metadata");
+  return s;
+}
+
+int max_of(const std::vector<int>& v) {
+  int m = 0;
+  for (int x : v) m = std::max(m, x);
+  return m;
+}
+
+// One rank's device arrays for a call.
+struct RankBuffers {
+  // inputs
+  uint8_t* hidden = nullptr;
+  float* scales = nullptr;
+  int64_t* topk_idx = nullptr;
+  float* topk_weights = nullptr;
+  int num_topk = 0;
+  uint8_t* routing_map = nullptr;
+  float* probs = nullptr;
+  uint8_t* handle = nullptr;
+  // outputs, sized to exactly the rows a correct dispatch writes
+  int64_t out_rows = 0;   // received rows below the bound, or permuted rows below it
+  int64_t recv_rows = 0;  // received rows below the bound
+  uint8_t* out_hidden = nullptr;
+  float* out_scales = nullptr;
+  float* out_probs = nullptr;
+  int64_t* out_recv_row = nullptr;
+  uint8_t* out_routing_map = nullptr;
+  int32_t* out_src_rank = nullptr;
+  int32_t* out_src_token = nullptr;
+};
+
+// Everything of one call: world, reference, per-rank buffers.
+struct Call {
+  Case c;
+  ref::World world;
+  test::ReferenceCall reference;
+  int64_t capacity = 0;
+  std::vector<RankBuffers> ranks;
+};
+
+int64_t clip(int64_t count, int64_t bound) { return bound < 0 ? count : std::min(count, bound); }
+
+Call prepare(IntranodeWorld& w, const Case& c, uint64_t seed) {
+  const int El = c.local_experts;
+  ref::World world{c.num_ranks, c.num_ranks, c.num_ranks * El, c.hidden, max_of(c.tokens)};
+  InputSpec spec{world, c.tokens, c.topk, c.dtype, c.routing, c.routing_map, seed};
+  Call call{c, world, test::reference_call(world, test::make_inputs(spec), c.options), 0, {}};
+  const IntranodeLayout& L = w.layout();
+  call.capacity = c.recv_capacity < 0 ? L.stage_capacity_rows() : c.recv_capacity;
+  const int64_t row_bytes = L.dispatch_row_bytes();
+  const int ns = L.num_scales();
+  for (int r = 0; r < c.num_ranks; ++r) {
+    const ref::RankInput& in = call.reference.inputs[r];
+    RankBuffers b;
+    b.hidden = w.copy_in<uint8_t>(r, in.hidden.bytes, "hidden");
+    if (ns > 0) b.scales = w.copy_in<float>(r, in.hidden.scales, "scales");
+    if (const auto* k = std::get_if<ref::TopkRouting>(&in.routing)) {
+      b.topk_idx = w.copy_in<int64_t>(r, k->topk_idx, "topk_idx");
+      b.topk_weights = w.copy_in<float>(r, k->topk_weights, "topk_weights");
+      b.num_topk = k->num_topk;
+    } else {
+      const auto& m = std::get<ref::MapRouting>(in.routing);
+      b.routing_map = w.copy_in<uint8_t>(r, m.routing_map, "routing_map");
+      b.probs = w.copy_in<float>(r, m.probs, "probs");
+    }
+    b.handle = w.alloc_handle(r, call.capacity);
+    if (c.source == HandleSource::Reference) {
+      const std::vector<uint8_t> bytes = test::reference_handle(L, call.reference, r, call.capacity);
+      std::memcpy(b.handle, bytes.data(), bytes.size());
+      // The expert side is dispatch's to write: poison it as a fresh allocation is.
+      const int64_t begin = L.recv_src_offset();
+      std::memset(b.handle + begin, 0xA5, bytes.size() - begin);
+    }
+    b.recv_rows = clip(call.reference.received.ranks[r].num_recv_tokens, c.options.recv_bound(r));
+    b.out_rows = c.output == DispatchOutput::Received
+                     ? b.recv_rows
+                     : clip(call.reference.permuted[r].num_permuted_rows, c.options.permuted_bound(r));
+    const auto n = static_cast<std::size_t>(b.out_rows);
+    const auto nr = static_cast<std::size_t>(b.recv_rows);
+    b.out_hidden = w.alloc<uint8_t>(r, n * row_bytes, "out_hidden");
+    if (ns > 0) b.out_scales = w.alloc<float>(r, n * ns, "out_scales");
+    if (c.output == DispatchOutput::Received) {
+      b.out_probs = w.alloc<float>(r, n * El, "out_probs");
+    } else {
+      b.out_probs = w.alloc<float>(r, n, "out_probs");
+      b.out_recv_row = w.alloc<int64_t>(r, n, "out_recv_row");
+    }
+    b.out_routing_map = w.alloc<uint8_t>(r, nr * El, "out_routing_map");
+    b.out_src_rank = w.alloc<int32_t>(r, nr, "out_src_rank");
+    b.out_src_token = w.alloc<int32_t>(r, nr, "out_src_token");
+    call.ranks.push_back(b);
+  }
+  return call;
+}
+
+MetadataArguments metadata_args(const IntranodeWorld& w, const Call& call, int rank) {
+  const RankBuffers& b = call.ranks[rank];
+  MetadataArguments a;
+  a.domain = w.domain(rank);
+  a.num_tokens = call.reference.inputs[rank].num_tokens;
+  a.topk_idx = b.topk_idx;
+  a.topk_weights = b.topk_weights;
+  a.num_topk = b.num_topk;
+  a.routing_map = b.routing_map;
+  a.probs = b.probs;
+  a.max_recv_rows = call.c.options.recv_bound(rank);
+  a.max_permuted_rows = call.c.options.permuted_bound(rank);
+  a.pad_multiple = call.c.options.pad_multiple;
+  a.handle = b.handle;
+  a.recv_capacity = call.capacity;
+  return a;
+}
+
+DispatchArguments dispatch_args(const IntranodeWorld& w, const Call& call, int rank, uint64_t timeout_cycles =
+                                                                                          pipeline::kDefaultTimeoutCycles) {
+  const RankBuffers& b = call.ranks[rank];
+  DispatchArguments a;
+  a.domain = w.domain(rank, timeout_cycles);
+  a.output = call.c.output;
+  a.num_tokens = call.reference.inputs[rank].num_tokens;
+  a.hidden = b.hidden;
+  a.scales = b.scales;
+  a.handle = b.handle;
+  a.recv_capacity = call.capacity;
+  a.out_hidden = b.out_hidden;
+  a.out_scales = b.out_scales;
+  a.out_probs = b.out_probs;
+  a.out_recv_row = b.out_recv_row;
+  a.out_routing_map = b.out_routing_map;
+  a.out_src_rank = b.out_src_rank;
+  a.out_src_token = b.out_src_token;
+  a.num_blocks = call.c.blocks[rank % call.c.blocks.size()];
+  a.chunk_rows = call.c.chunk_rows;
+  return a;
+}
+
+// Metadata (unless the handle came from the reference), then dispatch, on every rank.
+void run_call(IntranodeWorld& w, const Call& call) {
+  w.run([&](int rank, GpuStream stream) {
+    if (call.c.source == HandleSource::MetadataKernel) {
+      const Status st = launch_metadata(metadata_args(w, call, rank), stream);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+    }
+    const Status st = launch_dispatch(dispatch_args(w, call, rank), stream);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  });
+}
+
+// memcmp of `count` elements with the first differing index in the message.
+template <class T>
+void expect_bytes_eq(const T* got, const T* want, std::size_t count, std::size_t elems_per_row, const std::string& what) {
+  if (count == 0 || std::memcmp(got, want, count * sizeof(T)) == 0) return;
+  std::size_t i = 0;
+  while (std::memcmp(got + i, want + i, sizeof(T)) == 0) ++i;
+  ADD_FAILURE() << what << ": first difference at element " << i << " (row " << i / elems_per_row << ")";
+}
+
+void check_call(const IntranodeWorld& w, const Call& call, const std::string& where) {
+  const IntranodeLayout& L = w.layout();
+  const int El = call.c.local_experts, ns = L.num_scales();
+  const std::size_t row_bytes = static_cast<std::size_t>(L.dispatch_row_bytes());
+  for (int d = 0; d < call.c.num_ranks; ++d) {
+    const RankBuffers& b = call.ranks[d];
+    const ref::ReceivedRows& rr = call.reference.received.ranks[d];
+    const std::string at = where + " rank " + std::to_string(d);
+    const auto nr = static_cast<std::size_t>(b.recv_rows);
+    const auto n = static_cast<std::size_t>(b.out_rows);
+    // Received-row outputs, either layout.
+    expect_bytes_eq(b.out_src_rank, rr.src_rank.data(), nr, 1, at + ": src_rank");
+    expect_bytes_eq(b.out_src_token, rr.src_token.data(), nr, 1, at + ": src_token");
+    expect_bytes_eq(b.out_routing_map, rr.routing_map.data(), nr * El, El, at + ": routing_map");
+    if (call.c.output == DispatchOutput::Received) {
+      expect_bytes_eq(b.out_hidden, rr.hidden.bytes.data(), n * row_bytes, row_bytes, at + ": hidden");
+      expect_bytes_eq(b.out_scales, rr.hidden.scales.data(), n * ns, std::max(ns, 1), at + ": scales");
+      expect_bytes_eq(b.out_probs, rr.probs.data(), n * El, El, at + ": probs");
+    } else {
+      const ref::PermutedRows& pr = call.reference.permuted[d];
+      expect_bytes_eq(b.out_hidden, pr.hidden.bytes.data(), n * row_bytes, row_bytes, at + ": permuted hidden");
+      expect_bytes_eq(b.out_scales, pr.hidden.scales.data(), n * ns, std::max(ns, 1), at + ": permuted scales");
+      expect_bytes_eq(b.out_probs, pr.probs.data(), n, 1, at + ": permuted probs");
+      expect_bytes_eq(b.out_recv_row, pr.recv_row.data(), n, 1, at + ": recv_row");
+    }
+    // The handle's expert side: what combine reads.
+    std::vector<uint8_t> want_bytes = test::reference_handle(L, call.reference, d, call.capacity);
+    const auto want = layout::HandleView::carve(L, want_bytes.data(), call.capacity);
+    const auto got = layout::HandleView::carve(L, b.handle, call.capacity);
+    const std::size_t kept = static_cast<std::size_t>(std::min<int64_t>(b.recv_rows, call.capacity));
+    expect_bytes_eq(got.recv_src, want.recv_src, 2 * kept, 2, at + ": handle recv_src");
+    expect_bytes_eq(got.recv_num_entries, want.recv_num_entries, kept, 1, at + ": handle recv_num_entries");
+    for (std::size_t r = 0; r < kept; ++r) {
+      const int n_entries = want.recv_num_entries[r];
+      expect_bytes_eq(got.recv_entries + r * L.max_entries(), want.recv_entries + r * L.max_entries(),
+                      static_cast<std::size_t>(n_entries), 1, at + ": handle recv_entries of row " + std::to_string(r));
+    }
+  }
+}
+
+void run_case(const Case& c, uint64_t seed) {
+  const std::string where = describe(c) + " seed " + std::to_string(seed);
+  SCOPED_TRACE(where);
+  layout::IntranodeShape shape{c.num_ranks, c.local_experts, max_of(c.tokens), c.hidden, c.topk, c.dtype};
+  IntranodeWorld w(shape, seed, /*sm_count=*/8);
+  const Call call = prepare(w, c, seed);
+  run_call(w, call);
+  check_call(w, call, where);
+}
+
+template <class Cases>
+void run_cases(const Cases& cases, int num_seeds) {
+  for (const Case& c : cases) {
+    for (uint64_t seed : test::seeds(num_seeds)) {
+      run_case(c, seed);
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
+constexpr DType kFp8 = DType::FP8_E4M3;
+constexpr DispatchOutput kGrouped = DispatchOutput::ExpertGrouped;
+
+TEST(IntranodeDispatch, MatchesTheReferenceOverTheMatrix) {
+  const std::vector<Case> cases = {
+      // One rank: its own tokens take the same path (through its own staging).
+      {1, {0}, 16, 1, 1},
+      {1, {65}, 112, 2, 2, DType::BF16, Routing::Uniform, kGrouped, {2}, 16, {{}, {}, 4}},
+      {2, {1, 0}, 16, 1, 1, DType::BF16, Routing::Uniform, DispatchOutput::Received, {1, 5}},
+      // 7168 BF16 = 14336 bytes: two FIFO pieces a row, the second short.
+      {2, {64, 65}, 7168, 2, 2, DType::BF16, Routing::Uniform, DispatchOutput::Received, {5, 2}, 16},
+      {3, {63, 1, 257}, 112, 8, 8, DType::BF16, Routing::Uniform, kGrouped, {2, 1, 5}, 32, {{}, {}, 8}, true},
+      {3, {257, 0, 64}, 16, 1, 1, DType::BF16, Routing::Skewed, DispatchOutput::Received, {1, 2, 5}, 64},
+      {4, {65, 64, 0, 63}, 7168, 8, 2, kFp8, Routing::Uniform, DispatchOutput::Received, {5, 1, 2, 2}, 16},
+      {4, {65, 64, 0, 63}, 16, 8, 2, DType::BF16, Routing::Skewed, kGrouped, {1, 2, 5, 1}, 16, {{}, {}, 16}},
+      {8, {64, 1, 0, 63, 65, 20, 7, 33}, 112, 8, 2, DType::BF16, Routing::Uniform, DispatchOutput::Received,
+       {2, 5, 1}, 16},
+      {8, {40, 41, 42, 43, 44, 45, 46, 47}, 7168, 2, 8, kFp8, Routing::Skewed, kGrouped, {5, 1, 2}, 8,
+       {{}, {}, 4}, true},
+      {8, {1, 0, 1, 0, 1, 0, 1, 0}, 16, 1, 1, DType::BF16, Routing::Uniform, kGrouped, {1}, 64, {{}, {}, 3}},
+      // Every token to every rank (top-8 of 8 experts), and top-1 FP8 over 8 ranks.
+      {8, {257, 0, 1, 64, 63, 65, 2, 3}, 112, 8, 1, DType::BF16, Routing::Uniform, DispatchOutput::Received,
+       {5, 2, 1}, 32},
+      {8, {65, 257, 1, 0, 64, 63, 5, 9}, 7168, 1, 1, kFp8, Routing::Uniform, kGrouped, {2, 5}, 64, {{}, {}, 2}},
+      {2, {63, 64}, 7168, 8, 8, kFp8, Routing::Uniform, kGrouped, {5, 5}, 16, {{}, {}, 1}},
+      // The largest hidden size asked for: 16384 BF16 = 32 KiB, four FIFO pieces a row.
+      {3, {9, 4, 0}, 16384, 2, 2, DType::BF16, Routing::Uniform, DispatchOutput::Received, {2, 1, 5}, 4},
+      {3, {9, 4, 0}, 16384, 2, 2, kFp8, Routing::Skewed, kGrouped, {1, 5, 2}, 4, {{}, {}, 4}},
+  };
+  run_cases(cases, 4);
+}
+
+// The same checks with the handle's home side built from the reference alone, so a
+// failure here is dispatch's, whatever the metadata kernel does.
+TEST(IntranodeDispatch, MatchesTheReferenceWithAReferenceHandle) {
+  std::vector<Case> cases = {
+      {3, {63, 1, 257}, 112, 8, 8, DType::BF16, Routing::Uniform, kGrouped, {2, 1, 5}, 32, {{}, {}, 8}},
+      {4, {65, 64, 0, 63}, 7168, 8, 2, kFp8, Routing::Uniform, DispatchOutput::Received, {5, 1, 2, 2}, 16},
+  };
+  for (Case& c : cases) c.source = HandleSource::Reference;
+  run_cases(cases, 2);
+}
+
+TEST(IntranodeDispatch, BoundsDropRowsAndNothingIsWrittenPastThem) {
+  CallOptions recv_bounds{{10, -1, 0, 1000}, {}, 1};
+  CallOptions permuted_bounds{{-1, 7, -1, -1}, {-1, 17, 5, 0}, 8};
+  const std::vector<Case> cases = {
+      {4, {65, 64, 3, 63}, 112, 4, 2, DType::BF16, Routing::Uniform, DispatchOutput::Received, {2, 1, 5, 1}, 8,
+       recv_bounds},
+      {4, {65, 64, 3, 63}, 7168, 4, 2, kFp8, Routing::Skewed, DispatchOutput::Received, {1, 5}, 16, recv_bounds},
+      // Grouped layout: permuted rows past the bound are dropped (some received rows
+      // then travel as a header only), and the received-row outputs keep their own bound.
+      {4, {65, 64, 3, 63}, 112, 4, 2, DType::BF16, Routing::Uniform, kGrouped, {2, 1, 5, 1}, 8, permuted_bounds},
+      {4, {65, 64, 3, 63}, 7168, 4, 2, kFp8, Routing::Skewed, kGrouped, {5, 2}, 16, permuted_bounds},
+  };
+  run_cases(cases, 3);
+  // A handle that describes only the first 20 received rows: its expert side stops
+  // there (the handle is allocated to exactly that), the outputs do not.
+  std::vector<Case> small_handle = {
+      {3, {40, 30, 20}, 112, 2, 2, DType::BF16, Routing::Uniform, DispatchOutput::Received, {2, 1, 5}, 8},
+      {3, {40, 30, 20}, 112, 2, 2, DType::BF16, Routing::Uniform, kGrouped, {2, 1, 5}, 8, {{}, {}, 4}},
+  };
+  for (Case& c : small_handle) c.recv_capacity = 20;
+  run_cases(small_handle, 2);
+}
+
+// 3 stages of 256-byte slots, instantiated here: a 2000-byte row travels in 8 pieces
+// and both FIFO rings wrap mid-row.
+TEST(IntranodeDispatch, SmallSlotsSplitRowsIntoManyPieces) {
+  using Kernel = kernels::intranode::Dispatch<256, 3>;
+  for (DispatchOutput output : {DispatchOutput::Received, kGrouped}) {
+    Case c{3, {9, 17, 0}, 1000, 2, 2, DType::BF16, Routing::Uniform, output, {2, 1, 3}, 4, {{}, {}, 2}};
+    for (uint64_t seed : test::seeds(3)) {
+      SCOPED_TRACE(describe(c) + " seed " + std::to_string(seed));
+      layout::IntranodeShape shape{c.num_ranks, c.local_experts, max_of(c.tokens), c.hidden, c.topk, c.dtype};
+      IntranodeWorld w(shape, seed);
+      const Call call = prepare(w, c, seed);
+      w.run([&](int rank, GpuStream stream) {
+        ASSERT_TRUE(launch_metadata(metadata_args(w, call, rank), stream).ok());
+        const DispatchArguments args = dispatch_args(w, call, rank);
+        ASSERT_TRUE(Kernel::can_implement(args).ok());
+        const Status st = kernels::launch<Kernel>(Kernel::to_params(args), dim3(args.num_blocks),
+                                                  dim3(Kernel::kMaxThreadsPerBlock), Kernel::shared_memory_bytes(), stream);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+      });
+      check_call(w, call, describe(c));
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// Three calls on the same registered buffers: each dispatch waits for its own
+// sequence number, never for a stale header of the call before, and reuses staging.
+TEST(IntranodeDispatch, BackToBackCallsReuseStaging) {
+  const int R = 3, El = 2, K = 2, M = 40, H = 112;
+  for (uint64_t seed : test::seeds(2)) {
+    layout::IntranodeShape shape{R, El, M, H, K, DType::BF16};
+    IntranodeWorld w(shape, seed);
+    for (int call_index = 0; call_index < 3; ++call_index) {
+      Case c{R, {M - call_index * 7, call_index * 11, 13 + call_index}, H, K, El};
+      c.output = call_index == 1 ? kGrouped : DispatchOutput::Received;
+      c.options.pad_multiple = 4;
+      c.blocks = {1 + call_index, 2, 1};
+      const std::string where = describe(c) + " call " + std::to_string(call_index) + " seed " + std::to_string(seed);
+      const Call call = prepare(w, c, seed * 100 + call_index);
+      run_call(w, call);
+      check_call(w, call, where);
+      // metadata and dispatch per call
+      EXPECT_EQ(*w.layout().local_state(w.registered(0)), static_cast<uint32_t>(2 * call_index + 2)) << where;
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// Bytes rank s writes into rank d's memory (s != d) against the minimum: for every
+// (token, d) pair the row, its FP8 scales and its header (16 bytes + 12 per entry);
+// plus the entry barrier's 4-byte flag; the metadata kernel's count row + flag
+// measured apart. Dispatch pushes, so it reads nothing from peers.
+void check_traffic(const Case& c, uint64_t seed) {
+  const std::string where = describe(c) + " seed " + std::to_string(seed);
+  SCOPED_TRACE(where);
+  layout::IntranodeShape shape{c.num_ranks, c.local_experts, max_of(c.tokens), c.hidden, c.topk, c.dtype};
+  IntranodeWorld w(shape, seed);
+  const Call call = prepare(w, c, seed);
+  const IntranodeLayout& L = w.layout();
+  sim::reset_traffic();
+  w.run([&](int rank, GpuStream stream) { ASSERT_TRUE(launch_metadata(metadata_args(w, call, rank), stream).ok()); });
+  const sim::Traffic metadata_traffic = sim::traffic();
+  sim::reset_traffic();
+  w.run([&](int rank, GpuStream stream) { ASSERT_TRUE(launch_dispatch(dispatch_args(w, call, rank), stream).ok()); });
+  const sim::Traffic traffic = sim::traffic();
+  check_call(w, call, where);
+
+  const uint64_t row_and_scales = static_cast<uint64_t>(L.dispatch_row_bytes()) + 4ull * L.num_scales();
+  const uint64_t count_exchange = static_cast<uint64_t>(L.count_row_ints()) * 4 + 4;
+  std::printf("traffic: %s\n", where.c_str());
+  for (int s = 0; s < c.num_ranks; ++s) {
+    for (int d = 0; d < c.num_ranks; ++d) {
+      if (s == d) continue;
+      // The unique (token of s, d) pairs and their entries, from the reference.
+      const ref::ReceivedRows& rr = call.reference.received.ranks[d];
+      const int64_t bound = c.options.recv_bound(d);
+      uint64_t minimum = 4;  // entry barrier flag
+      uint64_t pairs = 0;
+      for (int64_t r = 0; r < rr.num_rows(); ++r) {
+        if (rr.src_rank[r] != s || (bound >= 0 && r >= bound)) continue;
+        ++pairs;
+        uint64_t entries = 0;
+        for (int j = 0; j < c.local_experts; ++j) entries += rr.routing_map[r * c.local_experts + j];
+        minimum += row_and_scales + 16 + 12 * entries;
+      }
+      std::printf("  rank %d -> %d: %llu pairs, dispatch wrote %llu bytes (minimum %llu), metadata %llu (count row + flag %llu)\n",
+                  s, d, static_cast<unsigned long long>(pairs), static_cast<unsigned long long>(traffic.written(s, d)),
+                  static_cast<unsigned long long>(minimum), static_cast<unsigned long long>(metadata_traffic.written(s, d)),
+                  static_cast<unsigned long long>(count_exchange));
+      EXPECT_EQ(traffic.written(s, d), minimum) << "rank " << s << " to " << d;
+      EXPECT_EQ(traffic.read(s, d), 0u) << "rank " << s << " read from " << d;
+      EXPECT_EQ(metadata_traffic.written(s, d), count_exchange) << "rank " << s << " to " << d;
+    }
+  }
+}
+
+TEST(IntranodeDispatch, TrafficToEachPeerIsTheMinimum) {
+  check_traffic({4, {65, 64, 0, 63}, 7168, 8, 2, kFp8, Routing::Uniform, DispatchOutput::Received, {2, 5}, 16}, 1);
+  check_traffic({3, {63, 1, 257}, 112, 8, 8, DType::BF16, Routing::Uniform, kGrouped, {2, 1, 5}, 32, {{}, {}, 8}}, 2);
+  // Rows a destination's bound drops cost nothing: neither row nor header travels.
+  check_traffic({4, {65, 64, 3, 63}, 112, 4, 2, DType::BF16, Routing::Uniform, DispatchOutput::Received, {2, 1}, 8,
+                 {{10, -1, 0, 1000}, {}, 1}},
+                3);
+}
+
+// A source that never sends a row it owes: the receiver's bounded wait traps and
+// names the row header it waited for.
+TEST(IntranodeDispatch, AMissingHeaderTimesOutWithAReport) {
+  Case c{2, {5, 5}, 16, 1, 1};
+  c.source = HandleSource::Reference;
+  layout::IntranodeShape shape{2, 1, 5, 16, 1, DType::BF16};
+  IntranodeWorld w(shape, 1);
+  const Call call = prepare(w, c, 1);
+  // Rank 1 believes its tokens go nowhere: rank 0 or 1 then waits for rows never sent.
+  for (int t = 0; t < 5 * 2; ++t) layout::HandleView::carve(w.layout(), call.ranks[1].handle, call.capacity).recv_pos[t] = -1;
+  for (int t = 0; t < 5; ++t) layout::HandleView::carve(w.layout(), call.ranks[1].handle, call.capacity).slot_pos[t] = -1;
+  const std::string report = test::expect_sim_error(sim::ErrorKind::Trap, [&] {
+    w.run([&](int rank, GpuStream stream) {
+      ASSERT_TRUE(launch_dispatch(dispatch_args(w, call, rank, /*timeout_cycles=*/uint64_t{1} << 24), stream).ok());
+    });
+  });
+  EXPECT_NE(report.find("row header seq of received row"), std::string::npos) << report;
+}
+
+TEST(IntranodeDispatch, RefusesArgumentsItCannotHandle) {
+  Case c{2, {5, 5}, 16, 1, 1};
+  layout::IntranodeShape shape{2, 1, 5, 16, 1, DType::BF16};
+  IntranodeWorld w(shape, 1);
+  const Call call = prepare(w, c, 1);
+  const sim::Stream stream = sim::default_stream(0);
+  const auto code = [&](const DispatchArguments& a) { return launch_dispatch(a, stream).code(); };
+  DispatchArguments a = dispatch_args(w, call, 0);
+  a.num_blocks = 9;  // the test devices have 8 SMs
+  EXPECT_EQ(code(a), StatusCode::InvalidArgument);
+  a.num_blocks = 0;
+  EXPECT_EQ(code(a), StatusCode::InvalidArgument);
+  a = dispatch_args(w, call, 0);
+  a.out_hidden = call.ranks[0].out_hidden + 8;
+  EXPECT_EQ(code(a), StatusCode::InvalidArgument);
+  a = dispatch_args(w, call, 0);
+  a.num_tokens = 6;  // past shape.max_tokens
+  EXPECT_EQ(code(a), StatusCode::InvalidArgument);
+  a = dispatch_args(w, call, 0);
+  a.domain.shape.hidden = 12;  // 24-byte rows
+  EXPECT_EQ(code(a), StatusCode::InvalidArgument);
+  a = dispatch_args(w, call, 0);
+  a.domain.shape.dispatch_dtype = kFp8;
+  a.domain.shape.hidden = 64;  // FP8 needs whole 128-element scale blocks
+  EXPECT_EQ(code(a), StatusCode::InvalidArgument);
+  a = dispatch_args(w, call, 0);
+  a.out_recv_row = reinterpret_cast<int64_t*>(call.ranks[0].out_hidden);  // received layout has none
+  EXPECT_EQ(code(a), StatusCode::InvalidArgument);
+}
+
+// The seed configuration: 8 ranks, hidden 8192 BF16, 4096 tokens a rank, 2 experts a
+// rank, top-8, uniform routing, 8 blocks a rank. The reference runs on the same
+// routing at hidden 16 (the full reference would hold another 3+ GB of rows); the
+// received rows are checked against it (source, probs, routing map, handle) and each
+// hidden row byte for byte against its source row, which is what semantics.md says it is.
+TEST(IntranodeDispatchLarge, SeedConfiguration) {
+  const int R = 8, El = 2, K = 8, M = 4096, H = 8192, kBlocks = 8;
+  ref::World small_world{R, R, R * El, 16, M};
+  std::vector<ref::RankInput> inputs =
+      test::make_inputs({small_world, std::vector<int>(R, M), K, DType::BF16, Routing::Uniform, false, 1});
+  const ref::DispatchResult received = ref::dispatch(small_world, inputs);
+
+  layout::IntranodeShape shape{R, El, M, H, K, DType::BF16};
+  const auto wall_start = std::chrono::steady_clock::now();
+  IntranodeWorld w(shape, 1, /*sm_count=*/kBlocks);
+  const IntranodeLayout& L = w.layout();
+  const int64_t row_bytes = L.dispatch_row_bytes();
+  const int64_t capacity = L.stage_capacity_rows();
+  struct Buffers {
+    uint8_t* hidden;
+    int64_t* topk_idx;
+    float* topk_weights;
+    uint8_t* handle;
+    int64_t rows;
+    uint8_t* out_hidden;
+    float* out_probs;
+    uint8_t* out_routing_map;
+    int32_t* out_src_rank;
+    int32_t* out_src_token;
+  };
+  std::vector<Buffers> b(R);
+  for (int r = 0; r < R; ++r) {
+    // Row t of rank r: bytes a function of (r, t, offset), so any misplaced row shows.
+    b[r].hidden = w.alloc<uint8_t>(r, static_cast<std::size_t>(M) * row_bytes, "hidden");
+    for (int t = 0; t < M; ++t) {
+      uint64_t x = (static_cast<uint64_t>(r) << 32 | static_cast<uint64_t>(t)) * 0x9E3779B97F4A7C15ull;
+      for (int64_t i = 0; i < row_bytes; i += 8) {
+        x ^= x >> 29;
+        x *= 0xBF58476D1CE4E5B9ull;
+        std::memcpy(b[r].hidden + t * row_bytes + i, &x, 8);
+      }
+    }
+    const auto& k = std::get<ref::TopkRouting>(inputs[r].routing);
+    b[r].topk_idx = w.copy_in<int64_t>(r, k.topk_idx, "topk_idx");
+    b[r].topk_weights = w.copy_in<float>(r, k.topk_weights, "topk_weights");
+    b[r].handle = w.alloc_handle(r, capacity);
+    b[r].rows = received.ranks[r].num_recv_tokens;
+    const auto n = static_cast<std::size_t>(b[r].rows);
+    b[r].out_hidden = w.alloc<uint8_t>(r, n * row_bytes, "out_hidden");
+    b[r].out_probs = w.alloc<float>(r, n * El, "out_probs");
+    b[r].out_routing_map = w.alloc<uint8_t>(r, n * El, "out_routing_map");
+    b[r].out_src_rank = w.alloc<int32_t>(r, n, "out_src_rank");
+    b[r].out_src_token = w.alloc<int32_t>(r, n, "out_src_token");
+  }
+  const auto run_start = std::chrono::steady_clock::now();
+  w.run([&](int rank, GpuStream stream) {
+    MetadataArguments m;
+    m.domain = w.domain(rank);
+    m.num_tokens = M;
+    m.topk_idx = b[rank].topk_idx;
+    m.topk_weights = b[rank].topk_weights;
+    m.num_topk = K;
+    m.handle = b[rank].handle;
+    m.recv_capacity = capacity;
+    ASSERT_TRUE(launch_metadata(m, stream).ok());
+    DispatchArguments a;
+    a.domain = w.domain(rank);
+    a.num_tokens = M;
+    a.hidden = b[rank].hidden;
+    a.handle = b[rank].handle;
+    a.recv_capacity = capacity;
+    a.out_hidden = b[rank].out_hidden;
+    a.out_probs = b[rank].out_probs;
+    a.out_routing_map = b[rank].out_routing_map;
+    a.out_src_rank = b[rank].out_src_rank;
+    a.out_src_token = b[rank].out_src_token;
+    a.num_blocks = kBlocks;
+    const Status st = launch_dispatch(a, stream);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  });
+  const auto run_end = std::chrono::steady_clock::now();
+  const sim::Stats stats = sim::stats();
+
+  int64_t total_rows = 0, peer_rows = 0;
+  for (int d = 0; d < R; ++d) {
+    const ref::ReceivedRows& rr = received.ranks[d];
+    const auto n = static_cast<std::size_t>(b[d].rows);
+    total_rows += b[d].rows;
+    for (std::size_t r = 0; r < n; ++r) peer_rows += rr.src_rank[r] != d ? 1 : 0;
+    const std::string at = "rank " + std::to_string(d);
+    expect_bytes_eq(b[d].out_src_rank, rr.src_rank.data(), n, 1, at + ": src_rank");
+    expect_bytes_eq(b[d].out_src_token, rr.src_token.data(), n, 1, at + ": src_token");
+    expect_bytes_eq(b[d].out_routing_map, rr.routing_map.data(), n * El, El, at + ": routing_map");
+    expect_bytes_eq(b[d].out_probs, rr.probs.data(), n * El, El, at + ": probs");
+    const auto h = layout::HandleView::carve(L, b[d].handle, capacity);
+    for (std::size_t r = 0; r < n; ++r) {
+      const uint8_t* src = b[rr.src_rank[r]].hidden + static_cast<int64_t>(rr.src_token[r]) * row_bytes;
+      ASSERT_EQ(std::memcmp(b[d].out_hidden + r * row_bytes, src, row_bytes), 0) << at << " hidden row " << r;
+      ASSERT_EQ(h.recv_src[2 * r], rr.src_rank[r]) << at << " handle recv_src row " << r;
+      ASSERT_EQ(h.recv_src[2 * r + 1], rr.src_token[r]) << at << " handle recv_src row " << r;
+      int n_entries = 0;
+      for (int j = 0; j < El; ++j) {
+        if (!rr.routing_map[r * El + j]) continue;
+        ASSERT_EQ(h.recv_entries[r * L.max_entries() + n_entries].local_expert, j) << at << " handle row " << r;
+        ++n_entries;
+      }
+      ASSERT_EQ(h.recv_num_entries[r], n_entries) << at << " handle row " << r;
+    }
+  }
+  const auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+  std::printf(
+      "seed configuration (8 ranks, hidden 8192 bf16, 4096 tokens/rank, 2 experts/rank, top-8, %d blocks): "
+      "%lld received rows in all, %lld of them from peers (%.2f GB of rows over NVLink); metadata + dispatch in "
+      "the simulator %.1f s wall (%llu scheduler steps, %llu bulk copies); setup %.1f s\n",
+      kBlocks, static_cast<long long>(total_rows), static_cast<long long>(peer_rows),
+      static_cast<double>(peer_rows) * row_bytes / 1e9,
+      seconds(run_start, run_end), static_cast<unsigned long long>(stats.scheduler_steps),
+      static_cast<unsigned long long>(stats.async_ops_completed), seconds(wall_start, run_start));
+}
+
+}  // namespace
+}  // namespace railyard
