@@ -24,6 +24,40 @@
 
 namespace railyard::kernels {
 
+// Checks that `num_blocks` blocks of `smem_bytes` shared memory each can all be
+// resident at once on the device `stream` runs on (one block per SM). Railyard's
+// communication kernels need that: a block waits for data that blocks of other ranks
+// produce, and a block that is not resident cannot produce what a peer waits for.
+inline Status check_all_blocks_resident(const char* kernel_name, int num_blocks, std::size_t smem_bytes,
+                                        GpuStream stream) {
+  int sm_count = 0;
+  std::size_t smem_optin = 0;
+#if RAILYARD_IS_SIM
+  const sim::DeviceProps& props = sim::device_props(sim::stream_device(stream));
+  sm_count = props.sm_count;
+  smem_optin = props.smem_per_block_optin_bytes;
+#else
+  int device = 0, sm = 0, optin = 0;
+  cudaError_t err = cudaStreamGetDevice(stream, &device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sm, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess) {
+    return Status::launch_failed(std::string(kernel_name) + ": device query: " + cudaGetErrorString(err));
+  }
+  sm_count = sm;
+  smem_optin = static_cast<std::size_t>(optin);
+#endif
+  if (num_blocks < 1 || num_blocks > sm_count) {
+    return Status::invalid_argument(std::string(kernel_name) + ": num_blocks is " + std::to_string(num_blocks) +
+                                    "; expected 1.." + std::to_string(sm_count) + " (the device's SM count)");
+  }
+  if (smem_bytes > smem_optin) {
+    return Status::unsupported(std::string(kernel_name) + ": needs " + std::to_string(smem_bytes) +
+                               " bytes of shared memory per block; the device allows " + std::to_string(smem_optin));
+  }
+  return Status::success();
+}
+
 template <class Kernel>
 Status launch(const typename Kernel::Params& params, dim3 grid, dim3 block, std::size_t smem_bytes,
               GpuStream stream) {

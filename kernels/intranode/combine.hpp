@@ -49,7 +49,9 @@ struct CombineArguments {
   // shape.num_ranks.
   int ranks_per_domain = 0;
 
-  // Rows (received rows, home tokens) per chunk; block b takes chunks b, b + B, ...
+  // Blocks (channels) of the launch, 1..SM count; each takes every num_blocks-th chunk
+  // of chunk_rows rows (received rows to stage, home tokens to gather).
+  int num_blocks = 1;
   int chunk_rows = 32;
 };
 
@@ -59,10 +61,10 @@ struct CombineArguments {
 inline constexpr uint32_t kCombineSlotBytes = 4096;
 inline constexpr int kCombineStages = 8;
 
-// Checks the arguments (errors name the argument and the expected value), then
-// enqueues the combine on `stream` with `num_blocks` blocks (1..the device's SM
-// count). Every rank of the domain must call it, also with nothing to do: the call
-// is a collective operation (it starts with the entry barrier).
-Status launch_combine(const CombineArguments& args, int num_blocks, GpuStream stream);
+// Checks the arguments (errors name the argument and the expected value) and the
+// device (blocks, shared memory), then enqueues the combine on `stream`. Every rank
+// of the domain must call it, also with nothing to do: the call is a collective
+// operation (it starts with the entry barrier).
+Status launch_combine(const CombineArguments& args, GpuStream stream);
 
 }  // namespace railyard::kernels::intranode

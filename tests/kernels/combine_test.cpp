@@ -196,7 +196,9 @@ DeviceCall to_device(IntranodeWorld& w, const Case& c, const Prepared& p) {
 
 void run_combine(IntranodeWorld& w, const DeviceCall& dc, int blocks) {
   w.run([&](int rank, GpuStream stream) {
-    const Status st = launch_combine(dc.args[rank], blocks, stream);
+    CombineArguments a = dc.args[rank];
+    a.num_blocks = blocks;
+    const Status st = launch_combine(a, stream);
     EXPECT_TRUE(st.ok()) << "rank " << rank << ": " << st.to_string();
   });
 }
@@ -389,8 +391,10 @@ TEST(IntranodeCombine, BackToBackCombinesUseTheirOwnRows) {
     const DeviceCall dc1 = to_device(w, c, first);
     const DeviceCall dc2 = to_device(w, c, second);
     w.run([&](int rank, GpuStream stream) {
-      EXPECT_TRUE(launch_combine(dc1.args[rank], c.blocks, stream).ok());
-      EXPECT_TRUE(launch_combine(dc2.args[rank], c.blocks, stream).ok());
+      CombineArguments a1 = dc1.args[rank], a2 = dc2.args[rank];
+      a1.num_blocks = a2.num_blocks = c.blocks;
+      EXPECT_TRUE(launch_combine(a1, stream).ok());
+      EXPECT_TRUE(launch_combine(a2, stream).ok());
     });
     expect_equal(c, first, read_back(c, dc1), "first combine, seed " + std::to_string(seed));
     expect_equal(c, second, read_back(c, dc2), "second combine, seed " + std::to_string(seed));
@@ -518,7 +522,8 @@ TEST(IntranodeCombine, ArgumentErrorsNameTheArgument) {
   good.out = out;
   const sim::Stream stream = sim::default_stream(0);
   const auto expect_error = [&](CombineArguments a, int blocks, StatusCode code, const std::string& names) {
-    const Status st = launch_combine(a, blocks, stream);
+    a.num_blocks = blocks;
+    const Status st = launch_combine(a, stream);
     EXPECT_EQ(st.code(), code) << st.to_string();
     EXPECT_NE(st.message().find(names), std::string::npos) << st.to_string();
   };
