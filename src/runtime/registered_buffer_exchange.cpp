@@ -1,0 +1,167 @@
+// Railyard runtime: outcome agreement and fd exchange for registered-buffer creation.
+#include "registered_buffer_exchange.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace railyard::runtime {
+
+const char* to_string(RegisteredBufferStep step) {
+  switch (step) {
+    case RegisteredBufferStep::CheckConfig: return "check_config";
+    case RegisteredBufferStep::Topology: return "topology";
+    case RegisteredBufferStep::Allocate: return "allocate";
+    case RegisteredBufferStep::ZeroFill: return "zero_fill";
+    case RegisteredBufferStep::RegisterMemory: return "register_memory";
+    case RegisteredBufferStep::Export: return "export";
+    case RegisteredBufferStep::ExchangeHandles: return "exchange_handles";
+    case RegisteredBufferStep::PassFds: return "pass_fds";
+    case RegisteredBufferStep::Import: return "import";
+    case RegisteredBufferStep::Destroy: return "destroy";
+  }
+  return "unknown";
+}
+
+namespace detail {
+namespace {
+
+// A long message (a simulator report, say) is cut here: every rank receives every
+// failed rank's message, padded to the longest.
+constexpr std::size_t kMaxMessageBytes = 2048;
+
+struct OutcomeWire {
+  int32_t step = 0;  // 0: success
+  uint32_t message_bytes = 0;
+};
+
+// What a sender puts beside its descriptor: the receiver's token (proves the sender
+// read the receiver's record from this exchange) and who is sending.
+struct FdPayload {
+  uint64_t token = 0;
+  int32_t sender = -1;
+  int32_t reserved = 0;
+};
+
+std::string hex64(uint64_t value) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(value));
+  return buf;
+}
+
+std::string ms(std::chrono::milliseconds t) { return std::to_string(t.count()) + " ms"; }
+
+}  // namespace
+
+std::vector<RankFailure> gather_failures(Bootstrap& bootstrap, const std::optional<StepFailure>& mine) {
+  std::string message = mine ? mine->message.substr(0, kMaxMessageBytes) : std::string();
+  if (mine && message.empty()) message = "unknown error";
+  const OutcomeWire wire{mine ? static_cast<int32_t>(mine->step) : 0, static_cast<uint32_t>(message.size())};
+  const std::vector<OutcomeWire> outcomes = allgather_value(bootstrap, wire);
+
+  uint32_t longest = 0;
+  bool any_failed = false;
+  for (const OutcomeWire& o : outcomes) {
+    any_failed |= o.step != 0;
+    longest = std::max(longest, o.message_bytes);
+  }
+  if (!any_failed) return {};
+  // Every rank saw the same outcomes, so every rank takes this second round.
+  std::vector<std::byte> padded(longest);
+  std::memcpy(padded.data(), message.data(), message.size());
+  const std::vector<std::byte> all = bootstrap.allgather(padded);
+  std::vector<RankFailure> failures;
+  for (int r = 0; r < bootstrap.size(); ++r) {
+    const OutcomeWire& o = outcomes[static_cast<std::size_t>(r)];
+    if (o.step == 0) continue;
+    const auto* text = reinterpret_cast<const char*>(all.data()) + static_cast<std::size_t>(r) * longest;
+    failures.push_back({r, static_cast<RegisteredBufferStep>(o.step), std::string(text, o.message_bytes)});
+  }
+  return failures;
+}
+
+RegisteredBufferError failures_error(const std::vector<RankFailure>& failures, int seen_by) {
+  RegisteredBufferStep earliest = failures.front().step;
+  std::vector<int> ranks;
+  std::ostringstream os;
+  os << "railyard RegisteredBuffer: creation failed";
+  for (std::size_t i = 0; i < failures.size(); ++i) {
+    const RankFailure& f = failures[i];
+    earliest = std::min(earliest, f.step);
+    ranks.push_back(f.rank);
+    os << (i ? "; " : " ") << "on rank " << f.rank << " at step '" << to_string(f.step) << "': " << f.message;
+  }
+  os << " (seen by rank " << seen_by << "; every rank released its buffer)";
+  return RegisteredBufferError(earliest, std::move(ranks), os.str());
+}
+
+FdListener listen_for_fds(int rank) {
+  std::random_device entropy;
+  const uint64_t token = (uint64_t{entropy()} << 32 | entropy()) ^
+                         static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  FdListener out;
+  out.token = token;
+  out.name = "railyard-rb-" + std::to_string(::getpid()) + "-" + std::to_string(rank) + "-" + hex64(token);
+  out.socket = listen_unix(out.name);
+  return out;
+}
+
+std::map<int, UniqueFd> exchange_fds(const FdExchange& exchange) {
+  const auto deadline = std::chrono::steady_clock::now() + exchange.timeout;
+  auto remaining = [&] {
+    return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      deadline - std::chrono::steady_clock::now()));
+  };
+
+  std::map<int, UniqueFd> received;
+  std::string receive_error;
+  std::thread receiver([&] {
+    std::set<int> expected(exchange.peers.begin(), exchange.peers.end());
+    try {
+      while (!expected.empty()) {
+        UniqueFd connection = accept_unix(exchange.listener, remaining());
+        ReceivedFd got = receive_fd(connection.get(), remaining());
+        FdPayload payload;
+        if (got.payload.size() != sizeof(payload)) continue;  // not one of ours
+        std::memcpy(&payload, got.payload.data(), sizeof(payload));
+        if (payload.token != exchange.token || !expected.count(payload.sender)) continue;  // a stray connection
+        received[payload.sender] = std::move(got.fd);
+        expected.erase(payload.sender);
+      }
+    } catch (const std::exception& e) {
+      receive_error = "no descriptor from rank(s) " + format_ranks({expected.begin(), expected.end()}) + " within " +
+                      ms(exchange.timeout) + " (" + e.what() + ")";
+    }
+  });
+
+  std::string send_error;
+  // Kept open until the receivers are done: closing first is allowed by the socket
+  // semantics, but an open connection keeps a failure at the receiver explainable.
+  std::vector<UniqueFd> connections;
+  for (int peer : exchange.peers) {
+    try {
+      UniqueFd connection = connect_unix(exchange.socket_names.at(static_cast<std::size_t>(peer)), remaining());
+      const FdPayload payload{exchange.tokens.at(static_cast<std::size_t>(peer)), exchange.rank, 0};
+      send_fd(connection.get(), exchange.fd, std::as_bytes(std::span<const FdPayload, 1>(&payload, 1)));
+      connections.push_back(std::move(connection));
+    } catch (const std::exception& e) {
+      send_error = "sending to rank " + std::to_string(peer) + ": " + e.what();
+      break;
+    }
+  }
+  receiver.join();
+  if (!send_error.empty() || !receive_error.empty())
+    throw std::runtime_error("railyard fd exchange (rank " + std::to_string(exchange.rank) + "): " + send_error +
+                             (send_error.empty() || receive_error.empty() ? "" : "; ") + receive_error);
+  return received;
+}
+
+}  // namespace detail
+}  // namespace railyard::runtime

@@ -1,0 +1,73 @@
+// Railyard runtime (internal): the two exchanges a registered buffer's creation needs
+// beyond the bootstrap's allgather:
+//  - gather_failures: after every step that can fail on one rank alone, the ranks
+//    exchange their outcomes, so that all of them throw the same error (naming the
+//    failed step and ranks) and roll back together instead of leaving peers waiting;
+//  - exchange_fds: each rank of a domain sends its POSIX fd handle to every domain peer
+//    and receives theirs, over Unix sockets whose abstract names and tokens travelled
+//    in the handle allgather.
+// Plain host code (sockets and the bootstrap), compiled into both flavour libraries
+// with registered_buffer.cpp.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "railyard/runtime/bootstrap.hpp"
+#include "railyard/runtime/fd_passing.hpp"
+#include "railyard/runtime/registered_buffer.hpp"
+
+namespace railyard::runtime::detail {
+
+struct StepFailure {
+  RegisteredBufferStep step{};
+  std::string message;
+};
+struct RankFailure {
+  int rank = -1;
+  RegisteredBufferStep step{};
+  std::string message;
+};
+
+// Collective: every rank passes its own outcome (nullopt: success); returns the failed
+// ranks' outcomes in rank order, identical on every rank. One 8-byte allgather when all
+// succeeded, a second one carrying the messages otherwise.
+std::vector<RankFailure> gather_failures(Bootstrap& bootstrap, const std::optional<StepFailure>& mine);
+
+// The error every rank throws for `failures` (not empty): the earliest step, the
+// failed ranks, each rank's message, and which rank saw it.
+RegisteredBufferError failures_error(const std::vector<RankFailure>& failures, int seen_by);
+
+// Abstract socket names are at most 107 bytes; ours are far shorter.
+inline constexpr std::size_t kSocketNameBytes = 64;
+
+struct FdListener {
+  UniqueFd socket;
+  std::string name;
+  // Random, sent back by every peer that connects: a connection carrying another
+  // token is not part of this exchange and is refused.
+  uint64_t token = 0;
+};
+// Listens on a fresh abstract name unique to this process, rank and moment.
+FdListener listen_for_fds(int rank);
+
+struct FdExchange {
+  int rank = -1;
+  int listener = -1;        // this rank's FdListener::socket
+  uint64_t token = 0;       // this rank's FdListener::token
+  int fd = -1;              // the descriptor this rank sends to each peer
+  std::vector<int> peers;   // the ranks this one sends to and receives from
+  std::vector<std::string> socket_names;  // by rank (entries of `peers` are used)
+  std::vector<uint64_t> tokens;           // by rank
+  std::chrono::milliseconds timeout{60000};
+};
+// Sends `fd` to every peer and returns every peer's descriptor, by rank. A receiving
+// thread accepts while this one connects, so no rank waits on a full listen backlog
+// (72 ranks per domain exceed it). Throws std::runtime_error naming the peer on timeout.
+std::map<int, UniqueFd> exchange_fds(const FdExchange& exchange);
+
+}  // namespace railyard::runtime::detail
