@@ -224,8 +224,8 @@ struct Combine {
     const uint32_t seq = op_begin(dom);
     entry_barrier(dom, seq);  // ends with __syncthreads: the pipelines are initialised
 
-    LoadPipeline load_pipe(storage.load_pipe, dom.timeout_cycles);
-    StorePipeline store_pipe(storage.store_pipe, dom.timeout_cycles);
+    LoadPipeline load_pipe(storage.load_pipe, dom.wait());
+    StorePipeline store_pipe(storage.store_pipe, dom.wait());
     const WarpRole role = role_of_warp(arch::warp_idx());
     if (role == WarpRole::Load) {
       run_load(p, storage, load_pipe, seq);
@@ -404,7 +404,7 @@ struct Combine {
               pipeline::timeout_while(
                   [&] { return seq_diff(arch::ld_acquire_sys(&header->seq), seq) < 0; },
                   {"combine: staged row header seq of peer rank (index) at row (value)", d, pos},
-                  dom.timeout_cycles);
+                  dom.wait());
               // The acquire (generic proxy) before the TMA reads (async proxy) of the row.
               arch::fence_proxy_async_global();
               const int32_t num_entries = arch::ld_global(&header->num_entries);

@@ -278,7 +278,7 @@ struct Dispatch {
 
   RAILYARD_DEVICE static void send_load(const Params& p, const Context& c, SharedStorage& s) {
     if (!arch::elect_one_sync()) return;
-    Pipeline pipe(s.send_pipe, p.domain.timeout_cycles);
+    Pipeline pipe(s.send_pipe, p.domain.wait());
     PipelineState state;
     for_each_in_my_chunks(p.num_tokens, p.chunk_rows, [&](int64_t t) {
       if (!token_sends_row(p, c, s, t)) return;
@@ -297,7 +297,7 @@ struct Dispatch {
     const int lane = static_cast<int>(arch::lane_idx());
     const int R = c.num_ranks, K = c.max_topk, El = c.num_local_experts;
     const int rank = p.domain.rank;
-    Pipeline pipe(s.send_pipe, p.domain.timeout_cycles);
+    Pipeline pipe(s.send_pipe, p.domain.wait());
     PipelineState state;
     for_each_in_my_chunks(p.num_tokens, p.chunk_rows, [&](int64_t t) {
       const int32_t* slot_expert = p.handle.slot_expert + t * K;
@@ -409,13 +409,13 @@ struct Dispatch {
   RAILYARD_DEVICE static void copy_out_load(const Params& p, const Context& c, SharedStorage& s, uint32_t seq) {
     if (!arch::elect_one_sync()) return;
     uint8_t* self = p.domain.self();
-    Pipeline pipe(s.copy_pipe, p.domain.timeout_cycles);
+    Pipeline pipe(s.copy_pipe, p.domain.wait());
     PipelineState state;
     for_each_in_my_chunks(c.copy_rows, p.chunk_rows, [&](int64_t r) {
       const uint32_t* row_seq = &c.layout.header(self, r)->seq;
       pipeline::timeout_while([&] { return seq_diff(arch::ld_acquire_sys(row_seq), seq) < 0; },
                               {"dispatch: row header seq of received row", r, static_cast<int64_t>(seq)},
-                              p.domain.timeout_cycles);
+                              p.domain.wait());
       // The row was written by TMA and is read by TMA; the acquire above is generic.
       arch::fence_proxy_async_global();
       if (!row_is_copied(c, self, r)) {
@@ -441,7 +441,7 @@ struct Dispatch {
     const int El = c.num_local_experts;
     const int ns = c.num_scales;
     uint8_t* self = p.domain.self();
-    Pipeline pipe(s.copy_pipe, p.domain.timeout_cycles);
+    Pipeline pipe(s.copy_pipe, p.domain.wait());
     PipelineState state;
     for_each_in_my_chunks(c.copy_rows, p.chunk_rows, [&](int64_t r) {
       // The leader's wait on the first slot orders the header (acquired by

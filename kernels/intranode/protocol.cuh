@@ -28,8 +28,13 @@ struct DomainParams {
   int rank = 0;  // this rank's index in the domain
   PeerBuffers peers;
   uint64_t timeout_cycles = pipeline::kDefaultTimeoutCycles;
+  // Pinned host memory where the first timed-out wait of the kernel reports itself
+  // (pipeline::WaitRecord), or null.
+  pipeline::WaitRecord* wait_record = nullptr;
 
   RAILYARD_HOST_DEVICE uint8_t* self() const { return peers.ptr[rank]; }
+  // The policy every wait of the kernel uses: the budget, the record, this rank.
+  RAILYARD_HOST_DEVICE pipeline::WaitPolicy wait() const { return {timeout_cycles, wait_record, rank}; }
 };
 
 // seq a - seq b as a signed distance: sequence numbers wrap after 2^32 operations.
@@ -71,7 +76,7 @@ RAILYARD_DEVICE void entry_barrier(const DomainParams& p, uint32_t seq RAILYARD_
     const uint32_t* flag = layout.barrier_flag(p.self(), peer);
     pipeline::timeout_while(
         [&] { return seq_diff(arch::ld_acquire_sys(flag RAILYARD_LOC_ARG), seq) < 0; },
-        {"entry barrier flag of peer rank", peer, static_cast<int64_t>(seq)}, p.timeout_cycles RAILYARD_LOC_ARG);
+        {"entry barrier flag of peer rank", peer, static_cast<int64_t>(seq)}, p.wait() RAILYARD_LOC_ARG);
   }
   __syncthreads();
 }

@@ -294,3 +294,45 @@ TEST(IntranodeMetadata, MismatchedPadMultipleTraps) {
 
 }  // namespace
 }  // namespace railyard
+
+namespace railyard {
+namespace {
+
+// A rank that never arrives: rank 0's wait for its count row gives up after its cycle
+// budget, and the first timed-out wait fills the WaitRecord in pinned host memory,
+// which the host can still read after the kernel has trapped.
+TEST(IntranodeMetadata, AMissingRankIsReportedInTheWaitRecord) {
+  layout::IntranodeShape shape{2, 1, 4, 16, 1, DType::BF16};
+  IntranodeWorld w(shape, 1);
+  ref::World world{2, 2, 2, 16, 4};
+  const auto inputs = test::make_inputs({world, {4, 4}, 1, DType::BF16, Routing::Uniform, false, 3});
+  uint8_t* handle = w.alloc_handle(0, 8);
+  const DeviceRouting routing = to_device(w, 0, inputs[0]);
+  auto* record = static_cast<pipeline::WaitRecord*>(sim::malloc_host(sizeof(pipeline::WaitRecord), "wait record"));
+  std::memset(record, 0, sizeof *record);
+  MetadataArguments a = args_for(w, 0, inputs[0], routing, {}, handle, 8);
+  a.domain.timeout_cycles = uint64_t{1} << 22;  // well before the simulator's own hang limit
+  a.domain.wait_record = record;
+  try {
+    w.run([&](int rank, GpuStream stream) {
+      if (rank == 0) {  // rank 1 never calls
+        ASSERT_TRUE(launch_metadata(a, stream).ok());
+      }
+    });
+    FAIL() << "expected a trap";
+  } catch (const sim::Error& e) {
+    EXPECT_EQ(e.kind(), sim::ErrorKind::Trap) << e.what();
+    EXPECT_NE(std::string(e.what()).find("count row of rank (index 1"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(record->timed_out, 1u);
+  EXPECT_EQ(record->rank, 0);
+  EXPECT_EQ(record->index, 1);  // the peer it waited for
+  EXPECT_EQ(record->value, 1);  // the sequence number of the first operation
+  EXPECT_EQ(record->block, 0u);
+  EXPECT_EQ(record->cycles, uint64_t{1} << 22);
+  EXPECT_STREQ(record->what, "count row of rank");
+  sim::free(record);
+}
+
+}  // namespace
+}  // namespace railyard

@@ -74,8 +74,8 @@ class Pipeline {
   }
 
   RAILYARD_DEVICE explicit Pipeline(SharedStorage& storage,
-                                    uint64_t timeout_cycles = kDefaultTimeoutCycles)
-      : storage_(storage), timeout_cycles_(timeout_cycles) {}
+                                    const WaitPolicy& wait = {})
+      : storage_(storage), wait_(wait) {}
 
   RAILYARD_DEVICE void producer_acquire(State state RAILYARD_LOC_PARAM) {
     wait_parity(&storage_.empty[state.index], state.phase ^ 1u,
@@ -110,11 +110,11 @@ class Pipeline {
   RAILYARD_DEVICE void wait_parity(uint64_t* bar, uint32_t parity,
                                    const WaitTarget& target RAILYARD_LOC_PARAM) const {
     timeout_while([&] { return !arch::mbarrier_try_wait_parity(bar, parity RAILYARD_LOC_ARG); },
-                  target, timeout_cycles_ RAILYARD_LOC_ARG);
+                  target, wait_ RAILYARD_LOC_ARG);
   }
 
   SharedStorage& storage_;
-  uint64_t timeout_cycles_;
+  WaitPolicy wait_;
 };
 
 }  // namespace railyard::pipeline

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "railyard/arch/fault.cuh"
+#include "railyard/arch/memory.cuh"
 #include "railyard/arch/thread.cuh"
 #include "railyard/common/macros.cuh"
 
@@ -36,25 +37,71 @@ struct WaitTarget {
 // kernel, short enough that a hung job fails before a watchdog kills it.
 inline constexpr uint64_t kDefaultTimeoutCycles = uint64_t{1} << 34;
 
+// Where a timed-out wait leaves its report for the host: pinned host memory, because
+// after the trap the device context is gone and only host memory can still be read.
+// The first wait to give up (of any block) fills it; `timed_out` is written last.
+struct WaitRecord {
+  uint32_t timed_out;  // 0 until a wait gives up
+  int32_t rank;        // the waiting rank (WaitPolicy::rank), -1 if not given
+  uint32_t block;      // blockIdx.x
+  uint32_t warp;
+  uint32_t lane;
+  uint32_t claimed;    // set by the first waiter to give up, before it fills the rest
+  int64_t index;       // WaitTarget::index: the peer, the row, the stage
+  int64_t value;       // WaitTarget::value: the flag value or parity awaited
+  uint64_t cycles;     // the budget that ran out
+  char what[96];       // WaitTarget::what, truncated
+};
+
+// How long a kernel's waits may take, and where a timeout is reported. Built from a
+// bare cycle count too.
+struct WaitPolicy {
+  uint64_t timeout_cycles = kDefaultTimeoutCycles;
+  WaitRecord* record = nullptr;  // pinned host memory, or null: only the trap message
+  int32_t rank = -1;
+
+  constexpr WaitPolicy() = default;
+  RAILYARD_HOST_DEVICE constexpr WaitPolicy(uint64_t cycles) : timeout_cycles(cycles) {}  // NOLINT: implicit on purpose
+  RAILYARD_HOST_DEVICE constexpr WaitPolicy(uint64_t cycles, WaitRecord* rec, int32_t r) : timeout_cycles(cycles), record(rec), rank(r) {}
+};
+
 namespace detail {
 
+RAILYARD_DEVICE void fill_record(const WaitPolicy& policy, const WaitTarget& target RAILYARD_LOC_PARAM) {
+  WaitRecord* rec = policy.record;
+  if (!rec || atomicCAS_system(&rec->claimed, 0u, 1u RAILYARD_LOC_ARG) != 0u) return;  // another waiter won
+  arch::st_global(&rec->rank, policy.rank RAILYARD_LOC_ARG);
+  arch::st_global(&rec->block, static_cast<uint32_t>(blockIdx.x) RAILYARD_LOC_ARG);
+  arch::st_global(&rec->warp, arch::warp_idx() RAILYARD_LOC_ARG);
+  arch::st_global(&rec->lane, arch::lane_idx() RAILYARD_LOC_ARG);
+  arch::st_global(&rec->index, target.index RAILYARD_LOC_ARG);
+  arch::st_global(&rec->value, target.value RAILYARD_LOC_ARG);
+  arch::st_global(&rec->cycles, policy.timeout_cycles RAILYARD_LOC_ARG);
+  int i = 0;
+  for (; target.what[i] != '\0' && i < static_cast<int>(sizeof(rec->what)) - 1; ++i)
+    arch::st_global(&rec->what[i], target.what[i] RAILYARD_LOC_ARG);
+  arch::st_global(&rec->what[i], '\0' RAILYARD_LOC_ARG);
+  arch::st_release_sys(&rec->timed_out, 1u RAILYARD_LOC_ARG);
+}
+
 [[noreturn]] RAILYARD_DEVICE void report_timeout(const WaitTarget& target,
-                                                 uint64_t timeout_cycles RAILYARD_LOC_PARAM) {
+                                                 const WaitPolicy& policy RAILYARD_LOC_PARAM) {
+  fill_record(policy, target RAILYARD_LOC_ARG);
 #if RAILYARD_IS_SIM
   char message[384];
   std::snprintf(message, sizeof(message),
                 "timeout_while: gave up after %llu cycles waiting on %s (index %lld, value %lld); "
-                "block (%u,%u,%u) warp %u lane %u",
-                static_cast<unsigned long long>(timeout_cycles), target.what,
-                static_cast<long long>(target.index), static_cast<long long>(target.value),
+                "rank %d block (%u,%u,%u) warp %u lane %u",
+                static_cast<unsigned long long>(policy.timeout_cycles), target.what,
+                static_cast<long long>(target.index), static_cast<long long>(target.value), policy.rank,
                 blockIdx.x, blockIdx.y, blockIdx.z, arch::warp_idx(), arch::lane_idx());
   arch::trap(message RAILYARD_LOC_ARG);
 #else
   printf(
       "railyard: timeout_while gave up after %llu cycles waiting on %s (index %lld, value %lld); "
-      "block (%u,%u,%u) warp %u lane %u\n",
-      static_cast<unsigned long long>(timeout_cycles), target.what,
-      static_cast<long long>(target.index), static_cast<long long>(target.value), blockIdx.x,
+      "rank %d block (%u,%u,%u) warp %u lane %u\n",
+      static_cast<unsigned long long>(policy.timeout_cycles), target.what,
+      static_cast<long long>(target.index), static_cast<long long>(target.value), policy.rank, blockIdx.x,
       blockIdx.y, blockIdx.z, arch::warp_idx(), arch::lane_idx());
   __trap();
   __builtin_unreachable();
@@ -63,16 +110,17 @@ namespace detail {
 
 }  // namespace detail
 
-// Calls `still_waiting()` until it returns false. Traps with a report naming
-// `target` if that takes more than `timeout_cycles` cycles.
+// Calls `still_waiting()` until it returns false. When that takes more than
+// policy.timeout_cycles cycles: fills policy.record (if any) and traps with a report
+// naming `target`.
 template <class StillWaiting>
 RAILYARD_DEVICE void timeout_while(StillWaiting&& still_waiting, const WaitTarget& target,
-                                   uint64_t timeout_cycles = kDefaultTimeoutCycles RAILYARD_LOC_PARAM) {
+                                   const WaitPolicy& policy = {} RAILYARD_LOC_PARAM) {
   if (!still_waiting()) return;  // the common case reads no clock
   const uint64_t start = static_cast<uint64_t>(clock64());
   while (still_waiting()) {
-    if (static_cast<uint64_t>(clock64()) - start > timeout_cycles) {
-      detail::report_timeout(target, timeout_cycles RAILYARD_LOC_ARG);
+    if (static_cast<uint64_t>(clock64()) - start > policy.timeout_cycles) {
+      detail::report_timeout(target, policy RAILYARD_LOC_ARG);
     }
   }
 }
