@@ -204,7 +204,7 @@ void warp_collective(uint32_t mask, uint64_t value, uint64_t* all_values, const 
     c->mask = mask;
     c->what = what;
   }
-  if (std::strcmp(c->what, what) != 0) {
+  if (c->what != what && std::strcmp(c->what, what) != 0) {
     std::snprintf(buf, sizeof buf, "%s: lane %u meets lanes 0x%08x that are in %s with the same mask", what, lane,
                   c->arrived, c->what);
     fail(ErrorKind::Misuse, buf, loc);
@@ -212,17 +212,19 @@ void warp_collective(uint32_t mask, uint64_t value, uint64_t* all_values, const 
   c->values[lane] = value;
   c->arrived |= 1u << lane;
   if (c->arrived == mask) {
-    for (Fiber* w : c->waiters) {
-      std::memcpy(w->collective_out, c->values, sizeof c->values);
+    // Deliver the lanes' values (not for __syncwarp, which passes no buffer).
+    for (unsigned i = 0; i < c->num_waiters; ++i) {
+      Fiber* w = c->waiters[i];
+      if (w->collective_out) std::memcpy(w->collective_out, c->values, sizeof c->values);
       e.wake(w);
     }
-    std::memcpy(all_values, c->values, sizeof c->values);
+    if (all_values) std::memcpy(all_values, c->values, sizeof c->values);
     list.erase(list.begin() + (c - list.data()));
     e.yield_runnable();
     return;
   }
   f->collective_out = all_values;
-  c->waiters.push_back(f);
+  c->waiters[c->num_waiters++] = f;
   WaitInfo wi;
   wi.kind = WaitInfo::Kind::Warp;
   wi.a = mask;

@@ -35,6 +35,23 @@ uint64_t Rng::next() {
   return result;
 }
 
+// ---- fiber stacks ------------------------------------------------------------------------
+StackPool::~StackPool() { release_all(); }
+
+bctx::stack_context StackPool::allocate() {
+  if (free_.empty()) return allocator_.allocate();
+  bctx::stack_context sctx = free_.back();
+  free_.pop_back();
+  return sctx;
+}
+
+void StackPool::deallocate(bctx::stack_context& sctx) { free_.push_back(sctx); }
+
+void StackPool::release_all() {
+  for (auto& sctx : free_) allocator_.deallocate(sctx);
+  free_.clear();
+}
+
 // ---- world protocol ---------------------------------------------------------------------
 namespace {
 struct ThreadRegistration {
@@ -211,6 +228,11 @@ void Engine::reset(const Config& config) {
   timed_.clear();
   async_.clear();
   agents_.clear();
+  if (config.fiber_stack_bytes != config_.fiber_stack_bytes) {
+    stacks_ = std::make_unique<StackPool>(config.fiber_stack_bytes);
+  } else {
+    stacks_->release_all();
+  }
   config_ = config;
   rng_ = Rng(config.seed);
   epoch_ = 1;
@@ -520,7 +542,7 @@ void Engine::start_block(KernelRun& k) {
   const Dim3 bd = k.config.block;
   const unsigned threads = bd.count();
   block->fibers.reserve(threads);
-  bctx::protected_fixedsize_stack stack(config_.fiber_stack_bytes);
+  PooledStack stack{stacks_.get()};
   for (unsigned t = 0; t < threads; ++t) {
     auto f = std::make_unique<Fiber>();
     Fiber* fp = f.get();

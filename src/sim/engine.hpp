@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <boost/context/fiber.hpp>
+#include <boost/context/protected_fixedsize_stack.hpp>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -100,7 +101,8 @@ struct WarpCollective {
   uint32_t arrived = 0;
   const char* what = nullptr;
   uint64_t values[32] = {};
-  std::vector<Fiber*> waiters;
+  Fiber* waiters[32] = {};
+  unsigned num_waiters = 0;
 };
 
 struct Mbarrier {
@@ -191,6 +193,28 @@ struct HostWaiter {
   std::function<bool()> ready;  // evaluated by the engine under the world lock
   bool wants_quiescence = false;  // stream_query: satisfied once nothing can progress
   bool satisfied = false;
+};
+
+// Guard-paged fiber stacks, kept for reuse: a kernel starts and retires thousands of
+// threads, and mapping and unmapping a stack for each one costs more than running it.
+class StackPool {
+ public:
+  explicit StackPool(std::size_t stack_bytes = 256 * 1024) : allocator_(stack_bytes) {}
+  ~StackPool();
+  bctx::stack_context allocate();
+  void deallocate(bctx::stack_context& sctx);
+  void release_all();  // unmaps the free stacks
+
+ private:
+  bctx::protected_fixedsize_stack allocator_;
+  std::vector<bctx::stack_context> free_;
+};
+
+// The stack allocator handed to each fiber: a reference to the engine's pool.
+struct PooledStack {
+  StackPool* pool;
+  bctx::stack_context allocate() { return pool->allocate(); }
+  void deallocate(bctx::stack_context& sctx) { pool->deallocate(sctx); }
 };
 
 class Engine {
@@ -301,6 +325,7 @@ class Engine {
   std::vector<Fiber*> timed_;
   std::vector<AsyncOp> async_;
   std::vector<Agent*> agents_;
+  std::unique_ptr<StackPool> stacks_ = std::make_unique<StackPool>();
   Fiber* current_ = nullptr;
   struct PendingFault {
     bool set = false;

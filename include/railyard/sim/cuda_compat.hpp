@@ -104,8 +104,7 @@ struct Rmw {
 
 inline void __syncthreads(RAILYARD_SIM_LOC_DEFAULT) { ::railyard::sim::device::syncthreads(loc); }
 inline void __syncwarp(unsigned mask = 0xffffffffu, RAILYARD_SIM_LOC_DEFAULT) {
-  uint64_t all[32];
-  ::railyard::sim::device::warp_collective(mask, 0, all, "__syncwarp", loc);
+  ::railyard::sim::device::warp_collective(mask, 0, nullptr, "__syncwarp", loc);
 }
 
 template <class T>

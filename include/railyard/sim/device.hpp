@@ -35,7 +35,8 @@ void named_barrier_arrive(unsigned id, unsigned num_threads, Loc loc);
 
 // Warp rendezvous: every lane named in `mask` must call with the same mask. Each
 // contributes `value`; on return all_values[l] holds lane l's value for lanes in the
-// mask. `what` names the builtin for reports.
+// mask (all_values may be null when the caller needs no values). `what` names the
+// builtin for reports.
 void warp_collective(uint32_t mask, uint64_t value, uint64_t* all_values, const char* what,
                      Loc loc);
 
