@@ -70,11 +70,7 @@ struct RankBuffers {
   // inputs
   uint8_t* hidden = nullptr;
   float* scales = nullptr;
-  int64_t* topk_idx = nullptr;
-  float* topk_weights = nullptr;
-  int num_topk = 0;
-  uint8_t* routing_map = nullptr;
-  float* probs = nullptr;
+  DeviceRouting routing;
   uint8_t* handle = nullptr;
   // outputs, sized to exactly the rows a correct dispatch writes
   int64_t out_rows = 0;   // received rows below the bound, or permuted rows below it
@@ -113,15 +109,7 @@ inline Call prepare(IntranodeWorld& w, const Case& c, uint64_t seed) {
     RankBuffers b;
     b.hidden = w.copy_in<uint8_t>(r, in.hidden.bytes, "hidden");
     if (ns > 0) b.scales = w.copy_in<float>(r, in.hidden.scales, "scales");
-    if (const auto* k = std::get_if<ref::TopkRouting>(&in.routing)) {
-      b.topk_idx = w.copy_in<int64_t>(r, k->topk_idx, "topk_idx");
-      b.topk_weights = w.copy_in<float>(r, k->topk_weights, "topk_weights");
-      b.num_topk = k->num_topk;
-    } else {
-      const auto& m = std::get<ref::MapRouting>(in.routing);
-      b.routing_map = w.copy_in<uint8_t>(r, m.routing_map, "routing_map");
-      b.probs = w.copy_in<float>(r, m.probs, "probs");
-    }
+    b.routing = upload_routing(w, r, in);
     b.handle = w.alloc_handle(r, call.capacity);
     if (c.source == HandleSource::Reference) {
       const std::vector<uint8_t> bytes = test::reference_handle(L, call.reference, r, call.capacity);
@@ -157,11 +145,11 @@ inline MetadataArguments metadata_args(const IntranodeWorld& w, const Call& call
   MetadataArguments a;
   a.domain = w.domain(rank);
   a.num_tokens = call.reference.inputs[rank].num_tokens;
-  a.topk_idx = b.topk_idx;
-  a.topk_weights = b.topk_weights;
-  a.num_topk = b.num_topk;
-  a.routing_map = b.routing_map;
-  a.probs = b.probs;
+  a.topk_idx = b.routing.topk_idx;
+  a.topk_weights = b.routing.topk_weights;
+  a.num_topk = b.routing.num_topk;
+  a.routing_map = b.routing.routing_map;
+  a.probs = b.routing.probs;
   a.max_recv_rows = call.c.options.recv_bound(rank);
   a.max_permuted_rows = call.c.options.permuted_bound(rank);
   a.pad_multiple = call.c.options.pad_multiple;

@@ -207,6 +207,28 @@ inline Slots normalise_slots(const ref::RankInput& in, int num_experts, int K) {
   return s;
 }
 
+// One rank's routing on its device, in whichever form the input has.
+struct DeviceRouting {
+  int64_t* topk_idx = nullptr;
+  float* topk_weights = nullptr;
+  int num_topk = 0;
+  uint8_t* routing_map = nullptr;
+  float* probs = nullptr;
+};
+inline DeviceRouting upload_routing(IntranodeWorld& w, int rank, const ref::RankInput& in) {
+  DeviceRouting d;
+  if (const auto* k = std::get_if<ref::TopkRouting>(&in.routing)) {
+    d.topk_idx = w.copy_in<int64_t>(rank, k->topk_idx, "topk_idx");
+    d.topk_weights = w.copy_in<float>(rank, k->topk_weights, "topk_weights");
+    d.num_topk = k->num_topk;
+  } else {
+    const auto& m = std::get<ref::MapRouting>(in.routing);
+    d.routing_map = w.copy_in<uint8_t>(rank, m.routing_map, "routing_map");
+    d.probs = w.copy_in<float>(rank, m.probs, "probs");
+  }
+  return d;
+}
+
 // Per-call options every rank passes (bounds may differ per rank).
 struct CallOptions {
   std::vector<int64_t> max_recv_rows;      // per rank, -1: none (empty: none anywhere)

@@ -44,30 +44,7 @@ std::string describe(const Case& c) {
   return s;
 }
 
-// Per-rank device copies of one call's routing.
-struct DeviceRouting {
-  int64_t* topk_idx = nullptr;
-  float* topk_weights = nullptr;
-  uint8_t* routing_map = nullptr;
-  float* probs = nullptr;
-  int num_topk = 0;
-};
-
-DeviceRouting to_device(IntranodeWorld& w, int rank, const ref::RankInput& in) {
-  DeviceRouting d;
-  if (const auto* k = std::get_if<ref::TopkRouting>(&in.routing)) {
-    d.topk_idx = w.copy_in<int64_t>(rank, k->topk_idx, "topk_idx");
-    d.topk_weights = w.copy_in<float>(rank, k->topk_weights, "topk_weights");
-    d.num_topk = k->num_topk;
-  } else {
-    const auto& m = std::get<ref::MapRouting>(in.routing);
-    d.routing_map = w.copy_in<uint8_t>(rank, m.routing_map, "routing_map");
-    d.probs = w.copy_in<float>(rank, m.probs, "probs");
-  }
-  return d;
-}
-
-MetadataArguments args_for(const IntranodeWorld& w, int rank, const ref::RankInput& in, const DeviceRouting& r,
+MetadataArguments args_for(const IntranodeWorld& w, int rank, const ref::RankInput& in, const test::DeviceRouting& r,
                            const CallOptions& o, uint8_t* handle, int64_t capacity) {
   MetadataArguments a;
   a.domain = w.domain(rank);
@@ -120,10 +97,10 @@ void run_case(const Case& c, uint64_t seed) {
   IntranodeWorld w(shape, seed);
   const int64_t capacity = w.layout().stage_capacity_rows();
   std::vector<uint8_t*> handles;
-  std::vector<DeviceRouting> routing;
+  std::vector<test::DeviceRouting> routing;
   for (int r = 0; r < c.num_ranks; ++r) {
     handles.push_back(w.alloc_handle(r, capacity));
-    routing.push_back(to_device(w, r, call.inputs[r]));
+    routing.push_back(test::upload_routing(w, r, call.inputs[r]));
   }
   sim::reset_traffic();
   w.run([&](int rank, GpuStream stream) {
@@ -184,10 +161,10 @@ TEST(IntranodeMetadata, BackToBackCallsUseTheirOwnCounts) {
     std::vector<int> tokens = {M - call_index * 7, call_index * 11, 13 + call_index};
     const auto call = test::reference_call(world, test::make_inputs({world, tokens, K, DType::BF16, Routing::Uniform, false, 40u + call_index}), {});
     std::vector<uint8_t*> handles;
-    std::vector<DeviceRouting> routing;
+    std::vector<test::DeviceRouting> routing;
     for (int r = 0; r < R; ++r) {
       handles.push_back(w.alloc_handle(r, capacity));
-      routing.push_back(to_device(w, r, call.inputs[r]));
+      routing.push_back(test::upload_routing(w, r, call.inputs[r]));
     }
     w.run([&](int rank, GpuStream stream) {
       ASSERT_TRUE(launch_metadata(args_for(w, rank, call.inputs[rank], routing[rank], {}, handles[rank], capacity), stream).ok());
@@ -278,7 +255,7 @@ TEST(IntranodeMetadata, MismatchedPadMultipleTraps) {
   ref::World world{2, 2, 2, 16, 4};
   const auto inputs = test::make_inputs({world, {4, 4}, 1, DType::BF16, Routing::Uniform, false, 3});
   std::vector<uint8_t*> handles = {w.alloc_handle(0, 8), w.alloc_handle(1, 8)};
-  std::vector<DeviceRouting> routing = {to_device(w, 0, inputs[0]), to_device(w, 1, inputs[1])};
+  std::vector<test::DeviceRouting> routing = {test::upload_routing(w, 0, inputs[0]), test::upload_routing(w, 1, inputs[1])};
   try {
     w.run([&](int rank, GpuStream stream) {
       CallOptions o;
@@ -307,7 +284,7 @@ TEST(IntranodeMetadata, AMissingRankIsReportedInTheWaitRecord) {
   ref::World world{2, 2, 2, 16, 4};
   const auto inputs = test::make_inputs({world, {4, 4}, 1, DType::BF16, Routing::Uniform, false, 3});
   uint8_t* handle = w.alloc_handle(0, 8);
-  const DeviceRouting routing = to_device(w, 0, inputs[0]);
+  const test::DeviceRouting routing = test::upload_routing(w, 0, inputs[0]);
   auto* record = static_cast<pipeline::WaitRecord*>(sim::malloc_host(sizeof(pipeline::WaitRecord), "wait record"));
   std::memset(record, 0, sizeof *record);
   MetadataArguments a = args_for(w, 0, inputs[0], routing, {}, handle, 8);
