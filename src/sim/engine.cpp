@@ -212,6 +212,9 @@ void Engine::check_host_waiters() {
 
 // ---- world state (host side, world held) ----------------------------------------------------
 void Engine::reset(const Config& config) {
+  if (!(config.preemption > 0.0 && config.preemption <= 1.0))
+    throw std::invalid_argument("railyard::sim::reset: config.preemption is " + std::to_string(config.preemption) +
+                                "; expected a probability in (0, 1]");
   for (const auto& s : streams_)
     if (!s.ops.empty())
       throw Error(ErrorKind::Misuse, "railyard::sim::reset: work is still pending on a stream; "
@@ -393,6 +396,10 @@ void switch_to_scheduler(Fiber* f) { f->sink = std::move(f->sink).resume(); }
 }  // namespace
 
 void Engine::yield_runnable() {
+  if (config_.preemption < 1.0 &&
+      static_cast<double>(rng_.next() >> 11) * 0x1.0p-53 >= config_.preemption) {
+    return;  // go on without a switch
+  }
   Fiber* f = current_;
   f->state = FiberState::Runnable;
   switch_to_scheduler(f);

@@ -15,12 +15,10 @@
 //  - traffic: bytes each rank writes to each peer equal the minimum, printed;
 //  - a header that never comes is reported by the bounded wait, naming the row;
 //  - arguments the launcher refuses;
-//  - the seed configuration (label sim_large), its wall time printed.
 #include "kernels/intranode/dispatch.hpp"
 
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -326,126 +324,6 @@ TEST(IntranodeDispatch, RefusesArgumentsItCannotHandle) {
   a = dispatch_args(w, call, 0);
   a.out_recv_row = reinterpret_cast<int64_t*>(call.ranks[0].out_hidden);  // received layout has none
   EXPECT_EQ(code(a), StatusCode::InvalidArgument);
-}
-
-// The seed configuration: 8 ranks, hidden 8192 BF16, 4096 tokens a rank, 2 experts a
-// rank, top-8, uniform routing, 8 blocks a rank. The reference runs on the same
-// routing at hidden 16 (the full reference would hold another 3+ GB of rows); the
-// received rows are checked against it (source, probs, routing map, handle) and each
-// hidden row byte for byte against its source row, which is what semantics.md says it is.
-TEST(IntranodeDispatchLarge, SeedConfiguration) {
-  const int R = 8, El = 2, K = 8, M = 4096, H = 8192, kBlocks = 8;
-  ref::World small_world{R, R, R * El, 16, M};
-  std::vector<ref::RankInput> inputs =
-      test::make_inputs({small_world, std::vector<int>(R, M), K, DType::BF16, Routing::Uniform, false, 1});
-  const ref::DispatchResult received = ref::dispatch(small_world, inputs);
-
-  layout::IntranodeShape shape{R, El, M, H, K, DType::BF16};
-  const auto wall_start = std::chrono::steady_clock::now();
-  IntranodeWorld w(shape, 1, /*sm_count=*/kBlocks);
-  const IntranodeLayout& L = w.layout();
-  const int64_t row_bytes = L.dispatch_row_bytes();
-  const int64_t capacity = L.stage_capacity_rows();
-  struct Buffers {
-    uint8_t* hidden;
-    int64_t* topk_idx;
-    float* topk_weights;
-    uint8_t* handle;
-    int64_t rows;
-    uint8_t* out_hidden;
-    float* out_probs;
-    uint8_t* out_routing_map;
-    int32_t* out_src_rank;
-    int32_t* out_src_token;
-  };
-  std::vector<Buffers> b(R);
-  for (int r = 0; r < R; ++r) {
-    // Row t of rank r: bytes a function of (r, t, offset), so any misplaced row shows.
-    b[r].hidden = w.alloc<uint8_t>(r, static_cast<std::size_t>(M) * row_bytes, "hidden");
-    for (int t = 0; t < M; ++t) {
-      uint64_t x = (static_cast<uint64_t>(r) << 32 | static_cast<uint64_t>(t)) * 0x9E3779B97F4A7C15ull;
-      for (int64_t i = 0; i < row_bytes; i += 8) {
-        x ^= x >> 29;
-        x *= 0xBF58476D1CE4E5B9ull;
-        std::memcpy(b[r].hidden + t * row_bytes + i, &x, 8);
-      }
-    }
-    const auto& k = std::get<ref::TopkRouting>(inputs[r].routing);
-    b[r].topk_idx = w.copy_in<int64_t>(r, k.topk_idx, "topk_idx");
-    b[r].topk_weights = w.copy_in<float>(r, k.topk_weights, "topk_weights");
-    b[r].handle = w.alloc_handle(r, capacity);
-    b[r].rows = received.ranks[r].num_recv_tokens;
-    const auto n = static_cast<std::size_t>(b[r].rows);
-    b[r].out_hidden = w.alloc<uint8_t>(r, n * row_bytes, "out_hidden");
-    b[r].out_probs = w.alloc<float>(r, n * El, "out_probs");
-    b[r].out_routing_map = w.alloc<uint8_t>(r, n * El, "out_routing_map");
-    b[r].out_src_rank = w.alloc<int32_t>(r, n, "out_src_rank");
-    b[r].out_src_token = w.alloc<int32_t>(r, n, "out_src_token");
-  }
-  const auto run_start = std::chrono::steady_clock::now();
-  w.run([&](int rank, GpuStream stream) {
-    MetadataArguments m;
-    m.domain = w.domain(rank);
-    m.num_tokens = M;
-    m.topk_idx = b[rank].topk_idx;
-    m.topk_weights = b[rank].topk_weights;
-    m.num_topk = K;
-    m.handle = b[rank].handle;
-    m.recv_capacity = capacity;
-    ASSERT_TRUE(launch_metadata(m, stream).ok());
-    DispatchArguments a;
-    a.domain = w.domain(rank);
-    a.num_tokens = M;
-    a.hidden = b[rank].hidden;
-    a.handle = b[rank].handle;
-    a.recv_capacity = capacity;
-    a.out_hidden = b[rank].out_hidden;
-    a.out_probs = b[rank].out_probs;
-    a.out_routing_map = b[rank].out_routing_map;
-    a.out_src_rank = b[rank].out_src_rank;
-    a.out_src_token = b[rank].out_src_token;
-    a.num_blocks = kBlocks;
-    const Status st = launch_dispatch(a, stream);
-    ASSERT_TRUE(st.ok()) << st.to_string();
-  });
-  const auto run_end = std::chrono::steady_clock::now();
-  const sim::Stats stats = sim::stats();
-
-  int64_t total_rows = 0, peer_rows = 0;
-  for (int d = 0; d < R; ++d) {
-    const ref::ReceivedRows& rr = received.ranks[d];
-    const auto n = static_cast<std::size_t>(b[d].rows);
-    total_rows += b[d].rows;
-    for (std::size_t r = 0; r < n; ++r) peer_rows += rr.src_rank[r] != d ? 1 : 0;
-    const std::string at = "rank " + std::to_string(d);
-    expect_bytes_eq(b[d].out_src_rank, rr.src_rank.data(), n, 1, at + ": src_rank");
-    expect_bytes_eq(b[d].out_src_token, rr.src_token.data(), n, 1, at + ": src_token");
-    expect_bytes_eq(b[d].out_routing_map, rr.routing_map.data(), n * El, El, at + ": routing_map");
-    expect_bytes_eq(b[d].out_probs, rr.probs.data(), n * El, El, at + ": probs");
-    const auto h = layout::HandleView::carve(L, b[d].handle, capacity);
-    for (std::size_t r = 0; r < n; ++r) {
-      const uint8_t* src = b[rr.src_rank[r]].hidden + static_cast<int64_t>(rr.src_token[r]) * row_bytes;
-      ASSERT_EQ(std::memcmp(b[d].out_hidden + r * row_bytes, src, row_bytes), 0) << at << " hidden row " << r;
-      ASSERT_EQ(h.recv_src[2 * r], rr.src_rank[r]) << at << " handle recv_src row " << r;
-      ASSERT_EQ(h.recv_src[2 * r + 1], rr.src_token[r]) << at << " handle recv_src row " << r;
-      int n_entries = 0;
-      for (int j = 0; j < El; ++j) {
-        if (!rr.routing_map[r * El + j]) continue;
-        ASSERT_EQ(h.recv_entries[r * L.max_entries() + n_entries].local_expert, j) << at << " handle row " << r;
-        ++n_entries;
-      }
-      ASSERT_EQ(h.recv_num_entries[r], n_entries) << at << " handle row " << r;
-    }
-  }
-  const auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
-  std::printf(
-      "seed configuration (8 ranks, hidden 8192 bf16, 4096 tokens/rank, 2 experts/rank, top-8, %d blocks): "
-      "%lld received rows in all, %lld of them from peers (%.2f GB of rows over NVLink); metadata + dispatch in "
-      "the simulator %.1f s wall (%llu scheduler steps, %llu bulk copies); setup %.1f s\n",
-      kBlocks, static_cast<long long>(total_rows), static_cast<long long>(peer_rows),
-      static_cast<double>(peer_rows) * row_bytes / 1e9,
-      seconds(run_start, run_end), static_cast<unsigned long long>(stats.scheduler_steps),
-      static_cast<unsigned long long>(stats.async_ops_completed), seconds(wall_start, run_start));
 }
 
 }  // namespace

@@ -40,8 +40,11 @@ inline sim::DeviceProps small_device(int sm_count = 8) {
 
 class IntranodeWorld {
  public:
-  IntranodeWorld(const IntranodeShape& shape, uint64_t seed, int sm_count = 8) : shape_(shape), layout_(shape) {
-    sim::reset({.seed = seed});
+  // preemption: sim::Config::preemption (1 explores the most interleavings; scale
+  // tests lower it).
+  IntranodeWorld(const IntranodeShape& shape, uint64_t seed, int sm_count = 8, double preemption = 1.0)
+      : shape_(shape), layout_(shape) {
+    sim::reset({.seed = seed, .preemption = preemption});
     for (int r = 0; r < shape.num_ranks; ++r) sim::add_device(small_device(sm_count));
     for (int r = 0; r < shape.num_ranks; ++r)
       for (int p = 0; p < shape.num_ranks; ++p)

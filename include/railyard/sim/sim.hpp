@@ -51,6 +51,11 @@ struct Config {
   uint64_t idle_warp_cycles = uint64_t{1} << 20;
   uint64_t max_idle_rounds = 64;
   std::size_t fiber_stack_bytes = 256 * 1024;
+  // Probability that a scheduling point where the fiber could go on (an ordered
+  // store, an atomic, a fence, an arrival) hands the processor to another fiber.
+  // Blocking points always do. 1 explores the most interleavings; scale tests lower
+  // it to run faster, still seeded and reproducible.
+  double preemption = 1.0;
 };
 
 enum class ErrorKind { Hang, OutOfBounds, Misaligned, Trap, Misuse, PeerAccess };
