@@ -153,6 +153,18 @@ TEST(IntranodeEndToEnd, MetadataDispatchCombineMatchTheReference) {
     }
 }
 
+// The limits the launchers accept: a full GB200 NVL72 domain (72 ranks), 256 experts
+// per rank, and top-k larger than the experts of one rank.
+TEST(IntranodeEndToEnd, DomainAndExpertLimits) {
+  std::vector<int> tokens(72);
+  for (int r = 0; r < 72; ++r) tokens[r] = r % 4;  // 0..3 tokens, unequal
+  run_end_to_end({72, tokens, 16, 8, 2, DType::BF16, Routing::Uniform, test::DispatchOutput::Received}, 1);
+  if (HasFatalFailure()) return;
+  Case wide{2, {5, 3}, 16, 300, 256, DType::BF16, Routing::Uniform, test::DispatchOutput::ExpertGrouped, {2}};
+  wide.options.pad_multiple = 2;
+  run_end_to_end(wide, 2);
+}
+
 // The seed configuration of background.md, end to end. Checked without the full
 // reference (it would need gigabytes more): every received row equals its source row
 // (dispatch), and with identity experts every combined row is bf16(n x row), n the
