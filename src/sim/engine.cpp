@@ -2,6 +2,7 @@
 #include "engine.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <boost/context/protected_fixedsize_stack.hpp>
 #include <cstdio>
 #include <cstring>
@@ -127,19 +128,22 @@ void Engine::block_until(std::unique_lock<std::mutex>& lock, std::function<bool(
   cv_.wait(lock, [&] { return waiter.satisfied && !engine_running_; });
 }
 
-bool Engine::begin_host_wait() {
+bool Engine::begin_host_wait(bool counted) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!t_registration.registered) return false;
+  if (counted) ++host_scopes_;
   ++blocked_;
   active_ = participants_ - blocked_;
   cv_.notify_all();
   return true;
 }
 
-void Engine::end_host_wait() {
+void Engine::end_host_wait(bool counted) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!t_registration.registered) return;
+  if (counted) --host_scopes_;
   --blocked_;
+  cv_.notify_all();  // an engine waiting out its grace (warp_or_hang) may stop now
   active_ = participants_ - blocked_;
   quiescent_ = false;
   cv_.wait(lock, [&] { return !engine_running_; });
@@ -742,6 +746,11 @@ void Engine::destroy_kernel(KernelRun& k) {
   k.resident.clear();  // unwinds the suspended fibers' stacks
 }
 
+namespace {
+// Far longer than a woken thread takes to run (microseconds), even on a loaded machine.
+constexpr auto kHostScopeGrace = std::chrono::seconds(2);
+}  // namespace
+
 void Engine::warp_or_hang() {
   // A host thread asked to run until nothing more can happen on its own
   // (stream_query): stop here instead of warping the clock. quiescent_ stays set, so
@@ -756,8 +765,21 @@ void Engine::warp_or_hang() {
     check_host_waiters();
     return;
   }
-  const bool waiters = !parked_.empty() || !timed_.empty();
   if (epoch_ != warp_epoch_) idle_rounds_ = 0;
+  if (idle_rounds_ == 0) {
+    // A host thread woken from a HostWaitScope (by another host thread, say the last
+    // rank to reach a bootstrap barrier) counts as blocked until its own thread runs
+    // the end of the scope; meanwhile another rank may have blocked in a synchronize
+    // and let the engine run. Before time warps or a hang report, give such threads a
+    // real-time grace to come back: if one does, pause, and the world goes on as if
+    // the hand-off had been immediate.
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (host_scopes_ > 0 &&
+        cv_.wait_for(lock, kHostScopeGrace, [&] { return active_.load() > 0; })) {
+      return;
+    }
+  }
+  const bool waiters = !parked_.empty() || !timed_.empty();
   if (waiters && idle_rounds_ < config_.max_idle_rounds) {
     ++idle_rounds_;
     stats_.virtual_cycles += config_.idle_warp_cycles;

@@ -225,8 +225,10 @@ class Engine {
   std::unique_lock<std::mutex> acquire();                  // make the calling thread active
   void block_until(std::unique_lock<std::mutex>& lock, std::function<bool()> ready,
                    bool wants_quiescence = false);
-  bool begin_host_wait();  // false if the calling thread does not participate
-  void end_host_wait();
+  // A participating host thread waits on other host threads (counted: `counted`) or
+  // joins rank threads (not counted). Returns false if the thread does not participate.
+  bool begin_host_wait(bool counted = true);
+  void end_host_wait(bool counted = true);
   void add_preassigned(int n);
   void adopt_preassigned();
   void leave();  // a participating thread ends
@@ -305,6 +307,7 @@ class Engine {
   int participants_ = 0;
   int blocked_ = 0;
   int preassigned_ = 0;
+  int host_scopes_ = 0;  // participants inside a counted HostWaitScope
   std::atomic<int> active_{0};  // participants_ - blocked_, read lock-free by the engine
   bool engine_running_ = false;
   std::vector<HostWaiter*> host_waiters_;

@@ -307,7 +307,9 @@ void run_ranks(int num_ranks, const std::function<void(int rank)>& fn) {
   std::vector<std::thread> threads;
   threads.reserve(num_ranks);
   {
-    HostWaitScope wait;
+    // Joining is a wait, but not one another host thread ends: rank threads leave the
+    // world themselves (Engine::leave). So it is not counted as a HostWaitScope.
+    const bool waiting = e.begin_host_wait(/*counted=*/false);
     for (int r = 0; r < num_ranks; ++r) {
       threads.emplace_back([&, r] {
         e.adopt_preassigned();
@@ -320,6 +322,7 @@ void run_ranks(int num_ranks, const std::function<void(int rank)>& fn) {
       });
     }
     for (auto& t : threads) t.join();
+    if (waiting) e.end_host_wait(/*counted=*/false);
   }
   for (auto& err : errors)
     if (err) std::rethrow_exception(err);

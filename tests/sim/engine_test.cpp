@@ -5,6 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <thread>
+#include <mutex>
 #include <cstring>
 #include <set>
 #include <string>
@@ -494,6 +498,68 @@ TEST_F(SimEngine, AgentsMoveBytesBetweenDevices) {
   sim::device_synchronize(0);
   sim::device_synchronize(1);
   for (int i = 0; i < 16; ++i) EXPECT_EQ(dst[i], 7 * i);
+}
+
+}  // namespace
+
+namespace {
+
+// Ranks meet at a host barrier (a condition variable inside sim::HostWaitScope, as the
+// in-process bootstrap does), then run kernels that need every rank's kernel. The last
+// rank to arrive wakes the others and goes straight on to launch and synchronize; the
+// woken ranks count as blocked until their own threads leave the scope. The engine
+// must not take that moment for a hang.
+TEST_F(SimEngine, WokenHostWaitersAreNotTakenForAHang) {
+  const int n = 4;
+  start(3, n);
+  for (int r = 0; r < n; ++r)
+    for (int p = 0; p < n; ++p)
+      if (p != r) sim::enable_peer_access(r, p);
+  std::vector<int*> flags(n);
+  for (int r = 0; r < n; ++r) {
+    flags[r] = alloc<int>(r, n, "flags");
+    for (int i = 0; i < n; ++i) flags[r][i] = 0;
+  }
+  std::mutex m;
+  std::condition_variable cv;
+  int arrived = 0, generation = 0;
+  auto barrier = [&] {
+    std::unique_lock lock(m);
+    const int my_generation = generation;
+    if (++arrived == n) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+      return;
+    }
+    lock.unlock();
+    sim::HostWaitScope scope;
+    std::unique_lock relock(m);
+    // Bounded, so that a rank left behind by another rank's failure fails too.
+    if (!cv.wait_for(relock, std::chrono::seconds(10), [&] { return generation != my_generation; }))
+      throw std::runtime_error("host barrier: a rank never arrived");
+    relock.unlock();
+    // A woken thread the OS has not run yet: still inside the scope, so still
+    // counted as blocked, while the last rank has already gone on.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  };
+  sim::run_ranks(n, [&](int rank) {
+    for (int iteration = 1; iteration <= 30; ++iteration) {
+      barrier();
+      std::vector<int*> peers = flags;
+      sim::launch(sim::default_stream(rank), {1, 32, 0, "all_to_all"}, [=] {
+        const int lane = static_cast<int>(threadIdx.x);
+        if (lane < n) {
+          st_release(peers[lane] + rank, iteration);  // tell rank `lane` I am here
+          while (ld_acquire(peers[rank] + lane) < iteration) {
+          }
+        }
+      });
+      sim::stream_synchronize(sim::default_stream(rank));
+    }
+  });
+  for (int r = 0; r < n; ++r)
+    for (int i = 0; i < n; ++i) EXPECT_EQ(flags[r][i], 30);
 }
 
 }  // namespace
