@@ -1,0 +1,195 @@
+// Railyard public API: the expert-parallel buffer, dispatch and combine. Host only:
+// this header includes no device code, so a program compiled by a plain C++ compiler
+// uses it in either flavour (CUDA, or the simulator with RAILYARD_SIM=1).
+//
+//   railyard::Buffer buffer(config, bootstrap);            // collective, once
+//   auto d = buffer.dispatch({.hidden = x, .num_tokens = T, .topk_idx = idx,
+//                             .topk_weights = w, .num_topk = K, .stream = s});
+//   ... experts compute y [d.num_rows, H] from d.hidden ...
+//   auto c = buffer.combine({.handle = &d.handle, .hidden = y, .stream = s});
+//
+// Every rank of the group calls the same operations in the same order (each is a
+// collective). See docs/cpp-api.md for the modes, the sizes and the errors.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "railyard/common/dtypes.cuh"
+#include "railyard/common/gpu_stream.hpp"
+#include "railyard/device_array.hpp"
+#include "railyard/errors.hpp"
+#include "railyard/handle.hpp"
+#include "railyard/runtime/allocator.hpp"
+#include "railyard/runtime/bootstrap.hpp"
+#include "railyard/runtime/config.hpp"
+#include "railyard/runtime/registered_buffer.hpp"
+#include "railyard/runtime/topology.hpp"
+
+namespace railyard {
+
+using runtime::BufferConfig;
+
+// Blocks (SMs) a dispatch or combine uses when neither its args nor the options say:
+// eight fill an H100's NVLink in the seed article's measurements. Clamped to the
+// device's SM count.
+inline constexpr int kDefaultSms = 8;
+
+struct BufferOptions {
+  // Where handles and outputs come from; null: runtime::default_allocator(). Must
+  // outlive the buffer and every handle and result it returns.
+  runtime::Allocator* allocator = nullptr;
+  // The NVLink topology: empty detects it (runtime::detect_topology with
+  // topology_options, which may override ranks_per_domain).
+  std::optional<runtime::Topology> topology;
+  runtime::TopologyOptions topology_options;
+  // Blocks per operation when the call does not say; 0: min(kDefaultSms, SM count).
+  int dispatch_sms = 0;
+  int combine_sms = 0;
+  // Budget of every spin-wait in the kernels, in clock cycles; 0: the kernels'
+  // default (2^34, about 10 s). A wait past it traps with a report naming the peer.
+  uint64_t timeout_cycles = 0;
+};
+
+// Rows a caller provides for a dispatch's outputs instead of the allocator's.
+// Each array holds `capacity_rows` rows (shapes as in DispatchResult). `hidden` is
+// required, `scales` too for FP8; a null optional array is not written.
+struct DispatchOutputs {
+  void* hidden = nullptr;
+  float* scales = nullptr;
+  float* probs = nullptr;
+  int64_t* recv_row = nullptr;        // ExpertGrouped only
+  uint8_t* routing_map = nullptr;     // Received only
+  int32_t* src_rank = nullptr;        // Received only
+  int32_t* src_token = nullptr;       // Received only
+  int64_t capacity_rows = 0;
+};
+
+struct DispatchArgs {
+  // This rank's tokens: hidden [num_tokens, config.hidden] in config.dispatch_dtype,
+  // 16-byte aligned; FP8 also scales fp32 [num_tokens, hidden / 128].
+  const void* hidden = nullptr;
+  const float* scales = nullptr;
+  int64_t num_tokens = 0;  // 0..config.max_tokens_per_rank; may differ on every rank
+
+  // Routing, exactly one form (none when `handle` is given):
+  //  - top-k: topk_idx int64 [num_tokens, num_topk] (-1: unused slot), topk_weights
+  //    fp32 [num_tokens, num_topk], num_topk <= config.max_top_k;
+  //  - map: routing_map bool (one byte) [num_tokens, E], probs fp32 [num_tokens, E].
+  const int64_t* topk_idx = nullptr;
+  const float* topk_weights = nullptr;
+  int num_topk = 0;
+  const uint8_t* routing_map = nullptr;
+  const float* probs = nullptr;
+
+  TokenLayout layout = TokenLayout::Received;
+  int pad_multiple = 1;  // ExpertGrouped: rows per expert padded to a multiple; same on every rank
+  // The no-host-sync mode: an upper bound on this rank's output rows (received rows,
+  // or expert-grouped rows with padding). Outputs get exactly this many rows, rows
+  // past it are dropped, and the true count and overflow flag stay in device memory
+  // (DispatchResult::device_counts). Empty: blocking mode, which reads the counts back
+  // (one small copy and a stream synchronisation) and sizes the outputs exactly.
+  std::optional<int64_t> max_rows;
+
+  // Reuse a handle (the backward pass): no metadata kernel runs, the routing comes
+  // from the handle and layout, pad_multiple, max_rows and num_tokens must equal the
+  // handle's. The result then has no handle of its own.
+  const Handle* handle = nullptr;
+  // Caller-provided outputs; null: allocated from the buffer's allocator.
+  const DispatchOutputs* outputs = nullptr;
+
+  int num_sms = 0;  // 0: BufferOptions::dispatch_sms
+  // The caller's stream (a null stream is the device's default stream). Nothing
+  // waits on the host except the blocking mode's count read.
+  GpuStream stream{};
+};
+
+struct DispatchResult {
+  // rows = num_rows below. hidden is [rows, row_bytes] of config.dispatch_dtype
+  // elements (row_bytes = hidden x dtype bytes).
+  int64_t num_rows = 0;
+  DeviceArray<std::byte> hidden;
+  DeviceArray<float> scales;          // FP8: [rows, hidden / 128]
+  DeviceArray<float> probs;           // Received: [rows, E_local]; ExpertGrouped: [rows, 1]
+  DeviceArray<int64_t> recv_row;      // ExpertGrouped: [rows, 1], -1 on padding rows
+  DeviceArray<uint8_t> routing_map;   // Received: [rows, E_local]
+  DeviceArray<int32_t> src_rank;      // Received: [rows, 1]
+  DeviceArray<int32_t> src_token;     // Received: [rows, 1]
+  std::optional<DispatchCounts> counts;  // blocking mode
+  DeviceCounts device_counts;            // always (pointers into the handle)
+  Handle handle;                         // empty when args.handle was given
+};
+
+struct CombineArgs {
+  // The handle of the dispatch whose rows are combined (required).
+  const Handle* handle = nullptr;
+  // Expert outputs, BF16, 16-byte aligned, in the handle's layout: [rows, hidden]
+  // (Received) or expert-grouped [rows, hidden] (ExpertGrouped).
+  const void* hidden = nullptr;
+  // Rows of `hidden`; -1: handle->output_rows(). Fewer is allowed: missing rows (and
+  // expert-grouped entries past it) contribute nothing.
+  int64_t num_rows = -1;
+  // Probs combine (optional): fp32 [rows, E_local] (Received) or [rows] (ExpertGrouped);
+  // every rank passes probs or none does.
+  const float* probs = nullptr;
+  // Caller-provided outputs: out bf16 [num_tokens, hidden], out_probs fp32
+  // [num_tokens, E]; null: allocated.
+  void* out = nullptr;
+  float* out_probs = nullptr;
+  int num_sms = 0;  // 0: BufferOptions::combine_sms
+  GpuStream stream{};
+};
+
+struct CombineResult {
+  DeviceArray<bf16> hidden;  // [num_tokens, hidden], unweighted sum (docs/semantics.md 7-8)
+  DeviceArray<float> probs;  // [num_tokens, E] with the probs combine, else empty
+};
+
+class Buffer {
+ public:
+  // Bytes of device memory a Buffer allocates on its own: its registered buffer
+  // (runtime::RegisteredBuffer::required_bytes, the layout's formula). Handles and
+  // outputs come from the allocator and are not included. std::invalid_argument for
+  // a config that fails validation.
+  static std::size_t required_bytes(const BufferConfig& config);
+
+  // Collective over `bootstrap` (every rank calls it), on the current device, which
+  // later calls must keep current. `bootstrap` must outlive the buffer. Throws
+  // runtime::RegisteredBufferError on every rank alike for a configuration mismatch,
+  // a topology problem or a failure on any rank; Error (Unsupported) on every rank
+  // for a group spanning several NVLink domains (the RDMA path is not built yet).
+  Buffer(const BufferConfig& config, runtime::Bootstrap& bootstrap, const BufferOptions& options = {});
+  // Collective: destroy() unless done; errors are printed, not thrown.
+  ~Buffer();
+  Buffer(Buffer&&) noexcept;
+  Buffer& operator=(Buffer&&) = delete;  // would hide a collective destroy
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  // Collective: releases the registered buffer. The caller has synchronised the
+  // streams that used it. Handles and results stay valid (they are the allocator's).
+  void destroy();
+  bool valid() const { return state_ != nullptr; }
+
+  // Collective: the metadata kernel (unless args.handle), then the dispatch kernel.
+  DispatchResult dispatch(const DispatchArgs& args);
+  // Collective: the combine kernel on the handle of a dispatch.
+  CombineResult combine(const CombineArgs& args);
+
+  const BufferConfig& config() const;
+  int rank() const;
+  int device() const;
+  const runtime::RegisteredBuffer& registered_buffer() const;
+  runtime::Allocator& allocator() const;
+
+ private:
+  struct State;
+  State& state(const char* what) const;
+  // std::invalid_argument unless `handle` is a live handle of this buffer.
+  void check_handle(const char* op, const Handle& handle) const;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace railyard

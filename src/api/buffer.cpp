@@ -1,0 +1,424 @@
+// Railyard public API: Buffer, the host side of dispatch and combine.
+//
+// Written once, compiled per flavour like the launchers (railyard_sim_api with the
+// simulator, railyard with CUDA; see CMakeLists.txt). It checks the caller's
+// arguments against the agreed BufferConfig (errors name the args field), sizes
+// handles and outputs with the layout object the kernels use, takes them from the
+// caller's Allocator, and enqueues the launchers on the caller's stream.
+#include "railyard/buffer.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/intranode/combine.hpp"
+#include "kernels/intranode/dispatch.hpp"
+#include "kernels/intranode/metadata.hpp"
+#include "railyard/runtime/device_api.hpp"
+
+namespace railyard {
+namespace {
+
+namespace ki = kernels::intranode;
+
+std::string range(int64_t lo, int64_t hi) { return std::to_string(lo) + ".." + std::to_string(hi); }
+
+[[noreturn]] void bad_argument(const char* op, const std::string& what) {
+  throw std::invalid_argument(std::string("railyard Buffer::") + op + ": " + what);
+}
+
+// A launcher's Status as this API's exception, its message kept.
+void throw_if_failed(const Status& status, const char* op) {
+  if (status.ok()) return;
+  const std::string message = std::string("railyard Buffer::") + op + ": " + status.message();
+  if (status.code() == StatusCode::InvalidArgument) throw std::invalid_argument(message);
+  throw Error(status.code(), message);
+}
+
+// A null stream is the device's default stream, as in CUDA.
+GpuStream resolve_stream(GpuStream stream, int device) {
+#if RAILYARD_IS_SIM
+  if (stream.id < 0) return sim::default_stream(device);
+#endif
+  return stream;
+}
+
+// Each Buffer's handles carry its id, so another Buffer (of another group, or
+// shape) refuses them instead of reading a foreign count matrix.
+std::atomic<uint64_t> g_next_buffer_id{1};
+
+int64_t total(const int64_t* totals, layout::Total which, int offset = 0) {
+  return totals[static_cast<int>(which) + offset];
+}
+
+}  // namespace
+
+const char* to_string(TokenLayout layout) {
+  switch (layout) {
+    case TokenLayout::Received: return "Received";
+    case TokenLayout::ExpertGrouped: return "ExpertGrouped";
+  }
+  return "?";
+}
+
+// ---- Handle ------------------------------------------------------------------------------
+layout::HandleView Handle::view() const {
+  return layout::HandleView::carve(layout::IntranodeLayout(shape_), static_cast<uint8_t*>(allocation_.get()),
+                                   recv_capacity_);
+}
+
+DeviceCounts Handle::device_counts() const {
+  if (!valid()) return {};
+  const int64_t* totals = view().totals;
+  const int El = shape_.num_local_experts;
+  DeviceCounts c;
+  c.num_recv_tokens = totals + static_cast<int>(layout::Total::NumRecv);
+  c.num_permuted_rows = totals + static_cast<int>(layout::Total::NumPermuted);
+  c.overflow_recv = totals + static_cast<int>(layout::Total::OverflowRecv);
+  c.overflow_permuted = totals + static_cast<int>(layout::Total::OverflowPermuted);
+  c.tokens_per_expert = totals + static_cast<int>(layout::Total::TokensPerExpert);
+  c.unpadded_tokens_per_expert = c.tokens_per_expert + El;
+  return c;
+}
+
+// ---- Buffer ------------------------------------------------------------------------------
+struct Buffer::State {
+  State(const BufferConfig& config, runtime::Bootstrap& bootstrap, const BufferOptions& options)
+      : config(config), registered(config, bootstrap, registered_options(options)), layout(registered.layout()) {
+    allocator = options.allocator ? options.allocator : &runtime::default_allocator();
+    device = registered.device();
+    sm_count = runtime::gpu::properties(device).sm_count;
+    const auto sms = [&](int requested) { return requested > 0 ? requested : std::min(kDefaultSms, sm_count); };
+    dispatch_sms = sms(options.dispatch_sms);
+    combine_sms = sms(options.combine_sms);
+    domain.shape = layout.shape();
+    domain.rank = registered.domain_rank();
+    const auto peers = registered.domain_ptrs();
+    for (std::size_t r = 0; r < peers.size(); ++r) domain.peers.ptr[r] = peers[r];
+    if (options.timeout_cycles > 0) domain.timeout_cycles = options.timeout_cycles;
+  }
+
+  static runtime::RegisteredBufferOptions registered_options(const BufferOptions& options) {
+    runtime::RegisteredBufferOptions r;
+    r.topology = options.topology;
+    r.topology_options = options.topology_options;
+    return r;
+  }
+
+  uint64_t id = g_next_buffer_id.fetch_add(1);
+  BufferConfig config;
+  runtime::RegisteredBuffer registered;
+  layout::IntranodeLayout layout;
+  runtime::Allocator* allocator = nullptr;
+  int device = 0;
+  int sm_count = 0;
+  int dispatch_sms = 1;
+  int combine_sms = 1;
+  ki::DomainParams domain;
+};
+
+std::size_t Buffer::required_bytes(const BufferConfig& config) { return runtime::RegisteredBuffer::required_bytes(config); }
+
+Buffer::Buffer(const BufferConfig& config, runtime::Bootstrap& bootstrap, const BufferOptions& options)
+    : state_(std::make_unique<State>(config, bootstrap, options)) {
+  // The config is agreed by now, so every rank decides this alike; the State's
+  // destruction (collective) releases the registered buffer on every rank.
+  if (config.ranks_per_domain != config.num_ranks) {
+    const std::string message = "railyard Buffer: config.num_ranks = " + std::to_string(config.num_ranks) +
+                                " spans " + std::to_string(config.num_ranks / config.ranks_per_domain) +
+                                " NVLink domains of " + std::to_string(config.ranks_per_domain) +
+                                "; expected one domain (ranks_per_domain = num_ranks): the inter-domain (RDMA) "
+                                "path is not built yet";
+    state_.reset();
+    throw Error(StatusCode::Unsupported, message);
+  }
+}
+
+Buffer::~Buffer() {
+  if (!state_) return;
+  try {
+    destroy();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "railyard Buffer: destruction failed: %s\n", e.what());
+  }
+}
+
+Buffer::Buffer(Buffer&& other) noexcept = default;
+
+void Buffer::destroy() {
+  if (!state_) return;
+  std::unique_ptr<State> state = std::move(state_);
+  state->registered.destroy();
+}
+
+Buffer::State& Buffer::state(const char* what) const {
+  if (!state_) throw std::logic_error(std::string("railyard Buffer::") + what + ": the buffer was destroyed or moved from");
+  return *state_;
+}
+
+const BufferConfig& Buffer::config() const { return state("config").config; }
+int Buffer::rank() const { return state("rank").registered.rank(); }
+int Buffer::device() const { return state("device").device; }
+const runtime::RegisteredBuffer& Buffer::registered_buffer() const { return state("registered_buffer").registered; }
+runtime::Allocator& Buffer::allocator() const { return *state("allocator").allocator; }
+
+namespace {
+
+void check_current_device(const char* op, int device) {
+  const int current = runtime::gpu::current();
+  if (current != device)
+    bad_argument(op, "the current device is " + std::to_string(current) + "; expected " + std::to_string(device) +
+                         " (the buffer's device)");
+}
+
+std::string describe_bound(const std::optional<int64_t>& bound) {
+  return bound ? std::to_string(*bound) : std::string("empty (blocking mode)");
+}
+
+void check_sms(const char* op, int num_sms, int sm_count) {
+  if (num_sms < 0 || num_sms > sm_count)
+    bad_argument(op, "args.num_sms is " + std::to_string(num_sms) + "; expected 0 (the buffer's default) or " +
+                         range(1, sm_count) + " (the device's SM count)");
+}
+
+}  // namespace
+
+void Buffer::check_handle(const char* op, const Handle& handle) const {
+  if (!handle.valid())
+    bad_argument(op, "args.handle is empty (moved from, or the result of a dispatch that reused a handle)");
+  if (handle.buffer_id_ != state(op).id)
+    bad_argument(op, "args.handle was made by another Buffer; expected a handle of this buffer's dispatch");
+}
+
+DispatchResult Buffer::dispatch(const DispatchArgs& args) {
+  static constexpr const char* op = "dispatch";
+  State& s = state(op);
+  const layout::IntranodeShape& shape = s.layout.shape();
+  const int El = shape.num_local_experts;
+  const int64_t M = shape.max_tokens;
+  const bool fp8 = shape.dispatch_dtype == DType::FP8_E4M3;
+  check_current_device(op, s.device);
+  check_sms(op, args.num_sms, s.sm_count);
+  if (args.layout != TokenLayout::Received && args.layout != TokenLayout::ExpertGrouped)
+    bad_argument(op, "args.layout is " + std::to_string(static_cast<int>(args.layout)) +
+                         "; expected Received or ExpertGrouped");
+  if (args.num_tokens < 0 || args.num_tokens > M)
+    bad_argument(op, "args.num_tokens is " + std::to_string(args.num_tokens) + "; expected " + range(0, M) +
+                         " (config.max_tokens_per_rank)");
+  if (args.num_tokens > 0 && args.hidden == nullptr)
+    bad_argument(op, "args.hidden is null; expected [" + std::to_string(args.num_tokens) + ", " +
+                         std::to_string(shape.hidden) + "] " + runtime::dtype_name(shape.dispatch_dtype) + " rows");
+  if (fp8 && args.num_tokens > 0 && args.scales == nullptr)
+    bad_argument(op, "args.scales is null; expected fp32 [num_tokens, hidden / 128] scales (config.dispatch_dtype is FP8_E4M3)");
+  if (!fp8 && args.scales != nullptr)
+    bad_argument(op, "args.scales is given; expected null (config.dispatch_dtype is BF16)");
+  if (args.pad_multiple < 1)
+    bad_argument(op, "args.pad_multiple is " + std::to_string(args.pad_multiple) + "; expected >= 1");
+  if (args.max_rows && (*args.max_rows < 0 || *args.max_rows > std::numeric_limits<int32_t>::max()))
+    bad_argument(op, "args.max_rows is " + std::to_string(*args.max_rows) + "; expected 0..2^31-1, or empty (blocking mode)");
+  const bool topk = args.topk_idx || args.topk_weights;
+  const bool map = args.routing_map || args.probs;
+
+  const Handle* reused = args.handle;
+  if (reused) {
+    check_handle(op, *reused);
+    if (topk || map)
+      bad_argument(op, "args.topk_idx/topk_weights/routing_map/probs are given with args.handle; expected none "
+                       "(the handle holds the routing)");
+    if (args.num_tokens != reused->num_tokens_)
+      bad_argument(op, "args.num_tokens is " + std::to_string(args.num_tokens) + "; expected " +
+                           std::to_string(reused->num_tokens_) + " (the handle's)");
+    if (args.layout != reused->layout_)
+      bad_argument(op, std::string("args.layout is ") + to_string(args.layout) + "; expected " +
+                           to_string(reused->layout_) + " (the handle's)");
+    if (args.pad_multiple != reused->pad_multiple_)
+      bad_argument(op, "args.pad_multiple is " + std::to_string(args.pad_multiple) + "; expected " +
+                           std::to_string(reused->pad_multiple_) + " (the handle's)");
+    if (args.max_rows != reused->max_rows_)
+      bad_argument(op, "args.max_rows is " + describe_bound(args.max_rows) + "; expected " +
+                           describe_bound(reused->max_rows_) + " (the handle's)");
+  } else {
+    if (topk == map)
+      bad_argument(op, "routing: expected exactly one of args.topk_idx + args.topk_weights or args.routing_map + "
+                       "args.probs");
+    if (topk && (args.num_topk < 1 || args.num_topk > shape.max_topk))
+      bad_argument(op, "args.num_topk is " + std::to_string(args.num_topk) + "; expected " +
+                           range(1, shape.max_topk) + " (config.max_top_k)");
+    if (map && args.num_topk != 0)
+      bad_argument(op, "args.num_topk is " + std::to_string(args.num_topk) + "; expected 0 with args.routing_map");
+  }
+
+  const GpuStream stream = resolve_stream(args.stream, s.device);
+  DispatchResult result;
+  Handle fresh;
+  if (!reused) {
+    fresh.buffer_id_ = s.id;
+    fresh.shape_ = shape;
+    fresh.layout_ = args.layout;
+    fresh.pad_multiple_ = args.pad_multiple;
+    fresh.max_rows_ = args.max_rows;
+    fresh.num_tokens_ = args.num_tokens;
+    // The handle is allocated before the metadata kernel, so before any count is
+    // known: a bound on received rows bounds the rows it must describe; otherwise it
+    // describes every row staging can hold (in the grouped layout a kept permuted row
+    // may come from any received row).
+    const int64_t staging_rows = s.layout.stage_capacity_rows();
+    fresh.recv_capacity_ = args.layout == TokenLayout::Received && args.max_rows
+                               ? std::min(*args.max_rows, staging_rows)
+                               : staging_rows;
+    fresh.allocation_ = runtime::DeviceAllocation(
+        *s.allocator, static_cast<std::size_t>(s.layout.handle_bytes(fresh.recv_capacity_)));
+
+    ki::MetadataArguments m;
+    m.domain = s.domain;
+    m.num_tokens = static_cast<int>(args.num_tokens);
+    m.topk_idx = args.topk_idx;
+    m.topk_weights = args.topk_weights;
+    m.num_topk = args.num_topk;
+    m.routing_map = args.routing_map;
+    m.probs = args.probs;
+    const int64_t bound = args.max_rows.value_or(-1);
+    m.max_recv_rows = args.layout == TokenLayout::Received ? bound : -1;
+    m.max_permuted_rows = args.layout == TokenLayout::ExpertGrouped ? bound : -1;
+    m.pad_multiple = args.pad_multiple;
+    m.handle = static_cast<uint8_t*>(fresh.allocation_.get());
+    m.recv_capacity = fresh.recv_capacity_;
+    throw_if_failed(ki::launch_metadata(m, stream), op);
+
+    if (args.max_rows) {
+      fresh.output_rows_ = *args.max_rows;
+    } else {
+      // Blocking mode: the one host synchronisation, to size the outputs exactly.
+      std::vector<int64_t> totals(static_cast<std::size_t>(4 + 2 * El));
+      runtime::gpu::memcpy_async(totals.data(), fresh.view().totals, totals.size() * sizeof(int64_t), stream);
+      runtime::gpu::stream_synchronize(stream);
+      DispatchCounts counts;
+      counts.num_recv_tokens = total(totals.data(), layout::Total::NumRecv);
+      counts.num_permuted_rows = total(totals.data(), layout::Total::NumPermuted);
+      for (int j = 0; j < El; ++j) {
+        counts.tokens_per_expert.push_back(total(totals.data(), layout::Total::TokensPerExpert, j));
+        counts.unpadded_tokens_per_expert.push_back(total(totals.data(), layout::Total::TokensPerExpert, El + j));
+      }
+      fresh.output_rows_ =
+          args.layout == TokenLayout::Received ? counts.num_recv_tokens : counts.num_permuted_rows;
+      fresh.counts_ = std::move(counts);
+    }
+  }
+  const Handle& handle = reused ? *reused : fresh;
+  const int64_t rows = handle.output_rows_;
+  const bool received = args.layout == TokenLayout::Received;
+  const int64_t row_bytes = s.layout.dispatch_row_bytes();
+  const int num_scales = s.layout.num_scales();
+
+  if (const DispatchOutputs* out = args.outputs) {
+    if (out->capacity_rows < rows)
+      bad_argument(op, "args.outputs->capacity_rows is " + std::to_string(out->capacity_rows) + "; expected >= " +
+                           std::to_string(rows) + (args.max_rows ? " (args.max_rows)" : " (the rows received)"));
+    if (out->hidden == nullptr) bad_argument(op, "args.outputs->hidden is null; expected [capacity_rows, hidden] rows");
+    if (fp8 && out->scales == nullptr)
+      bad_argument(op, "args.outputs->scales is null; expected fp32 [capacity_rows, hidden / 128] (FP8 dispatch)");
+    if (!fp8 && out->scales != nullptr)
+      bad_argument(op, "args.outputs->scales is given; expected null (config.dispatch_dtype is BF16)");
+    if (received && out->recv_row != nullptr)
+      bad_argument(op, "args.outputs->recv_row is given; expected null (only the ExpertGrouped layout has it)");
+    if (!received && (out->routing_map || out->src_rank || out->src_token))
+      bad_argument(op, "args.outputs->routing_map/src_rank/src_token are given; expected null (only the Received "
+                       "layout has them)");
+    result.hidden = DeviceArray<std::byte>::borrow(static_cast<std::byte*>(out->hidden), rows, row_bytes);
+    if (fp8) result.scales = DeviceArray<float>::borrow(out->scales, rows, num_scales);
+    if (out->probs) result.probs = DeviceArray<float>::borrow(out->probs, rows, received ? El : 1);
+    if (out->recv_row) result.recv_row = DeviceArray<int64_t>::borrow(out->recv_row, rows, 1);
+    if (out->routing_map) result.routing_map = DeviceArray<uint8_t>::borrow(out->routing_map, rows, El);
+    if (out->src_rank) result.src_rank = DeviceArray<int32_t>::borrow(out->src_rank, rows, 1);
+    if (out->src_token) result.src_token = DeviceArray<int32_t>::borrow(out->src_token, rows, 1);
+  } else {
+    runtime::Allocator& a = *s.allocator;
+    result.hidden = DeviceArray<std::byte>::allocate(a, rows, row_bytes);
+    if (fp8) result.scales = DeviceArray<float>::allocate(a, rows, num_scales);
+    if (received) {
+      result.probs = DeviceArray<float>::allocate(a, rows, El);
+      result.routing_map = DeviceArray<uint8_t>::allocate(a, rows, El);
+      result.src_rank = DeviceArray<int32_t>::allocate(a, rows, 1);
+      result.src_token = DeviceArray<int32_t>::allocate(a, rows, 1);
+    } else {
+      result.probs = DeviceArray<float>::allocate(a, rows, 1);
+      result.recv_row = DeviceArray<int64_t>::allocate(a, rows, 1);
+    }
+  }
+
+  ki::DispatchArguments d;
+  d.domain = s.domain;
+  d.output = received ? ki::DispatchOutput::Received : ki::DispatchOutput::ExpertGrouped;
+  d.num_tokens = static_cast<int>(args.num_tokens);
+  d.hidden = args.hidden;
+  d.scales = args.scales;
+  d.handle = static_cast<uint8_t*>(handle.allocation_.get());
+  d.recv_capacity = handle.recv_capacity_;
+  d.out_hidden = result.hidden.data();
+  d.out_scales = result.scales.data();
+  d.out_probs = result.probs.data();
+  d.out_recv_row = result.recv_row.data();
+  d.out_routing_map = result.routing_map.data();
+  d.out_src_rank = result.src_rank.data();
+  d.out_src_token = result.src_token.data();
+  d.num_blocks = args.num_sms > 0 ? args.num_sms : s.dispatch_sms;
+  throw_if_failed(ki::launch_dispatch(d, stream), op);
+
+  result.num_rows = rows;
+  result.counts = handle.counts_;
+  result.device_counts = handle.device_counts();
+  if (!reused) result.handle = std::move(fresh);
+  return result;
+}
+
+CombineResult Buffer::combine(const CombineArgs& args) {
+  static constexpr const char* op = "combine";
+  State& s = state(op);
+  const layout::IntranodeShape& shape = s.layout.shape();
+  check_current_device(op, s.device);
+  check_sms(op, args.num_sms, s.sm_count);
+  if (args.handle == nullptr) bad_argument(op, "args.handle is null; expected the handle of a dispatch");
+  const Handle& handle = *args.handle;
+  check_handle(op, handle);
+  const int64_t rows = args.num_rows < 0 ? handle.output_rows_ : args.num_rows;
+  if (rows > handle.output_rows_)
+    bad_argument(op, "args.num_rows is " + std::to_string(args.num_rows) + "; expected -1 or 0.." +
+                         std::to_string(handle.output_rows_) + " (the rows the dispatch wrote)");
+  if (rows > 0 && args.hidden == nullptr)
+    bad_argument(op, "args.hidden is null; expected bf16 [" + std::to_string(rows) + ", " +
+                         std::to_string(shape.hidden) + "] expert outputs");
+  if (args.out_probs != nullptr && args.probs == nullptr)
+    bad_argument(op, "args.out_probs is given without args.probs; expected both or neither");
+
+  const GpuStream stream = resolve_stream(args.stream, s.device);
+  const int64_t T = handle.num_tokens_;
+  const int64_t E = int64_t{shape.num_ranks} * shape.num_local_experts;
+  CombineResult result;
+  runtime::Allocator& a = *s.allocator;
+  result.hidden = args.out ? DeviceArray<bf16>::borrow(static_cast<bf16*>(args.out), T, shape.hidden)
+                           : DeviceArray<bf16>::allocate(a, T, shape.hidden);
+  if (args.probs)
+    result.probs = args.out_probs ? DeviceArray<float>::borrow(args.out_probs, T, E)
+                                  : DeviceArray<float>::allocate(a, T, E);
+
+  ki::CombineArguments c;
+  c.domain = s.domain;
+  c.handle = static_cast<const uint8_t*>(handle.allocation_.get());
+  c.recv_capacity = handle.recv_capacity_;
+  c.num_tokens = static_cast<int>(T);
+  c.input_layout =
+      handle.layout_ == TokenLayout::Received ? ki::CombineInputLayout::Received : ki::CombineInputLayout::Permuted;
+  c.input = args.hidden;
+  c.num_input_rows = rows;
+  c.input_probs = args.probs;
+  c.combined_probs = result.probs.data();
+  c.out = result.hidden.data();
+  c.num_blocks = args.num_sms > 0 ? args.num_sms : s.combine_sms;
+  throw_if_failed(ki::launch_combine(c, stream), op);
+  return result;
+}
+
+}  // namespace railyard

@@ -1,0 +1,644 @@
+// The public C++ API (include/railyard/buffer.hpp) end to end on simulated ranks:
+// in-process bootstrap -> Buffer -> dispatch -> combine, compared bit for bit with
+// railyard::reference.
+//  - EndToEnd/*: 1, 2, 4 and 8 ranks, unequal token counts (0 included), BF16 and FP8,
+//    top-k and map routing, both layouts, blocking and bounded modes (counts and
+//    overflow flags read from the device pointers the result reports); then on the
+//    same handle: a dispatch of the same data gives the same bytes, a dispatch of
+//    other data (backward style) equals the reference dispatch of that data with the
+//    same routing, and a second combine gives the same bits; nothing leaks.
+//  - Footprint: required_bytes is what each rank allocates, for BF16 and FP8.
+//  - ConfigMismatch: the documented error on every rank, naming the field and ranks.
+//  - SeveralDomains: refused on every rank (the RDMA path is not built), nothing leaks.
+//  - CallerOutputs: caller-provided outputs are written in place; too few rows refused.
+//  - BadArguments: each bad argument gives std::invalid_argument naming it.
+#include "railyard/railyard.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tests/kernels/intranode_harness.hpp"
+
+namespace railyard {
+namespace {
+
+namespace ref = railyard::reference;
+using runtime::DeviceAllocation;
+using runtime::InProcessGroup;
+
+#define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)
+
+constexpr int kSmCount = 4;
+
+void reset_sim(int num_devices) {
+  sim::reset({.seed = 11});
+  for (int d = 0; d < num_devices; ++d) {
+    sim::DeviceProps props = sim::h100_props();
+    props.sm_count = kSmCount;  // few SMs keep the simulator's fiber count low
+    sim::add_device(props);
+  }
+}
+
+std::shared_ptr<InProcessGroup> make_group(int num_ranks) {
+  return InProcessGroup::create(
+      {.num_ranks = num_ranks, .timeout = std::chrono::seconds(60), .blocking_wait = runtime::sim_blocking_wait()});
+}
+
+BufferConfig make_config(int num_ranks, int hidden, int max_tokens, int experts_per_rank, int max_top_k, DType dtype) {
+  BufferConfig c;
+  c.hidden = hidden;
+  c.max_tokens_per_rank = max_tokens;
+  c.num_ranks = num_ranks;
+  c.num_experts = int64_t{num_ranks} * experts_per_rank;
+  c.experts_per_rank = experts_per_rank;
+  c.ranks_per_domain = num_ranks;
+  c.dispatch_dtype = dtype;
+  c.max_top_k = max_top_k;
+  return c;
+}
+
+// Device memory holding `host` (the simulator's device memory is host-addressable).
+template <class T>
+DeviceAllocation to_device(std::span<const T> host) {
+  DeviceAllocation a(runtime::default_allocator(), std::max<std::size_t>(host.size_bytes(), 16));
+  if (!host.empty()) std::memcpy(a.get(), host.data(), host.size_bytes());
+  return a;
+}
+template <class T>
+const T* ptr(const DeviceAllocation& a) {
+  return static_cast<const T*>(a.get());
+}
+
+// memcmp of `count` elements, naming the first difference.
+template <class T>
+void expect_same(const T* got, const T* want, std::size_t count, const std::string& what) {
+  if (count == 0 || std::memcmp(got, want, count * sizeof(T)) == 0) return;
+  std::size_t i = 0;
+  while (std::memcmp(got + i, want + i, sizeof(T)) == 0) ++i;
+  ADD_FAILURE() << what << ": first difference at element " << i << " of " << count;
+}
+
+// ---- one end-to-end case -------------------------------------------------------------------
+struct Case {
+  std::vector<int> tokens;  // per rank; the rank count is its size
+  DType dtype = DType::BF16;
+  TokenLayout layout = TokenLayout::Received;
+  bool routing_map = false;
+  int pad_multiple = 1;
+  std::optional<int64_t> max_rows;  // bounded mode, the same bound on every rank
+  int hidden = 128;
+  int experts_per_rank = 2;
+  int topk = 2;
+};
+
+std::string describe(const Case& c) {
+  std::string s = std::to_string(c.tokens.size()) + " ranks, tokens [";
+  for (int t : c.tokens) s += std::to_string(t) + " ";
+  s += std::string("], ") + runtime::dtype_name(c.dtype) + ", " + to_string(c.layout) + " pad " +
+       std::to_string(c.pad_multiple) + (c.routing_map ? ", map routing" : ", top-k routing") +
+       (c.max_rows ? ", bounded at " + std::to_string(*c.max_rows) : ", blocking");
+  return s;
+}
+
+// The reference view of one dispatch of `inputs` on rank d.
+struct Expected {
+  ref::DispatchResult received;            // unbounded
+  ref::DispatchResult received_bounded;    // Received layout's bound applied
+  std::vector<ref::PermutedRows> grouped;  // ExpertGrouped with the bound applied
+};
+
+Expected expected_dispatch(const ref::World& w, const std::vector<ref::RankInput>& inputs, const Case& c) {
+  Expected e;
+  e.received = ref::dispatch(w, inputs);
+  ref::DispatchOptions bounded;
+  if (c.layout == TokenLayout::Received) bounded.max_recv_rows = c.max_rows;
+  e.received_bounded = ref::dispatch(w, inputs, bounded);
+  for (int d = 0; d < w.num_ranks; ++d) {
+    ref::PermuteOptions po{.pad_multiple = c.pad_multiple};
+    if (c.layout == TokenLayout::ExpertGrouped) po.max_permuted_rows = c.max_rows;
+    e.grouped.push_back(ref::permute(w, e.received.ranks[d], po));
+  }
+  return e;
+}
+
+// Rows of rank d's dispatch outputs that hold data (the rest of a bounded output
+// is past the true count and unwritten).
+int64_t written_rows(const Expected& e, const Case& c, int d) {
+  return c.layout == TokenLayout::Received ? e.received_bounded.ranks[d].num_rows() : e.grouped[d].num_rows();
+}
+
+void check_dispatch(const DispatchResult& got, const Expected& e, const Case& c, const ref::World& w, int d,
+                    const std::string& where) {
+  const int El = w.num_local_experts();
+  const bool fp8 = c.dtype == DType::FP8_E4M3;
+  const int64_t row_bytes = int64_t{c.hidden} * dtype_bytes(c.dtype);
+  const int ns = fp8 ? c.hidden / 128 : 0;
+  const ref::ReceivedRows& rr = e.received.ranks[d];
+  const ref::PermutedRows& pr = e.grouped[d];
+  const int64_t true_rows = c.layout == TokenLayout::Received ? rr.num_recv_tokens : pr.num_permuted_rows;
+  EXPECT_EQ(got.num_rows, c.max_rows.value_or(true_rows)) << where;
+  ASSERT_EQ(got.hidden.rows(), got.num_rows) << where;
+  ASSERT_EQ(got.hidden.cols(), row_bytes) << where;
+  const auto n = static_cast<std::size_t>(written_rows(e, c, d));
+
+  if (c.layout == TokenLayout::Received) {
+    const ref::ReceivedRows& rb = e.received_bounded.ranks[d];
+    expect_same(reinterpret_cast<const uint8_t*>(got.hidden.data()), rb.hidden.bytes.data(), n * row_bytes,
+                where + " hidden");
+    if (fp8) expect_same(got.scales.data(), rb.hidden.scales.data(), n * ns, where + " scales");
+    expect_same(got.probs.data(), rb.probs.data(), n * El, where + " probs");
+    expect_same(got.routing_map.data(), rb.routing_map.data(), n * El, where + " routing_map");
+    expect_same(got.src_rank.data(), rb.src_rank.data(), n, where + " src_rank");
+    expect_same(got.src_token.data(), rb.src_token.data(), n, where + " src_token");
+    EXPECT_TRUE(got.recv_row.empty()) << where;
+  } else {
+    expect_same(reinterpret_cast<const uint8_t*>(got.hidden.data()), pr.hidden.bytes.data(), n * row_bytes,
+                where + " grouped hidden");
+    if (fp8) expect_same(got.scales.data(), pr.hidden.scales.data(), n * ns, where + " grouped scales");
+    expect_same(got.probs.data(), pr.probs.data(), n, where + " grouped probs");
+    expect_same(got.recv_row.data(), pr.recv_row.data(), n, where + " recv_row");
+    EXPECT_TRUE(got.src_rank.empty()) << where;
+  }
+
+  // Counts: on the host in blocking mode; in device memory (read here directly) always.
+  const DeviceCounts& dc = got.device_counts;
+  EXPECT_EQ(*dc.num_recv_tokens, rr.num_recv_tokens) << where;
+  EXPECT_EQ(*dc.num_permuted_rows, pr.num_permuted_rows) << where;
+  const bool overflow = c.max_rows && true_rows > *c.max_rows;
+  const int64_t* flag = c.layout == TokenLayout::Received ? dc.overflow_recv : dc.overflow_permuted;
+  EXPECT_EQ(*flag, overflow ? 1 : 0) << where << " overflow flag";
+  for (int j = 0; j < El; ++j) {
+    EXPECT_EQ(dc.tokens_per_expert[j], pr.tokens_per_expert[j]) << where;
+    EXPECT_EQ(dc.unpadded_tokens_per_expert[j], pr.unpadded_tokens_per_expert[j]) << where;
+  }
+  if (c.max_rows) {
+    EXPECT_FALSE(got.counts.has_value()) << where << ": bounded mode must not read counts back";
+  } else {
+    ASSERT_TRUE(got.counts.has_value()) << where;
+    EXPECT_EQ(got.counts->num_recv_tokens, rr.num_recv_tokens) << where;
+    EXPECT_EQ(got.counts->num_permuted_rows, pr.num_permuted_rows) << where;
+    EXPECT_EQ(got.counts->tokens_per_expert, pr.tokens_per_expert) << where;
+    EXPECT_EQ(got.counts->unpadded_tokens_per_expert, pr.unpadded_tokens_per_expert) << where;
+  }
+}
+
+// Expert outputs that make the summation order visible (see tests/kernels/combine_test.cpp).
+bf16 random_value(std::mt19937_64& rng) {
+  const uint64_t u = rng();
+  if (u % 32 == 0) return bf16{0x8000};
+  if (u % 8 == 1) return float_to_bf16((u & 256) ? 0x1p24f : -0x1p24f);
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  return float_to_bf16(std::ldexp(mant(rng), static_cast<int>((u >> 9) % 13) - 6));
+}
+
+// Every rank's expert outputs (and probs) for the combine, as the reference takes
+// them: one per written row.
+std::vector<ref::CombineInput> expert_outputs(const Expected& e, const Case& c, const ref::World& w, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<ref::CombineInput> out;
+  for (int d = 0; d < w.num_ranks; ++d) {
+    const int64_t rows = written_rows(e, c, d);
+    ref::CombineInput in;
+    in.hidden.resize(static_cast<std::size_t>(rows) * c.hidden);
+    for (bf16& v : in.hidden) v = random_value(rng);
+    const int64_t per_row = c.layout == TokenLayout::Received ? w.num_local_experts() : 1;
+    in.probs.emplace(static_cast<std::size_t>(rows * per_row));
+    std::uniform_real_distribution<float> q(-2.0f, 2.0f);
+    for (float& v : *in.probs) v = q(rng);
+    out.push_back(std::move(in));
+  }
+  return out;
+}
+
+std::vector<ref::CombineOutput> expected_combine(const Expected& e, const Case& c, const ref::World& w,
+                                                 const std::vector<ref::CombineInput>& inputs) {
+  if (c.layout == TokenLayout::Received) return ref::combine(w, e.received_bounded, inputs);
+  return ref::combine_with_unpermute(w, ref::PermutedDispatchResult{e.received, e.grouped}, inputs);
+}
+
+void check_combine(const CombineResult& got, const ref::CombineOutput& want, const std::string& where) {
+  ASSERT_EQ(static_cast<std::size_t>(got.hidden.size()), want.hidden.size()) << where;
+  expect_same(got.hidden.data(), want.hidden.data(), want.hidden.size(), where + " combined hidden");
+  ASSERT_EQ(static_cast<std::size_t>(got.probs.size()), want.probs.size()) << where;
+  expect_same(got.probs.data(), want.probs.data(), want.probs.size(), where + " combined probs");
+}
+
+// The device copy of one rank's dispatch inputs.
+struct DeviceInputs {
+  DeviceAllocation hidden, scales, topk_idx, topk_weights, routing_map, probs;
+  int num_topk = 0;
+};
+DeviceInputs to_device(const ref::RankInput& in) {
+  DeviceInputs d;
+  d.hidden = to_device<uint8_t>(in.hidden.bytes);
+  if (!in.hidden.scales.empty() || in.hidden.dtype == DType::FP8_E4M3) d.scales = to_device<float>(in.hidden.scales);
+  if (const auto* k = std::get_if<ref::TopkRouting>(&in.routing)) {
+    d.topk_idx = to_device<int64_t>(k->topk_idx);
+    d.topk_weights = to_device<float>(k->topk_weights);
+    d.num_topk = k->num_topk;
+  } else {
+    const auto& m = std::get<ref::MapRouting>(in.routing);
+    d.routing_map = to_device<uint8_t>(m.routing_map);
+    d.probs = to_device<float>(m.probs);
+  }
+  return d;
+}
+
+DispatchArgs fresh_args(const DeviceInputs& d, const Case& c, int num_tokens) {
+  DispatchArgs a;
+  a.hidden = d.hidden.get();
+  a.scales = ptr<float>(d.scales);
+  a.num_tokens = num_tokens;
+  a.topk_idx = ptr<int64_t>(d.topk_idx);
+  a.topk_weights = ptr<float>(d.topk_weights);
+  a.num_topk = d.num_topk;
+  a.routing_map = ptr<uint8_t>(d.routing_map);
+  a.probs = ptr<float>(d.probs);
+  a.layout = c.layout;
+  a.pad_multiple = c.pad_multiple;
+  a.max_rows = c.max_rows;
+  a.num_sms = 2;
+  return a;
+}
+
+void run_case(const Case& c, uint64_t seed) {
+  const int R = static_cast<int>(c.tokens.size());
+  const std::string where = describe(c) + " seed " + std::to_string(seed);
+  SCOPED_TRACE(where);
+  const int M = std::max(1, *std::max_element(c.tokens.begin(), c.tokens.end()));
+  const ref::World w{R, R, R * c.experts_per_rank, c.hidden, M};
+  const test::InputSpec spec{w, c.tokens, c.topk, c.dtype, test::Routing::Uniform, c.routing_map, seed};
+  const std::vector<ref::RankInput> inputs = test::make_inputs(spec);
+  // Backward-style data: other rows, the same routing.
+  std::vector<ref::RankInput> other = inputs;
+  const std::vector<ref::RankInput> other_rows = test::make_inputs({w, c.tokens, c.topk, c.dtype,
+                                                                    test::Routing::Uniform, c.routing_map, seed + 1000});
+  for (int r = 0; r < R; ++r) other[r].hidden = other_rows[r].hidden;
+  const Expected e = expected_dispatch(w, inputs, c);
+  const Expected e_other = expected_dispatch(w, other, c);
+  const std::vector<ref::CombineInput> y = expert_outputs(e, c, w, seed * 31 + 5);
+  const std::vector<ref::CombineOutput> want = expected_combine(e, c, w, y);
+
+  reset_sim(R);
+  const std::size_t live_before = sim::live_allocation_count();
+  const std::size_t bytes_before = sim::live_allocation_bytes();
+  const BufferConfig config = make_config(R, c.hidden, M, c.experts_per_rank, c.topk, c.dtype);
+  auto group = make_group(R);
+  sim::run_ranks(R, [&](int rank) {
+    runtime::gpu::set_current(rank);
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(config, *boot, {.dispatch_sms = 2, .combine_sms = 2});
+    const std::string at = "rank " + std::to_string(rank);
+    const DeviceInputs in = to_device(inputs[rank]);
+    const DeviceInputs in_other = to_device(other[rank]);
+    const int T = c.tokens[rank];
+
+    // Forward: dispatch, then combine expert outputs with probs.
+    DispatchResult d = buffer.dispatch(fresh_args(in, c, T));
+    runtime::gpu::stream_synchronize(sim::default_stream(rank));
+    check_dispatch(d, e, c, w, rank, at + " dispatch");
+    EXPECT_TRUE(d.handle.valid());
+    EXPECT_EQ(d.handle.output_rows(), d.num_rows);
+
+    std::vector<bf16> y_rows(static_cast<std::size_t>(d.num_rows) * c.hidden, bf16{0x7FC0});
+    std::copy(y[rank].hidden.begin(), y[rank].hidden.end(), y_rows.begin());
+    const int64_t per_row = c.layout == TokenLayout::Received ? w.num_local_experts() : 1;
+    std::vector<float> q_rows(static_cast<std::size_t>(d.num_rows * per_row), -7.0f);
+    std::copy(y[rank].probs->begin(), y[rank].probs->end(), q_rows.begin());
+    const DeviceAllocation y_dev = to_device<bf16>(y_rows);
+    const DeviceAllocation q_dev = to_device<float>(q_rows);
+    const CombineArgs combine_args{.handle = &d.handle, .hidden = y_dev.get(), .probs = ptr<float>(q_dev)};
+    const CombineResult c1 = buffer.combine(combine_args);
+    runtime::gpu::stream_synchronize(sim::default_stream(rank));
+    check_combine(c1, want[rank], at + " combine");
+
+    // The same handle again: the same data gives the same bytes (no metadata kernel).
+    DispatchArgs again = fresh_args(in, c, T);
+    again.topk_idx = nullptr;
+    again.topk_weights = nullptr;
+    again.num_topk = 0;
+    again.routing_map = nullptr;
+    again.probs = nullptr;
+    again.handle = &d.handle;
+    const DispatchResult d2 = buffer.dispatch(again);
+    runtime::gpu::stream_synchronize(sim::default_stream(rank));
+    EXPECT_FALSE(d2.handle.valid());
+    ASSERT_EQ(d2.num_rows, d.num_rows);
+    const auto n = static_cast<std::size_t>(written_rows(e, c, rank));
+    expect_same(d2.hidden.data(), d.hidden.data(), n * d.hidden.cols(), at + " reused-handle hidden");
+    expect_same(d2.probs.data(), d.probs.data(), n * d.probs.cols(), at + " reused-handle probs");
+    if (c.dtype == DType::FP8_E4M3)
+      expect_same(d2.scales.data(), d.scales.data(), n * d.scales.cols(), at + " reused-handle scales");
+
+    // Backward style: other rows on the same handle equal the reference dispatch of
+    // those rows with the same routing.
+    again.hidden = in_other.hidden.get();
+    again.scales = ptr<float>(in_other.scales);
+    const DispatchResult d3 = buffer.dispatch(again);
+    runtime::gpu::stream_synchronize(sim::default_stream(rank));
+    check_dispatch(d3, e_other, c, w, rank, at + " backward-style dispatch");
+
+    // And the combine on the handle, again: the same bits.
+    const CombineResult c2 = buffer.combine(combine_args);
+    runtime::gpu::stream_synchronize(sim::default_stream(rank));
+    expect_same(c2.hidden.data(), c1.hidden.data(), static_cast<std::size_t>(c1.hidden.size()),
+                at + " second combine hidden");
+    expect_same(c2.probs.data(), c1.probs.data(), static_cast<std::size_t>(c1.probs.size()),
+                at + " second combine probs");
+    boot->barrier();  // results are read; destruction below is collective anyway
+  });
+  EXPECT_EQ(sim::live_allocation_count(), live_before) << "destruction must release everything";
+  EXPECT_EQ(sim::live_allocation_bytes(), bytes_before);
+}
+
+constexpr DType kFp8 = DType::FP8_E4M3;
+constexpr TokenLayout kGrouped = TokenLayout::ExpertGrouped;
+constexpr TokenLayout kReceived = TokenLayout::Received;
+
+class EndToEnd : public ::testing::TestWithParam<int> {};
+
+// Per rank count: cases covering both dtypes, both layouts, both routings, both modes
+// (bounds small enough that some ranks overflow, and one no rank reaches).
+std::vector<Case> cases_for(int ranks) {
+  switch (ranks) {
+    case 1:
+      return {{{0}},
+              {{37}, kFp8, kGrouped, true, 4},
+              {{29}, DType::BF16, kReceived, false, 1, 10},
+              {{29}, kFp8, kGrouped, false, 2, 12}};
+    case 2:
+      return {{{0, 37}},
+              {{19, 0}, kFp8, kGrouped, true, 4, 9},
+              {{23, 31}, kFp8, kReceived, false, 1, 20},
+              {{23, 5}, DType::BF16, kGrouped, false, 3}};
+    case 4:
+      return {{{13, 0, 29, 7}, kFp8, kReceived, false, 1, 15},
+              {{13, 0, 29, 7}, DType::BF16, kGrouped, true, 2},
+              {{3, 17, 0, 0}, kFp8, kGrouped, false, 4, 200},
+              {{9, 1, 30, 4}, DType::BF16, kReceived, true}};
+    default:
+      return {{{3, 0, 11, 5, 0, 9, 1, 16}, DType::BF16, kReceived, true},
+              {{3, 0, 11, 5, 0, 9, 1, 16}, kFp8, kGrouped, false, 4, 14},
+              {{7, 7, 0, 2, 12, 1, 0, 6}, kFp8, kReceived, false, 1, 6},
+              {{7, 7, 0, 2, 12, 1, 0, 6}, DType::BF16, kGrouped, true, 1}};
+  }
+}
+
+TEST_P(EndToEnd, DispatchCombineAndHandleReuseMatchTheReference) {
+  uint64_t seed = 1;
+  for (const Case& c : cases_for(GetParam())) {
+    run_case(c, seed++);
+    if (HasFailure()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, EndToEnd, ::testing::Values(1, 2, 4, 8),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+// ---- creation --------------------------------------------------------------------------------
+
+// What each rank's call threw ("(no error)" otherwise).
+std::vector<std::string> errors_on_ranks(int n, const std::function<void(int rank)>& fn) {
+  std::vector<std::string> errors(static_cast<std::size_t>(n), "(no error)");
+  sim::run_ranks(n, [&](int rank) {
+    runtime::gpu::set_current(rank);
+    try {
+      fn(rank);
+    } catch (const std::exception& e) {
+      std::string message = e.what();
+      try {
+        std::rethrow_if_nested(e);
+      } catch (const std::exception& cause) {
+        message += " | cause: " + std::string(cause.what());
+      }
+      errors[static_cast<std::size_t>(rank)] = message;
+    }
+  });
+  return errors;
+}
+
+TEST(BufferFootprint, RequiredBytesIsWhatEachRankAllocates) {
+  for (DType dtype : {DType::BF16, kFp8}) {
+    for (int n : {1, 2, 4}) {
+      reset_sim(n);
+      const BufferConfig config = make_config(n, 256, 24, 2, 2, dtype);
+      const std::size_t required = Buffer::required_bytes(config);
+      EXPECT_EQ(required, runtime::RegisteredBuffer::required_bytes(config));
+      const std::size_t before = sim::live_allocation_bytes();
+      std::vector<std::size_t> grown(static_cast<std::size_t>(n));
+      auto group = make_group(n);
+      sim::run_ranks(n, [&](int rank) {
+        runtime::gpu::set_current(rank);
+        auto boot = group->bootstrap(rank);
+        Buffer buffer(config, *boot);
+        boot->barrier();  // every rank's buffer exists, none destroyed yet
+        sim::AllocationInfo info;
+        ASSERT_TRUE(sim::find_allocation(buffer.registered_buffer().local_ptr(), &info));
+        EXPECT_EQ(info.bytes, required);
+        EXPECT_EQ(info.device, rank);
+        if (rank == 0) grown[0] = sim::live_allocation_bytes() - before;
+        boot->barrier();
+      });
+      EXPECT_EQ(grown[0], n * required) << "ranks " << n << " " << runtime::dtype_name(dtype);
+      EXPECT_EQ(sim::live_allocation_bytes(), before);
+    }
+  }
+}
+
+TEST(BufferCreation, ConfigMismatchIsTheSameErrorOnEveryRank) {
+  const int n = 4;
+  reset_sim(n);
+  auto group = make_group(n);
+  const auto errors = errors_on_ranks(n, [&](int rank) {
+    BufferConfig config = make_config(n, 256, 24, 2, 2, DType::BF16);
+    if (rank == 2) config.hidden = 512;
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(config, *boot);
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_HAS(errors[r], "check_config");
+    EXPECT_HAS(errors[r], "hidden differs: 256 on ranks 0-1,3; 512 on rank 2");
+  }
+  EXPECT_EQ(sim::live_allocation_count(), 0u);
+}
+
+TEST(BufferCreation, SeveralNvlinkDomainsAreRefusedOnEveryRank) {
+  const int n = 2;
+  reset_sim(n);
+  auto group = make_group(n);
+  const std::size_t before = sim::live_allocation_count();
+  const auto errors = errors_on_ranks(n, [&](int rank) {
+    BufferConfig config = make_config(n, 256, 24, 2, 2, DType::BF16);
+    config.ranks_per_domain = 1;
+    auto boot = group->bootstrap(rank);
+    try {
+      Buffer buffer(config, *boot, {.topology_options = {.ranks_per_domain = 1}});
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), StatusCode::Unsupported);
+      throw;
+    }
+  });
+  for (int r = 0; r < n; ++r) EXPECT_HAS(errors[r], "spans 2 NVLink domains of 1");
+  EXPECT_EQ(sim::live_allocation_count(), before);
+}
+
+// ---- caller-provided outputs and bad arguments (one rank: the checks come before any launch)
+
+struct OneRank {
+  OneRank() {
+    reset_sim(2);  // a second device, to make current where the buffer does not live
+    group = make_group(1);
+  }
+  void run(const std::function<void(Buffer&, const DeviceInputs&, int num_tokens)>& fn, DType dtype = DType::BF16) {
+    const ref::World w{1, 1, 4, 128, 16};
+    const auto inputs = test::make_inputs({w, {16}, 2, dtype, test::Routing::Uniform, false, 3});
+    sim::run_ranks(1, [&](int rank) {
+      runtime::gpu::set_current(rank);
+      auto boot = group->bootstrap(rank);
+      Buffer buffer(make_config(1, 128, 16, 4, 2, dtype), *boot, {.dispatch_sms = 1, .combine_sms = 1});
+      const DeviceInputs in = to_device(inputs[0]);
+      fn(buffer, in, 16);
+    });
+  }
+  std::shared_ptr<InProcessGroup> group;
+};
+
+TEST(BufferOutputs, CallerProvidedOutputsAreWrittenInPlace) {
+  OneRank world;
+  world.run([](Buffer& buffer, const DeviceInputs& in, int T) {
+    const Case c{{T}};
+    DispatchArgs a = fresh_args(in, c, T);
+    const DispatchResult own = buffer.dispatch(a);
+    DeviceAllocation hidden(runtime::default_allocator(), own.hidden.bytes() + 256);
+    DeviceAllocation probs(runtime::default_allocator(), own.probs.bytes() + 256);
+    const DispatchOutputs outputs{.hidden = hidden.get(), .probs = static_cast<float*>(probs.get()),
+                                  .capacity_rows = own.num_rows + 1};
+    a.outputs = &outputs;
+    const DispatchResult mine = buffer.dispatch(a);
+    runtime::gpu::stream_synchronize(sim::default_stream(0));
+    EXPECT_EQ(mine.hidden.data(), hidden.get());
+    EXPECT_FALSE(mine.hidden.owned());
+    EXPECT_TRUE(mine.src_rank.empty());  // not asked for
+    expect_same(mine.hidden.data(), own.hidden.data(), own.hidden.bytes(), "caller hidden");
+    expect_same(mine.probs.data(), own.probs.data(), static_cast<std::size_t>(own.probs.size()), "caller probs");
+
+    DeviceAllocation out(runtime::default_allocator(), static_cast<std::size_t>(T) * 128 * 2);
+    DeviceAllocation y(runtime::default_allocator(), own.hidden.bytes());
+    std::memset(y.get(), 0, own.hidden.bytes());
+    const CombineResult combined = buffer.combine({.handle = &own.handle, .hidden = y.get(), .out = out.get()});
+    runtime::gpu::stream_synchronize(sim::default_stream(0));
+    EXPECT_EQ(static_cast<void*>(combined.hidden.data()), out.get());
+
+    const DispatchOutputs too_small{.hidden = hidden.get(), .capacity_rows = own.num_rows - 1};
+    a.outputs = &too_small;
+    try {
+      (void)buffer.dispatch(a);
+      ADD_FAILURE() << "too few caller rows must be refused";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_HAS(e.what(), "args.outputs->capacity_rows is " + std::to_string(own.num_rows - 1));
+    }
+  });
+}
+
+TEST(BufferArguments, BadArgumentsNameTheArgument) {
+  OneRank world;
+  world.run([](Buffer& buffer, const DeviceInputs& in, int T) {
+    const Case c{{T}};
+    const DispatchResult good = buffer.dispatch(fresh_args(in, c, T));
+    const auto dispatch_error = [&](const std::function<void(DispatchArgs&)>& mutate, const std::string& expected) {
+      DispatchArgs a = fresh_args(in, c, T);
+      mutate(a);
+      try {
+        (void)buffer.dispatch(a);
+        ADD_FAILURE() << "expected an error naming " << expected;
+      } catch (const std::invalid_argument& e) {
+        EXPECT_HAS(e.what(), expected);
+        EXPECT_HAS(e.what(), "railyard Buffer::dispatch");
+      }
+    };
+    dispatch_error([](DispatchArgs& a) { a.num_tokens = 17; }, "args.num_tokens is 17; expected 0..16");
+    dispatch_error([](DispatchArgs& a) { a.num_tokens = -1; }, "args.num_tokens is -1");
+    dispatch_error([](DispatchArgs& a) { a.hidden = nullptr; }, "args.hidden is null");
+    dispatch_error([&](DispatchArgs& a) { a.scales = static_cast<const float*>(in.topk_weights.get()); },
+                   "args.scales is given; expected null (config.dispatch_dtype is BF16)");
+    dispatch_error([&](DispatchArgs& a) { a.routing_map = static_cast<const uint8_t*>(in.hidden.get()); },
+                   "routing: expected exactly one of args.topk_idx");
+    dispatch_error([](DispatchArgs& a) { a.num_topk = 3; }, "args.num_topk is 3; expected 1..2 (config.max_top_k)");
+    dispatch_error([](DispatchArgs& a) { a.pad_multiple = 0; }, "args.pad_multiple is 0; expected >= 1");
+    dispatch_error([](DispatchArgs& a) { a.max_rows = -2; }, "args.max_rows is -2");
+    dispatch_error([](DispatchArgs& a) { a.num_sms = kSmCount + 1; }, "args.num_sms is 5; expected 0 (the buffer's default) or 1..4");
+    dispatch_error([](DispatchArgs& a) { a.layout = static_cast<TokenLayout>(7); }, "args.layout is 7");
+    // Reusing a handle: the routing is the handle's, and how it was made must match.
+    dispatch_error([&](DispatchArgs& a) { a.handle = &good.handle; }, "given with args.handle; expected none");
+    const auto reuse = [&](DispatchArgs& a) {
+      a.topk_idx = nullptr;
+      a.topk_weights = nullptr;
+      a.num_topk = 0;
+      a.handle = &good.handle;
+    };
+    dispatch_error([&](DispatchArgs& a) { reuse(a); a.layout = kGrouped; },
+                   "args.layout is ExpertGrouped; expected Received (the handle's)");
+    dispatch_error([&](DispatchArgs& a) { reuse(a); a.num_tokens = 3; }, "args.num_tokens is 3; expected 16 (the handle's)");
+    dispatch_error([&](DispatchArgs& a) { reuse(a); a.max_rows = 4; },
+                   "args.max_rows is 4; expected empty (blocking mode) (the handle's)");
+    const Handle moved_from = Handle();
+    dispatch_error([&](DispatchArgs& a) { reuse(a); a.handle = &moved_from; }, "args.handle is empty");
+    // A launcher's own check, rethrown with its message (FP8-only argument given to BF16 is
+    // caught above; here the handle of a 0-row bounded dispatch combined with too many rows).
+    const auto combine_error = [&](const CombineArgs& a, const std::string& expected) {
+      try {
+        (void)buffer.combine(a);
+        ADD_FAILURE() << "expected an error naming " << expected;
+      } catch (const std::invalid_argument& e) {
+        EXPECT_HAS(e.what(), expected);
+        EXPECT_HAS(e.what(), "railyard Buffer::combine");
+      }
+    };
+    combine_error({.hidden = good.hidden.data()}, "args.handle is null");
+    combine_error({.handle = &good.handle, .hidden = nullptr}, "args.hidden is null");
+    combine_error({.handle = &good.handle, .hidden = good.hidden.data(), .num_rows = good.num_rows + 1},
+                  "args.num_rows is " + std::to_string(good.num_rows + 1));
+    combine_error({.handle = &good.handle, .hidden = good.hidden.data(), .out_probs = good.probs.data()},
+                  "args.out_probs is given without args.probs");
+    combine_error({.handle = &good.handle, .hidden = good.hidden.data(), .num_sms = 9}, "args.num_sms is 9");
+    // The current device must be the buffer's.
+    runtime::gpu::set_current(1);
+    combine_error({.handle = &good.handle, .hidden = good.hidden.data()}, "the current device is 1; expected 0");
+    runtime::gpu::set_current(0);
+    runtime::gpu::stream_synchronize(sim::default_stream(0));
+  });
+}
+
+TEST(BufferArguments, AHandleOfAnotherBufferIsRefused) {
+  reset_sim(1);
+  auto group = make_group(1);
+  const ref::World w{1, 1, 4, 128, 16};
+  const auto inputs = test::make_inputs({w, {16}, 2, DType::BF16, test::Routing::Uniform, false, 3});
+  sim::run_ranks(1, [&](int rank) {
+    runtime::gpu::set_current(rank);
+    auto boot = group->bootstrap(rank);
+    const BufferConfig config = make_config(1, 128, 16, 4, 2, DType::BF16);
+    Buffer first(config, *boot, {.dispatch_sms = 1, .combine_sms = 1});
+    Buffer second(config, *boot, {.dispatch_sms = 1, .combine_sms = 1});
+    const DeviceInputs in = to_device(inputs[0]);
+    const DispatchResult d = first.dispatch(fresh_args(in, Case{{16}}, 16));
+    try {
+      (void)second.combine({.handle = &d.handle, .hidden = d.hidden.data()});
+      ADD_FAILURE() << "a foreign handle must be refused";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_HAS(e.what(), "args.handle was made by another Buffer");
+    }
+    runtime::gpu::stream_synchronize(sim::default_stream(0));
+  });
+}
+
+}  // namespace
+}  // namespace railyard
