@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "railyard/common/dtypes.cuh"
 #include "railyard/common/gpu_stream.hpp"
@@ -147,6 +148,18 @@ struct CombineResult {
   DeviceArray<float> probs;  // [num_tokens, E] with the probs combine, else empty
 };
 
+// What a kernel's bounded wait that gave up reported (pipeline::WaitRecord, read from
+// pinned host memory after the kernel trapped).
+struct WaitTimeout {
+  int rank = -1;            // the rank whose kernel waited
+  uint32_t block = 0, warp = 0, lane = 0;
+  std::string what;         // what it waited for, e.g. "entry barrier flag of peer rank"
+  int64_t index = -1;       // the peer rank or the row it waited for
+  int64_t value = -1;       // the value it waited for (the operation's sequence number)
+  uint64_t cycles = 0;      // the budget that ran out
+  std::string to_string() const;
+};
+
 class Buffer {
  public:
   // Bytes of device memory a Buffer allocates on its own: its registered buffer
@@ -177,6 +190,13 @@ class Buffer {
   DispatchResult dispatch(const DispatchArgs& args);
   // Collective: the combine kernel on the handle of a dispatch.
   CombineResult combine(const CombineArgs& args);
+
+  // Waits for `stream` (this buffer's device). A device failure whose cause was a
+  // kernel's timed-out wait is rethrown as Error(StatusCode::Timeout) naming the rank,
+  // what it waited for and the peer or row; other failures pass through unchanged.
+  void synchronize(GpuStream stream = {});
+  // The first timed-out wait of this buffer's kernels, if any.
+  std::optional<WaitTimeout> timed_out_wait() const;
 
   const BufferConfig& config() const;
   int rank() const;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <cstdio>
 #include <limits>
 #include <string>
@@ -99,7 +100,14 @@ struct Buffer::State {
     const auto peers = registered.domain_ptrs();
     for (std::size_t r = 0; r < peers.size(); ++r) domain.peers.ptr[r] = peers[r];
     if (options.timeout_cycles > 0) domain.timeout_cycles = options.timeout_cycles;
+    // Pinned host memory: still readable after a kernel trapped on a timed-out wait.
+    wait_record = static_cast<pipeline::WaitRecord*>(runtime::gpu::malloc_host(sizeof(pipeline::WaitRecord), "wait record"));
+    std::memset(wait_record, 0, sizeof(pipeline::WaitRecord));
+    domain.wait_record = wait_record;
   }
+  ~State() { runtime::gpu::free_host(wait_record); }
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
 
   static runtime::RegisteredBufferOptions registered_options(const BufferOptions& options) {
     runtime::RegisteredBufferOptions r;
@@ -118,6 +126,7 @@ struct Buffer::State {
   int dispatch_sms = 1;
   int combine_sms = 1;
   ki::DomainParams domain;
+  pipeline::WaitRecord* wait_record = nullptr;
 };
 
 std::size_t Buffer::required_bytes(const BufferConfig& config) { return runtime::RegisteredBuffer::required_bytes(config); }
@@ -157,6 +166,38 @@ void Buffer::destroy() {
 Buffer::State& Buffer::state(const char* what) const {
   if (!state_) throw std::logic_error(std::string("railyard Buffer::") + what + ": the buffer was destroyed or moved from");
   return *state_;
+}
+
+std::string WaitTimeout::to_string() const {
+  return "rank " + std::to_string(rank) + " gave up after " + std::to_string(cycles) + " cycles waiting for " + what +
+         " (peer or row " + std::to_string(index) + ", value " + std::to_string(value) + ") in block " +
+         std::to_string(block) + " warp " + std::to_string(warp) + " lane " + std::to_string(lane);
+}
+
+std::optional<WaitTimeout> Buffer::timed_out_wait() const {
+  const pipeline::WaitRecord* r = state("timed_out_wait").wait_record;
+  if (std::atomic_ref<const uint32_t>(r->timed_out).load(std::memory_order_acquire) == 0) return std::nullopt;
+  WaitTimeout t;
+  t.rank = r->rank;
+  t.block = r->block;
+  t.warp = r->warp;
+  t.lane = r->lane;
+  t.what = std::string(r->what, strnlen(r->what, sizeof(r->what)));
+  t.index = r->index;
+  t.value = r->value;
+  t.cycles = r->cycles;
+  return t;
+}
+
+void Buffer::synchronize(GpuStream stream) {
+  State& s = state("synchronize");
+  try {
+    runtime::gpu::stream_synchronize(resolve_stream(stream, s.device));
+  } catch (const std::exception& e) {
+    if (const auto timeout = timed_out_wait())
+      std::throw_with_nested(Error(StatusCode::Timeout, "railyard Buffer: " + timeout->to_string()));
+    throw;
+  }
 }
 
 const BufferConfig& Buffer::config() const { return state("config").config; }
@@ -294,7 +335,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args) {
       // Blocking mode: the one host synchronisation, to size the outputs exactly.
       std::vector<int64_t> totals(static_cast<std::size_t>(4 + 2 * El));
       runtime::gpu::memcpy_async(totals.data(), fresh.view().totals, totals.size() * sizeof(int64_t), stream);
-      runtime::gpu::stream_synchronize(stream);
+      synchronize(stream);
       DispatchCounts counts;
       counts.num_recv_tokens = total(totals.data(), layout::Total::NumRecv);
       counts.num_permuted_rows = total(totals.data(), layout::Total::NumPermuted);

@@ -642,3 +642,45 @@ TEST(BufferArguments, AHandleOfAnotherBufferIsRefused) {
 
 }  // namespace
 }  // namespace railyard
+
+namespace railyard {
+namespace {
+
+// A rank that never takes part: the other rank's kernel waits for it until its cycle
+// budget runs out, and Buffer turns the record that wait left in pinned host memory
+// into Error(Timeout) naming the rank, what it waited for and the peer.
+TEST(BufferTimeouts, APeerThatNeverDispatchesIsReportedAsATimeout) {
+  const int n = 2, T = 4, H = 128;
+  reset_sim(n);
+  auto group = make_group(n);
+  std::optional<WaitTimeout> seen;
+  const std::vector<std::string> errors = errors_on_ranks(n, [&](int rank) {
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(make_config(n, H, T, 2, 2, DType::BF16), *boot, {.timeout_cycles = uint64_t{1} << 22});
+    if (rank == 1) return;  // never dispatches
+    std::vector<bf16> x(static_cast<std::size_t>(T) * H, float_to_bf16(1.0f));
+    std::vector<int64_t> idx(static_cast<std::size_t>(T) * 2);
+    for (int t = 0; t < T; ++t) idx[2 * t] = 0, idx[2 * t + 1] = 2;  // one expert on each rank
+    std::vector<float> w(idx.size(), 0.5f);
+    DeviceAllocation dx = to_device<bf16>(x), didx = to_device<int64_t>(idx), dw = to_device<float>(w);
+    try {
+      buffer.dispatch({.hidden = dx.get(), .num_tokens = T, .topk_idx = static_cast<const int64_t*>(didx.get()),
+                       .topk_weights = static_cast<const float*>(dw.get()), .num_topk = 2});
+    } catch (...) {
+      seen = buffer.timed_out_wait();
+      throw;
+    }
+  });
+  EXPECT_EQ(errors[1], "(no error)");
+  EXPECT_NE(errors[0].find("railyard Buffer: rank 0 gave up after 4194304 cycles waiting for count row of rank "
+                           "(peer or row 1, value 1)"),
+            std::string::npos)
+      << errors[0];
+  ASSERT_TRUE(seen.has_value());
+  EXPECT_EQ(seen->rank, 0);
+  EXPECT_EQ(seen->what, "count row of rank");
+  EXPECT_EQ(seen->index, 1);
+}
+
+}  // namespace
+}  // namespace railyard

@@ -12,6 +12,7 @@ enum class StatusCode {
   InvalidArgument,  // the caller's arguments can never work (bad size, alignment, pointer)
   Unsupported,      // valid, but no compiled configuration handles it
   LaunchFailed,     // the runtime refused the launch
+  Timeout,          // a kernel's bounded wait gave up (a peer never answered)
 };
 
 inline const char* to_string(StatusCode code) {
@@ -20,6 +21,7 @@ inline const char* to_string(StatusCode code) {
     case StatusCode::InvalidArgument: return "InvalidArgument";
     case StatusCode::Unsupported: return "Unsupported";
     case StatusCode::LaunchFailed: return "LaunchFailed";
+    case StatusCode::Timeout: return "Timeout";
   }
   return "?";
 }
