@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Railyard's main job. Until the bandwidth benchmark exists: builds and runs the
-# simulator demo (benchmarks/sim_demo.cpp), RowGather on two simulated GPUs. Runs on
-# the CPU simulator: no GPU is needed or used.
+# simulator demo (benchmarks/sim_demo.cpp), dispatch then combine through the public
+# API (railyard::Buffer) on eight simulated GPUs in one NVLink domain, checked against
+# closed forms, with the NVLink bytes against the minimum. Runs on the CPU simulator:
+# no GPU is needed or used, and no time it prints is a GPU figure.
 #
-#   bash scripts/demo.sh [demo options, e.g. --rows 1024 --seed 3]
+#   bash scripts/demo.sh [demo options, e.g. --tokens 512 --layout grouped --seed 3]
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
