@@ -70,7 +70,8 @@ coverage_dir=$build/coverage
 mkdir -p "$coverage_dir"
 coverage_ok=1
 if grep -q 'RAILYARD_COVERAGE:BOOL=ON' "$build/CMakeCache.txt" && command -v gcovr >/dev/null; then
-  gcovr --root "$root" --object-directory "$build" -j "$jobs" \
+  # Bounded: a gcovr that meets a bad record must not stall CI.
+  timeout 900 gcovr --root "$root" --object-directory "$build" -j "$jobs" --gcov-ignore-parse-errors \
     --filter "$root/kernels/" \
     --filter "$root/include/railyard/arch/" \
     --filter "$root/include/railyard/pipeline/" \

@@ -249,6 +249,45 @@ TEST(IntranodeMetadata, BadExpertIdTrapsWithTheSlot) {
   }
 }
 
+// The other routing errors a kernel can only see on the device.
+TEST(IntranodeMetadata, DuplicateExpertsAndOverfullMapsTrap) {
+  layout::IntranodeShape shape{1, 4, 2, 16, 2, DType::BF16};
+  auto expect_trap = [&](MetadataArguments a, const std::string& needle) {
+    try {
+      sim::run_ranks(1, [&](int) { ASSERT_TRUE(launch_metadata(a, sim::default_stream(0)).ok()); sim::stream_synchronize(sim::default_stream(0)); });
+      ADD_FAILURE() << "expected a trap: " << needle;
+    } catch (const sim::Error& e) {
+      EXPECT_EQ(e.kind(), sim::ErrorKind::Trap);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  {
+    IntranodeWorld w(shape, 1);
+    const std::vector<int64_t> idx = {0, 1, 3, 3};  // token 1 chooses expert 3 twice
+    MetadataArguments a;
+    a.domain = w.domain(0);
+    a.num_tokens = 2;
+    a.topk_idx = w.copy_in<int64_t>(0, idx, "topk_idx");
+    a.topk_weights = w.alloc<float>(0, 4, "w");
+    a.num_topk = 2;
+    a.handle = w.alloc_handle(0, 2);
+    a.recv_capacity = 2;
+    expect_trap(a, "topk_idx[1] chooses expert 3 twice");
+  }
+  {
+    IntranodeWorld w(shape, 1);
+    const std::vector<uint8_t> map = {1, 0, 0, 0, 1, 1, 1, 0};  // token 1 chooses 3 > max_topk 2
+    MetadataArguments a;
+    a.domain = w.domain(0);
+    a.num_tokens = 2;
+    a.routing_map = w.copy_in<uint8_t>(0, map, "routing_map");
+    a.probs = w.alloc<float>(0, 8, "probs");
+    a.handle = w.alloc_handle(0, 2);
+    a.recv_capacity = 2;
+    expect_trap(a, "routing_map[1] chooses more than max_topk = 2 experts (expert 2 is one too many)");
+  }
+}
+
 TEST(IntranodeMetadata, MismatchedPadMultipleTraps) {
   layout::IntranodeShape shape{2, 1, 4, 16, 1, DType::BF16};
   IntranodeWorld w(shape, 1);
