@@ -37,6 +37,7 @@
 #include <string>
 
 #include "kernels/intranode/combine.hpp"
+#include "kernels/intranode/domain_checks.hpp"
 #include "kernels/intranode/protocol.cuh"
 #include "railyard/arch/bulk_copy.cuh"
 #include "railyard/arch/fault.cuh"
@@ -144,26 +145,8 @@ struct Combine {
   static Status can_implement(const Arguments& a) {
     const layout::IntranodeShape& s = a.domain.shape;
     const std::string who = "intranode combine: ";
-    const auto range = [](int64_t lo, int64_t hi) { return std::to_string(lo) + ".." + std::to_string(hi); };
-    if (s.num_ranks < 1 || s.num_ranks > layout::kMaxRanksPerDomain)
-      return Status::invalid_argument(who + "domain.shape.num_ranks is " + std::to_string(s.num_ranks) +
-                                      "; expected " + range(1, layout::kMaxRanksPerDomain));
-    if (s.num_local_experts < 1 || s.num_local_experts > layout::kMaxLocalExperts)
-      return Status::invalid_argument(who + "domain.shape.num_local_experts is " +
-                                      std::to_string(s.num_local_experts) + "; expected " +
-                                      range(1, layout::kMaxLocalExperts));
-    if (s.max_topk < 1 || s.max_topk > s.num_ranks * s.num_local_experts)
-      return Status::invalid_argument(who + "domain.shape.max_topk is " + std::to_string(s.max_topk) +
-                                      "; expected " + range(1, int64_t{s.num_ranks} * s.num_local_experts));
-    if (s.hidden < 1 || (int64_t{s.hidden} * 2) % arch::kBulkCopyAlign != 0)
-      return Status::invalid_argument(who + "domain.shape.hidden is " + std::to_string(s.hidden) +
-                                      "; expected a positive multiple of 8 (BF16 rows of whole 16-byte units)");
-    if (a.domain.rank < 0 || a.domain.rank >= s.num_ranks)
-      return Status::invalid_argument(who + "domain.rank is " + std::to_string(a.domain.rank) + "; expected " +
-                                      range(0, s.num_ranks - 1));
-    for (int r = 0; r < s.num_ranks; ++r)
-      if (a.domain.peers.ptr[r] == nullptr)
-        return Status::invalid_argument(who + "domain.peers.ptr[" + std::to_string(r) + "] is null");
+    const auto range = check_range;
+    if (Status st = check_domain(a.domain, "combine"); !st.ok()) return st;
     const layout::IntranodeLayout lay(s);
     if (a.handle == nullptr) return Status::invalid_argument(who + "handle is null");
     if (a.recv_capacity < 0 || a.recv_capacity > lay.stage_capacity_rows())

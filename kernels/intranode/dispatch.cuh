@@ -25,6 +25,7 @@
 #include <string>
 
 #include "kernels/intranode/dispatch.hpp"
+#include "kernels/intranode/domain_checks.hpp"
 #include "kernels/intranode/protocol.cuh"
 #include "railyard/arch/bulk_copy.cuh"
 #include "railyard/arch/fault.cuh"
@@ -100,23 +101,7 @@ struct Dispatch {
     const layout::IntranodeShape& s = args.domain.shape;
     const layout::IntranodeLayout layout(s);
     const auto bad = [](const std::string& what) { return Status::invalid_argument("Dispatch: " + what); };
-    if (s.num_ranks < 1 || s.num_ranks > layout::kMaxRanksPerDomain)
-      return bad("shape.num_ranks " + std::to_string(s.num_ranks) + ": expected 1..72");
-    if (args.domain.rank < 0 || args.domain.rank >= s.num_ranks)
-      return bad("domain.rank " + std::to_string(args.domain.rank) + ": expected 0..num_ranks-1");
-    for (int r = 0; r < s.num_ranks; ++r) {
-      if (args.domain.peers.ptr[r] == nullptr) return bad("domain.peers.ptr[" + std::to_string(r) + "] is null");
-    }
-    if (s.num_local_experts < 1 || s.num_local_experts > layout::kMaxLocalExperts)
-      return bad("shape.num_local_experts " + std::to_string(s.num_local_experts) + ": expected 1..256");
-    if (s.max_topk < 1 || s.max_topk > s.num_ranks * s.num_local_experts)
-      return bad("shape.max_topk " + std::to_string(s.max_topk) + ": expected 1..num_ranks*num_local_experts");
-    if (s.dispatch_dtype != DType::BF16 && s.dispatch_dtype != DType::FP8_E4M3)
-      return bad("shape.dispatch_dtype: expected BF16 or FP8_E4M3");
-    if (s.hidden < 1 || layout.dispatch_row_bytes() % arch::kBulkCopyAlign != 0)
-      return bad("shape.hidden " + std::to_string(s.hidden) + ": expected rows of a positive multiple of 16 bytes");
-    if (s.dispatch_dtype == DType::FP8_E4M3 && s.hidden % layout::kFp8ScaleBlock != 0)
-      return bad("shape.hidden " + std::to_string(s.hidden) + ": expected a multiple of 128 for FP8");
+    if (Status st = check_domain(args.domain, "dispatch"); !st.ok()) return st;
     if (args.num_tokens < 0 || args.num_tokens > s.max_tokens)
       return bad("num_tokens " + std::to_string(args.num_tokens) + ": expected 0..shape.max_tokens = " +
                  std::to_string(s.max_tokens));

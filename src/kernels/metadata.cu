@@ -6,49 +6,15 @@
 #include <string>
 
 #include "kernels/common/launch.hpp"
+#include "kernels/intranode/domain_checks.hpp"
 
 namespace railyard::kernels::intranode {
-namespace {
-
-std::string range(int64_t lo, int64_t hi) { return std::to_string(lo) + ".." + std::to_string(hi); }
-
-Status check_shape(const layout::IntranodeShape& s) {
-  const std::string who = "intranode metadata: shape.";
-  if (s.num_ranks < 1 || s.num_ranks > layout::kMaxRanksPerDomain)
-    return Status::invalid_argument(who + "num_ranks is " + std::to_string(s.num_ranks) + "; expected " +
-                                    range(1, layout::kMaxRanksPerDomain));
-  if (s.num_local_experts < 1 || s.num_local_experts > layout::kMaxLocalExperts)
-    return Status::invalid_argument(who + "num_local_experts is " + std::to_string(s.num_local_experts) +
-                                    "; expected " + range(1, layout::kMaxLocalExperts));
-  if (s.max_topk < 1 || s.max_topk > s.num_ranks * s.num_local_experts)
-    return Status::invalid_argument(who + "max_topk is " + std::to_string(s.max_topk) + "; expected " +
-                                    range(1, int64_t{s.num_ranks} * s.num_local_experts));
-  if (s.max_tokens < 0)
-    return Status::invalid_argument(who + "max_tokens is " + std::to_string(s.max_tokens) + "; expected >= 0");
-  const int64_t row_bytes = int64_t{s.hidden} * dtype_bytes(s.dispatch_dtype);
-  if (s.hidden < 1 || row_bytes % 16 != 0)
-    return Status::invalid_argument(who + "hidden is " + std::to_string(s.hidden) +
-                                    "; expected a positive count whose row is a multiple of 16 bytes");
-  if (s.dispatch_dtype == DType::FP8_E4M3 && s.hidden % layout::kFp8ScaleBlock != 0)
-    return Status::invalid_argument(who + "hidden is " + std::to_string(s.hidden) +
-                                    "; FP8 needs a multiple of " + std::to_string(layout::kFp8ScaleBlock));
-  if (int64_t{s.num_ranks} * s.max_tokens > std::numeric_limits<int32_t>::max())
-    return Status::invalid_argument(who + "num_ranks x max_tokens exceeds 2^31 - 1 rows");
-  return Status::success();
-}
-
-}  // namespace
 
 Status launch_metadata(const MetadataArguments& a, GpuStream stream) {
   const layout::IntranodeShape& s = a.domain.shape;
-  if (Status st = check_shape(s); !st.ok()) return st;
+  if (Status st = check_domain(a.domain, "metadata"); !st.ok()) return st;
   const std::string who = "intranode metadata: ";
-  if (a.domain.rank < 0 || a.domain.rank >= s.num_ranks)
-    return Status::invalid_argument(who + "domain.rank is " + std::to_string(a.domain.rank) + "; expected " +
-                                    range(0, s.num_ranks - 1));
-  for (int r = 0; r < s.num_ranks; ++r)
-    if (!a.domain.peers.ptr[r])
-      return Status::invalid_argument(who + "domain.peers.ptr[" + std::to_string(r) + "] is null");
+  const auto range = check_range;
   if (a.num_tokens < 0 || a.num_tokens > s.max_tokens)
     return Status::invalid_argument(who + "num_tokens is " + std::to_string(a.num_tokens) + "; expected " +
                                     range(0, s.max_tokens) + " (shape.max_tokens)");
