@@ -164,7 +164,8 @@ class Buffer {
  public:
   // Bytes of device memory a Buffer allocates on its own: its registered buffer
   // (runtime::RegisteredBuffer::required_bytes, the layout's formula). Handles and
-  // outputs come from the allocator and are not included. std::invalid_argument for
+  // outputs come from the allocator and are not included; besides, the Buffer holds
+  // one small pinned host record (pipeline::WaitRecord) for timeout reports. std::invalid_argument for
   // a config that fails validation.
   static std::size_t required_bytes(const BufferConfig& config);
 
