@@ -4,7 +4,7 @@
 // here: they live in include/railyard/arch/, each beside its PTX twin.
 //
 // Deliberately absent: `__shared__` (kernels carve all shared memory from the
-// dynamic allocation, see arch/smem.cuh) and raw `asm`.
+// dynamic allocation, see arch/smem.cuh) and inline PTX assembly.
 #pragma once
 
 #include <cstdint>
