@@ -151,6 +151,33 @@ TEST(IntranodeMetadata, BoundsDropPermutedSlotsAndFlagOverflow) {
 
 // Two calls in a row on the same buffers (the count table's parity alternates, and
 // sequence numbers keep growing): the second call's results are its own.
+// Fewer choices than slots: top-k callers passing num_topk < max_topk, and maps with
+// fewer experts than max_topk, leave the remaining slots unused (-1) in the handle.
+TEST(IntranodeMetadata, FewerChoicesThanSlotsLeaveSlotsUnused) {
+  const int R = 3, El = 2, K = 4, M = 20;
+  for (bool map : {false, true}) {
+    layout::IntranodeShape shape{R, El, M, 16, K, DType::BF16};
+    IntranodeWorld w(shape, 5);
+    const int64_t capacity = w.layout().stage_capacity_rows();
+    ref::World world{R, R, R * El, 16, M};
+    const std::vector<int> tokens = {20, 7, 13};
+    const auto call = test::reference_call(
+        world, test::make_inputs({world, tokens, /*topk=*/2, DType::BF16, Routing::Uniform, map, 9}), {});
+    std::vector<uint8_t*> handles;
+    std::vector<test::DeviceRouting> routing;
+    for (int r = 0; r < R; ++r) {
+      handles.push_back(w.alloc_handle(r, capacity));
+      routing.push_back(test::upload_routing(w, r, call.inputs[r]));
+    }
+    w.run([&](int rank, GpuStream stream) {
+      ASSERT_TRUE(launch_metadata(args_for(w, rank, call.inputs[rank], routing[rank], {}, handles[rank], capacity), stream).ok());
+    });
+    for (int r = 0; r < R; ++r)
+      expect_handle_eq(w, handles[r], test::reference_handle(w.layout(), call, r, capacity), r, tokens[r], capacity,
+                       map ? "map with 2 of 4 slots" : "top-2 of 4 slots");
+  }
+}
+
 TEST(IntranodeMetadata, BackToBackCallsUseTheirOwnCounts) {
   const int R = 3, El = 2, K = 2, M = 40;
   layout::IntranodeShape shape{R, El, M, 16, K, DType::BF16};
