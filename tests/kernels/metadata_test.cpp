@@ -85,6 +85,29 @@ void expect_handle_eq(const IntranodeWorld& w, const uint8_t* got_bytes, const s
     ASSERT_EQ(got.totals[i], want.totals[i]) << what << ": totals[" << i << "] on rank " << rank;
 }
 
+// Runs the metadata kernel on every rank of `w` for `call` and compares every rank's
+// handle with the reference's. Resets the traffic counters first.
+void run_and_check(IntranodeWorld& w, const test::ReferenceCall& call, const CallOptions& options,
+                   const std::string& what) {
+  const int R = w.num_ranks();
+  const int64_t capacity = w.layout().stage_capacity_rows();
+  std::vector<uint8_t*> handles;
+  std::vector<test::DeviceRouting> routing;
+  for (int r = 0; r < R; ++r) {
+    handles.push_back(w.alloc_handle(r, capacity));
+    routing.push_back(test::upload_routing(w, r, call.inputs[r]));
+  }
+  sim::reset_traffic();
+  w.run([&](int rank, GpuStream stream) {
+    const Status st =
+        launch_metadata(args_for(w, rank, call.inputs[rank], routing[rank], options, handles[rank], capacity), stream);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  });
+  for (int r = 0; r < R; ++r)
+    expect_handle_eq(w, handles[r], test::reference_handle(w.layout(), call, r, capacity), r,
+                     call.inputs[r].num_tokens, capacity, what);
+}
+
 void run_case(const Case& c, uint64_t seed) {
   const int El = c.local_experts;
   int max_tokens = 0;
@@ -95,21 +118,7 @@ void run_case(const Case& c, uint64_t seed) {
 
   layout::IntranodeShape shape{c.num_ranks, El, max_tokens, 16, c.topk, DType::BF16};
   IntranodeWorld w(shape, seed);
-  const int64_t capacity = w.layout().stage_capacity_rows();
-  std::vector<uint8_t*> handles;
-  std::vector<test::DeviceRouting> routing;
-  for (int r = 0; r < c.num_ranks; ++r) {
-    handles.push_back(w.alloc_handle(r, capacity));
-    routing.push_back(test::upload_routing(w, r, call.inputs[r]));
-  }
-  sim::reset_traffic();
-  w.run([&](int rank, GpuStream stream) {
-    const Status st = launch_metadata(args_for(w, rank, call.inputs[rank], routing[rank], c.options, handles[rank], capacity), stream);
-    ASSERT_TRUE(st.ok()) << st.to_string();
-  });
-  for (int r = 0; r < c.num_ranks; ++r)
-    expect_handle_eq(w, handles[r], test::reference_handle(w.layout(), call, r, capacity), r, c.tokens[r], capacity,
-                     describe(c) + " seed " + std::to_string(seed));
+  run_and_check(w, call, c.options, describe(c) + " seed " + std::to_string(seed));
   // The exchange: each rank writes one count row and one flag to each peer, nothing more.
   const sim::Traffic traffic = sim::traffic();
   const uint64_t row_bytes = static_cast<uint64_t>(w.layout().count_row_ints()) * 4 + 4;
@@ -149,8 +158,6 @@ TEST(IntranodeMetadata, BoundsDropPermutedSlotsAndFlagOverflow) {
   for (uint64_t seed : {4, 5}) run_case(c, seed);
 }
 
-// Two calls in a row on the same buffers (the count table's parity alternates, and
-// sequence numbers keep growing): the second call's results are its own.
 // Fewer choices than slots: top-k callers passing num_topk < max_topk, and maps with
 // fewer experts than max_topk, leave the remaining slots unused (-1) in the handle.
 TEST(IntranodeMetadata, FewerChoicesThanSlotsLeaveSlotsUnused) {
@@ -158,47 +165,24 @@ TEST(IntranodeMetadata, FewerChoicesThanSlotsLeaveSlotsUnused) {
   for (bool map : {false, true}) {
     layout::IntranodeShape shape{R, El, M, 16, K, DType::BF16};
     IntranodeWorld w(shape, 5);
-    const int64_t capacity = w.layout().stage_capacity_rows();
     ref::World world{R, R, R * El, 16, M};
-    const std::vector<int> tokens = {20, 7, 13};
     const auto call = test::reference_call(
-        world, test::make_inputs({world, tokens, /*topk=*/2, DType::BF16, Routing::Uniform, map, 9}), {});
-    std::vector<uint8_t*> handles;
-    std::vector<test::DeviceRouting> routing;
-    for (int r = 0; r < R; ++r) {
-      handles.push_back(w.alloc_handle(r, capacity));
-      routing.push_back(test::upload_routing(w, r, call.inputs[r]));
-    }
-    w.run([&](int rank, GpuStream stream) {
-      ASSERT_TRUE(launch_metadata(args_for(w, rank, call.inputs[rank], routing[rank], {}, handles[rank], capacity), stream).ok());
-    });
-    for (int r = 0; r < R; ++r)
-      expect_handle_eq(w, handles[r], test::reference_handle(w.layout(), call, r, capacity), r, tokens[r], capacity,
-                       map ? "map with 2 of 4 slots" : "top-2 of 4 slots");
+        world, test::make_inputs({world, {20, 7, 13}, /*topk=*/2, DType::BF16, Routing::Uniform, map, 9}), {});
+    run_and_check(w, call, {}, map ? "map with 2 of 4 slots" : "top-2 of 4 slots");
   }
 }
 
+// Two calls in a row on the same buffers (the count table's parity alternates, and
+// sequence numbers keep growing): the second call's results are its own.
 TEST(IntranodeMetadata, BackToBackCallsUseTheirOwnCounts) {
   const int R = 3, El = 2, K = 2, M = 40;
   layout::IntranodeShape shape{R, El, M, 16, K, DType::BF16};
   IntranodeWorld w(shape, 9);
-  const int64_t capacity = w.layout().stage_capacity_rows();
   ref::World world{R, R, R * El, 16, M};
   for (int call_index = 0; call_index < 3; ++call_index) {
     std::vector<int> tokens = {M - call_index * 7, call_index * 11, 13 + call_index};
     const auto call = test::reference_call(world, test::make_inputs({world, tokens, K, DType::BF16, Routing::Uniform, false, 40u + call_index}), {});
-    std::vector<uint8_t*> handles;
-    std::vector<test::DeviceRouting> routing;
-    for (int r = 0; r < R; ++r) {
-      handles.push_back(w.alloc_handle(r, capacity));
-      routing.push_back(test::upload_routing(w, r, call.inputs[r]));
-    }
-    w.run([&](int rank, GpuStream stream) {
-      ASSERT_TRUE(launch_metadata(args_for(w, rank, call.inputs[rank], routing[rank], {}, handles[rank], capacity), stream).ok());
-    });
-    for (int r = 0; r < R; ++r)
-      expect_handle_eq(w, handles[r], test::reference_handle(w.layout(), call, r, capacity), r, tokens[r], capacity,
-                       "call " + std::to_string(call_index));
+    run_and_check(w, call, {}, "call " + std::to_string(call_index));
     EXPECT_EQ(*w.layout().local_state(w.registered(0)), static_cast<uint32_t>(call_index + 1)) << "sequence number";
   }
 }
