@@ -223,7 +223,8 @@ void Engine::reset(const Config& config) {
     if (!s.ops.empty())
       throw Error(ErrorKind::Misuse, "railyard::sim::reset: work is still pending on a stream; "
                                      "synchronize first");
-  for (auto& [base, a] : allocations_) std::free(reinterpret_cast<void*>(base));
+  for (auto& [base, a] : allocations_)
+    if (a.owned) std::free(reinterpret_cast<void*>(base));
   allocations_.clear();
   devices_.clear();
   streams_.clear();
@@ -294,7 +295,36 @@ void Engine::deallocate(void* ptr) {
   auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == allocations_.end())
     throw Error(ErrorKind::Misuse, "railyard::sim::free: " + hex(ptr) + " is not the start of a live allocation");
+  if (!it->second.owned)
+    throw Error(ErrorKind::Misuse, "railyard::sim::free: " + hex(ptr) + " is registered memory ('" +
+                                       it->second.label + "'); unregister_memory it instead");
   std::free(ptr);
+  allocations_.erase(it);
+}
+
+void Engine::register_range(int dev, void* ptr, std::size_t bytes, std::string label) {
+  const auto base = reinterpret_cast<uintptr_t>(ptr);
+  if (!ptr || bytes == 0)
+    throw std::invalid_argument("railyard::sim::register_memory: ptr " + hex(ptr) + ", bytes " +
+                                std::to_string(bytes) + "; expected a non-null pointer and bytes > 0");
+  // Overlap with an existing range: the one starting at or below the end of ours.
+  auto it = allocations_.lower_bound(base + bytes);
+  if (it != allocations_.begin()) {
+    const Allocation& prev = std::prev(it)->second;
+    if (prev.base + std::max<std::size_t>(prev.bytes, 1) > base)
+      throw Error(ErrorKind::Misuse, "railyard::sim::register_memory: [" + hex(ptr) + ", +" + std::to_string(bytes) +
+                                         ") overlaps '" + prev.label + "' [" +
+                                         hex(reinterpret_cast<void*>(prev.base)) + ", +" +
+                                         std::to_string(prev.bytes) + ")");
+  }
+  allocations_[base] = Allocation{base, bytes, dev, std::move(label), false};
+}
+
+void Engine::unregister_range(void* ptr) {
+  auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == allocations_.end() || it->second.owned)
+    throw Error(ErrorKind::Misuse,
+                "railyard::sim::unregister_memory: " + hex(ptr) + " does not start a registered range");
   allocations_.erase(it);
 }
 

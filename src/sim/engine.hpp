@@ -186,6 +186,7 @@ struct Allocation {
   std::size_t bytes;
   int device;
   std::string label;
+  bool owned = true;  // false: registered caller memory (register_memory), never freed here
 };
 
 // A host thread waiting in the simulator for a condition the engine can satisfy.
@@ -240,6 +241,8 @@ class Engine {
   void enable_peer(int device, int peer);
   void* allocate(int device, std::size_t bytes, std::string label);
   void deallocate(void* ptr);
+  void register_range(int device, void* ptr, std::size_t bytes, std::string label);
+  void unregister_range(void* ptr);
   const Allocation* find(const void* ptr) const;
   const Allocation* nearest_below(const void* ptr) const;
   int new_stream(int device);

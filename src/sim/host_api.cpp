@@ -131,6 +131,20 @@ void free(void* ptr) {
   e.deallocate(ptr);
 }
 
+void register_memory(int device, void* ptr, std::size_t bytes, std::string label) {
+  Engine& e = engine();
+  auto lock = e.acquire();
+  check_device(e, device, "register_memory");
+  e.register_range(device, ptr, bytes,
+                   label.empty() ? "registered memory of device " + std::to_string(device) : std::move(label));
+}
+
+void unregister_memory(void* ptr) {
+  Engine& e = engine();
+  auto lock = e.acquire();
+  e.unregister_range(ptr);
+}
+
 bool find_allocation(const void* ptr, AllocationInfo* out) {
   Engine& e = engine();
   auto lock = e.acquire();

@@ -369,6 +369,35 @@ TEST_F(SimEngine, AllocationsAreCountedAndFreed) {
   EXPECT_THROW(sim::free(&x), sim::Error);
 }
 
+TEST_F(SimEngine, RegisteredHostMemoryIsDeviceMemoryUntilUnregistered) {
+  start(1);
+  std::vector<int> host(8, 0);
+  sim::register_memory(0, host.data(), host.size() * sizeof(int), "caller tensor");
+  sim::AllocationInfo info;
+  ASSERT_TRUE(sim::find_allocation(host.data() + 7, &info));
+  EXPECT_EQ(info.device, 0);
+  EXPECT_EQ(info.label, "caller tensor");
+  // Overlapping or freeing a registration is a misuse; the range stays registered.
+  EXPECT_THROW(sim::register_memory(0, host.data() + 4, 64), sim::Error);
+  EXPECT_THROW(sim::free(host.data()), sim::Error);
+  int* p = host.data();
+  sim::launch(sim::default_stream(0), {1, 8, 0, "fill"}, [=] { st_plain(p + threadIdx.x, int(threadIdx.x) + 1); });
+  sim::stream_synchronize(sim::default_stream(0));
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(host[i], i + 1);
+  sim::unregister_memory(host.data());
+  EXPECT_FALSE(sim::find_allocation(host.data(), nullptr));
+  EXPECT_THROW(sim::unregister_memory(host.data()), sim::Error);
+  // After unregistering, a kernel may no longer touch it.
+  sim::launch(sim::default_stream(0), {1, 1, 0, "late"}, [=] { st_plain(p, 0); });
+  try {
+    sim::stream_synchronize(sim::default_stream(0));
+    FAIL() << "expected an out-of-bounds fault";
+  } catch (const sim::Error& e) {
+    EXPECT_EQ(e.kind(), sim::ErrorKind::OutOfBounds);
+  }
+  EXPECT_EQ(host[0], 1);
+}
+
 TEST_F(SimEngine, MemcpyPastAnAllocationIsRefused) {
   start(1);
   auto* buf = alloc<int>(0, 4, "small");

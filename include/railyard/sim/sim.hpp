@@ -94,6 +94,13 @@ void* malloc_device(int device, std::size_t bytes, std::string label = "");
 void* malloc_host(std::size_t bytes, std::string label = "");
 void free(void* ptr);  // device or host allocation; freeing an unknown pointer is Misuse
 
+// Makes caller-owned host memory [ptr, ptr + bytes) memory of `device` for kernels (as
+// if the device had allocated it), until unregister_memory(ptr). The simulator never
+// frees it. Lets a framework hand its own CPU tensors to simulated kernels. Misuse if
+// the range overlaps a simulated allocation or registration.
+void register_memory(int device, void* ptr, std::size_t bytes, std::string label = "");
+void unregister_memory(void* ptr);  // Misuse unless ptr starts a registration
+
 struct AllocationInfo {
   uintptr_t base = 0;
   std::size_t bytes = 0;
