@@ -1,0 +1,204 @@
+// Railyard's pybind11 module, one per flavour (_C_sim, _C_cuda): creating and
+// destroying buffers over a bootstrap, and (simulator flavour) running ranks as
+// threads on simulated GPUs. The ops themselves are torch.ops.railyard.* (ops.cpp).
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "ops.hpp"
+
+#if RAILYARD_IS_SIM
+#include <railyard/runtime/sim_bootstrap.hpp>
+#include <railyard/sim/sim.hpp>
+#endif
+
+namespace py = pybind11;
+
+namespace railyard::python {
+namespace {
+
+// A bootstrap on its way into a Buffer (create_buffer takes it over).
+struct PyBootstrap {
+  std::unique_ptr<runtime::Bootstrap> bootstrap;
+};
+
+// torch.distributed (or any Python group) as a bootstrap: allgather(bytes) -> bytes of
+// every rank's bytes in rank order, barrier(). Called with the GIL taken.
+PyBootstrap callback_bootstrap(int rank, int size, py::function allgather, py::function barrier) {
+  runtime::CallbackBootstrap::Options o;
+  o.rank = rank;
+  o.size = size;
+  auto keep_allgather = std::make_shared<py::function>(std::move(allgather));
+  auto keep_barrier = std::make_shared<py::function>(std::move(barrier));
+  o.callbacks.allgather = [keep_allgather](std::span<const std::byte> mine, std::span<std::byte> all) {
+    py::gil_scoped_acquire gil;
+    py::bytes out = (*keep_allgather)(py::bytes(reinterpret_cast<const char*>(mine.data()), mine.size()));
+    const std::string s = out;
+    if (s.size() != all.size())
+      throw runtime::BootstrapError("railyard: the allgather callback returned " + std::to_string(s.size()) +
+                                    " bytes; expected " + std::to_string(all.size()));
+    std::memcpy(all.data(), s.data(), s.size());
+  };
+  o.callbacks.barrier = [keep_barrier] {
+    py::gil_scoped_acquire gil;
+    (*keep_barrier)();
+  };
+  return PyBootstrap{std::make_unique<runtime::CallbackBootstrap>(std::move(o))};
+}
+
+BufferConfig make_config(int64_t hidden, int64_t max_tokens, int64_t num_ranks, int64_t experts_per_rank,
+                         bool fp8, int64_t max_top_k, int64_t ranks_per_domain) {
+  BufferConfig c;
+  c.hidden = hidden;
+  c.max_tokens_per_rank = max_tokens;
+  c.num_ranks = num_ranks;
+  c.experts_per_rank = experts_per_rank;
+  c.num_experts = num_ranks * experts_per_rank;
+  c.ranks_per_domain = ranks_per_domain;
+  c.dispatch_dtype = fp8 ? DType::FP8_E4M3 : DType::BF16;
+  c.max_top_k = max_top_k;
+  return c;
+}
+
+py::dict info(const BufferEntry& e) {
+  py::dict d;
+  d["id"] = e.id;
+  d["rank"] = e.buffer->rank();
+  d["device"] = e.device;
+  d["required_bytes"] = Buffer::required_bytes(e.buffer->config());
+  return d;
+}
+
+// Collective. Returns the buffer's id and a description.
+py::dict create_buffer(PyBootstrap& bootstrap, int64_t hidden, int64_t max_tokens, int64_t experts_per_rank,
+                       bool fp8, int64_t max_top_k, std::optional<int64_t> ranks_per_domain, int dispatch_sms,
+                       int combine_sms, uint64_t timeout_cycles, bool check_routing) {
+  if (!bootstrap.bootstrap) throw std::invalid_argument("railyard: this bootstrap was already used by a Buffer");
+  auto entry = std::make_shared<BufferEntry>();
+  entry->bootstrap = std::move(bootstrap.bootstrap);
+  entry->check_routing = check_routing;
+  const int64_t R = entry->bootstrap->size();
+  const BufferConfig config =
+      make_config(hidden, max_tokens, R, experts_per_rank, fp8, max_top_k, ranks_per_domain.value_or(R));
+  BufferOptions options;
+  options.allocator = &output_allocator();
+  if (ranks_per_domain) options.topology_options.ranks_per_domain = static_cast<int>(*ranks_per_domain);
+  options.dispatch_sms = dispatch_sms;
+  options.combine_sms = combine_sms;
+  options.timeout_cycles = timeout_cycles;
+  {
+    py::gil_scoped_release nogil;
+    entry->device = runtime::gpu::current();
+    entry->buffer = std::make_unique<Buffer>(config, *entry->bootstrap, options);
+  }
+  add_buffer(entry);
+  return info(*entry);
+}
+
+// Collective: every rank destroys its buffers in the same order.
+void destroy_buffer(int64_t id) {
+  auto entry = remove_buffer(id);
+  if (!entry) return;
+  py::gil_scoped_release nogil;
+  make_current(entry->device);
+  entry->buffer->destroy();
+}
+
+#if RAILYARD_IS_SIM
+// One rank of a simulator run: its group's bootstrap and coordinates.
+struct SimRank {
+  std::shared_ptr<runtime::InProcessGroup> group;
+  int rank = 0;
+  int size = 1;
+};
+
+// Resets the simulator, makes `world_size` simulated GPUs in domains of
+// `ranks_per_domain`, and runs fn(SimRank) on one thread per rank (each with its device
+// current). fn must not raise (python/railyard/sim.py catches and reports).
+void sim_run(int world_size, int ranks_per_domain, uint64_t seed, const std::string& device, double preemption,
+             double timeout_seconds, int sm_count, py::function fn) {
+  if (world_size < 1) throw std::invalid_argument("railyard.sim.run: world_size is " + std::to_string(world_size) + "; expected >= 1");
+  if (ranks_per_domain < 1 || world_size % ranks_per_domain != 0)
+    throw std::invalid_argument("railyard.sim.run: ranks_per_domain is " + std::to_string(ranks_per_domain) +
+                                "; expected a divisor of world_size = " + std::to_string(world_size));
+  sim::DeviceProps props;
+  if (device == "h100") props = sim::h100_props();
+  else if (device == "b200") props = sim::b200_props();
+  else throw std::invalid_argument("railyard.sim.run: device is '" + device + "'; expected 'h100' or 'b200'");
+  if (sm_count > 0) props.sm_count = sm_count;
+  sim::Config config;
+  config.seed = seed;
+  config.preemption = preemption;
+  sim::reset(config);
+  for (int r = 0; r < world_size; ++r) {
+    props.nvlink_domain = r / ranks_per_domain;
+    sim::add_device(props);
+  }
+  runtime::InProcessGroup::Options o;
+  o.num_ranks = world_size;
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
+  o.blocking_wait = runtime::sim_blocking_wait();
+  auto group = runtime::InProcessGroup::create(o);
+  py::gil_scoped_release nogil;
+  sim::run_ranks(world_size, [&](int rank) {
+    runtime::gpu::set_current(rank);
+    py::gil_scoped_acquire gil;
+    fn(SimRank{group, rank, world_size});
+  });
+}
+
+py::dict sim_traffic() {
+  const sim::Traffic t = sim::traffic();
+  py::dict d;
+  d["num_devices"] = t.num_devices;
+  d["write_bytes"] = t.write_bytes;
+  d["read_bytes"] = t.read_bytes;
+  return d;
+}
+#endif
+
+}  // namespace
+}  // namespace railyard::python
+
+PYBIND11_MODULE(RAILYARD_MODULE_NAME, m) {
+  using namespace railyard::python;
+  m.doc() = "Railyard's buffer, bootstrap and simulator controls (see docs/python-api.md)";
+  m.attr("flavour") = RAILYARD_IS_SIM ? "sim" : "cuda";
+  py::class_<PyBootstrap>(m, "Bootstrap");
+  m.def("callback_bootstrap", &callback_bootstrap, py::arg("rank"), py::arg("size"), py::arg("allgather"),
+        py::arg("barrier"));
+  m.def("create_buffer", &create_buffer, py::arg("bootstrap"), py::arg("hidden"), py::arg("max_tokens"),
+        py::arg("experts_per_rank"), py::arg("fp8"), py::arg("max_top_k"), py::arg("ranks_per_domain"),
+        py::arg("dispatch_sms"), py::arg("combine_sms"), py::arg("timeout_cycles"), py::arg("check_routing"));
+  m.def("destroy_buffer", &destroy_buffer, py::arg("id"));
+  m.def("bootstrap_allgather", [](PyBootstrap& b, py::bytes mine) {
+    // The bootstrap's own allgather (size check first, then the transport): lets a test
+    // drive a Python group through the C++ side.
+    const std::string s = mine;
+    std::vector<std::byte> all;
+    {
+      py::gil_scoped_release nogil;
+      all = b.bootstrap->allgather(std::as_bytes(std::span<const char>(s.data(), s.size())));
+    }
+    return py::bytes(reinterpret_cast<const char*>(all.data()), all.size());
+  });
+  m.def("required_bytes", [](int64_t hidden, int64_t max_tokens, int64_t num_ranks, int64_t experts_per_rank,
+                             bool fp8, int64_t max_top_k) {
+    return railyard::Buffer::required_bytes(
+        make_config(hidden, max_tokens, num_ranks, experts_per_rank, fp8, max_top_k, num_ranks));
+  });
+#if RAILYARD_IS_SIM
+  py::class_<SimRank>(m, "SimRank")
+      .def_readonly("rank", &SimRank::rank)
+      .def_readonly("size", &SimRank::size)
+      .def("bootstrap", [](SimRank& r) { return PyBootstrap{r.group->bootstrap(r.rank)}; });
+  m.def("sim_run", &sim_run, py::arg("world_size"), py::arg("ranks_per_domain"), py::arg("seed"), py::arg("device"),
+        py::arg("preemption"), py::arg("timeout_seconds"), py::arg("sm_count"), py::arg("fn"));
+  m.def("sim_traffic", &sim_traffic);
+  m.def("sim_reset_traffic", [] { railyard::sim::reset_traffic(); });
+#endif
+}
