@@ -82,3 +82,21 @@ EOF
 else
   echo "setup: no nvcc: the CUDA flavour will be disabled (simulator flavour only)"
 fi
+
+# Python: a virtual environment with PyTorch and what the Python package, its tests and
+# the benchmarks use, kept outside the clone (RAILYARD_VENV) so that it is made once
+# per machine. PyPI's torch wheel carries its CUDA libraries (about 3 GB); without a GPU
+# only its CPU side runs (the simulator flavour). scripts/test.sh and demo.sh pass its
+# interpreter to CMake.
+venv=${RAILYARD_VENV:-$HOME/.cache/railyard/venv}
+python_packages=(torch numpy pytest pybind11 scikit-build-core megatron-core matplotlib)
+python_modules="torch, numpy, pytest, pybind11, scikit_build_core, megatron.core, matplotlib"
+if [[ -x $venv/bin/python ]] && "$venv/bin/python" -c "import $python_modules" >/dev/null 2>&1; then
+  echo "setup: Python venv present ($venv)"
+else
+  echo "setup: making the Python venv $venv (${python_packages[*]})"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${python_packages[@]}" </dev/null
+  "$venv/bin/python" -c "import $python_modules" ||
+    { echo "setup: the Python venv $venv cannot import: $python_modules"; exit 1; }
+fi

@@ -30,6 +30,7 @@ phase_done setup
 
 phase "configure ($build)"
 cmake -S "$root" -B "$build" -G Ninja \
+  -DPython3_EXECUTABLE="${RAILYARD_VENV:-$HOME/.cache/railyard/venv}/bin/python" \
   -DRAILYARD_BUILD_CUDA="${RAILYARD_BUILD_CUDA:-AUTO}" \
   -DRAILYARD_COVERAGE=ON \
   -DRAILYARD_BUILD_TESTS=ON || { echo "test.sh: configure failed"; exit 1; }
