@@ -280,6 +280,14 @@ void finish(BufferEntry& entry, GpuStream stream) {
 #endif
 }
 
+// An input's data for the C++ API, which tells "given" from "absent" by a null pointer:
+// an empty tensor (0 tokens) may have none, so it gets a stand-in that no kernel reads.
+template <class T>
+const T* data_of(const Tensor& t) {
+  alignas(16) static const std::byte kNothing[16] = {};
+  return t.numel() == 0 ? reinterpret_cast<const T*>(kNothing) : static_cast<const T*>(t.const_data_ptr());
+}
+
 optional<Tensor> present(const optional<Tensor>& t) {
   return t && t->defined() ? t : std::nullopt;
 }
@@ -351,16 +359,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
     caller.add(probs, "probs");
 
     DispatchArgs args;
-    args.hidden = hidden.data_ptr();
-    args.scales = scales ? scales->data_ptr<float>() : nullptr;
+    args.hidden = data_of<void>(hidden);
+    args.scales = scales ? data_of<float>(*scales) : nullptr;
     args.num_tokens = T;
     if (topk_idx) {
-      args.topk_idx = topk_idx->data_ptr<int64_t>();
-      args.topk_weights = topk_weights->data_ptr<float>();
+      args.topk_idx = data_of<int64_t>(*topk_idx);
+      args.topk_weights = data_of<float>(*topk_weights);
       args.num_topk = static_cast<int>(topk_idx->size(1));
     } else if (routing_map) {
-      args.routing_map = reinterpret_cast<const uint8_t*>(routing_map->data_ptr<bool>());
-      args.probs = probs->data_ptr<float>();
+      args.routing_map = data_of<uint8_t>(*routing_map);
+      args.probs = data_of<float>(*probs);
     }
     args.layout = layout == 0 ? TokenLayout::Received : TokenLayout::ExpertGrouped;
     args.pad_multiple = static_cast<int>(pad_multiple);
@@ -431,9 +439,9 @@ std::tuple<Tensor, Tensor> combine_op(int64_t buffer_id, const Tensor& handle_to
     caller.add(probs, "probs");
     CombineArgs args;
     args.handle = handle.get();
-    args.hidden = hidden.data_ptr();
+    args.hidden = data_of<void>(hidden);
     args.num_rows = N;
-    args.probs = probs ? probs->data_ptr<float>() : nullptr;
+    args.probs = probs ? data_of<float>(*probs) : nullptr;
     args.num_sms = static_cast<int>(num_sms);
     const GpuStream stream = op_stream(*entry);
     args.stream = stream;

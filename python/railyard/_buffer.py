@@ -106,6 +106,14 @@ def _optional_positive(name, value):
     return 0 if value is None else _positive(name, value)
 
 
+def _check_devices(op, device, tensors):
+    # The C++ ops check every tensor's device, but the dispatcher routes a call with
+    # any meta tensor to the fake implementation, which cannot: check here first.
+    for name, t in tensors:
+        if t is not None and t.device != device:
+            raise ValueError(f"railyard.{op}: {name} is on {t.device}; expected {device} (the buffer's device)")
+
+
 def _reraise(error: RuntimeError):
     message = str(error)
     if _TIMEOUT_PREFIX in message:
@@ -281,6 +289,9 @@ class Buffer:
         if self._id is None:
             raise RuntimeError("railyard.Buffer: this buffer was destroyed")
         num_sms = self._dispatch_sms if num_sms is None else _positive("num_sms", num_sms)
+        _check_devices("dispatch", self.device, (("hidden", hidden), ("routing_map", routing_map), ("probs", probs),
+                                                 ("topk_idx", topk_idx), ("topk_weights", topk_weights),
+                                                 ("scaling_factor", scaling_factor)))
         token = None
         if handle is not None:
             if not isinstance(handle, Handle):
@@ -366,6 +377,7 @@ class Buffer:
             raise TypeError(f"railyard.combine: handle is {type(handle).__name__}; expected the railyard.Handle "
                             f"of a dispatch")
         num_sms = self._combine_sms if num_sms is None else _positive("num_sms", num_sms)
+        _check_devices("combine", self.device, (("hidden", hidden), ("probs", probs)))
         if torch.is_grad_enabled() and (hidden.requires_grad or (probs is not None and probs.requires_grad)):
             layout = RECEIVED if handle.layout == "received" else EXPERT_GROUPED
             out, out_probs = _CombineFn.apply(self._id, handle.token, handle.num_tokens, num_sms, self._dispatch_sms,
