@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Railyard's main job. Until the bandwidth benchmark exists: builds and runs the
-# simulator demo (benchmarks/sim_demo.cpp), dispatch then combine through the public
-# API (railyard::Buffer) on eight simulated GPUs in one NVLink domain, checked against
-# closed forms, with the NVLink bytes against the minimum. Runs on the CPU simulator:
-# no GPU is needed or used, and no time it prints is a GPU figure.
+# Railyard's main job: builds and runs the bandwidth benchmark railyard_bench_ep
+# (benchmarks/bench_ep.cpp, docs/benchmarks.md) in its simulator flavour: the seed
+# configuration's dispatch, combine and their expert-grouped (permute) variants through
+# the public API (railyard::Buffer) on eight simulated GPUs in one NVLink domain, every
+# output checked against railyard::reference, every link's bytes against the minimum,
+# and a MODEL estimate of H100 and B200 times and bandwidths from those bytes
+# (docs/performance-model.md). The simulator runs 128 tokens per rank by default (about
+# 30 s on 2 cores); the model's headline is for the configuration's 4096. No GPU is
+# needed or used, and nothing it prints is a GPU measurement.
 #
-#   bash scripts/demo.sh [demo options, e.g. --tokens 512 --layout grouped --seed 3]
+#   bash scripts/demo.sh [benchmark options, e.g. --preset deepep --json out.json --sim-tokens 64]
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -17,8 +21,8 @@ mkdir -p "$build"
 echo "demo.sh: configuring $build (log: $build/configure.log)"
 cmake -S "$root" -B "$build" -G Ninja >"$build/configure.log" 2>&1 ||
   { cat "$build/configure.log"; echo "demo.sh: configure failed"; exit 1; }
-ninja -C "$build" -j"${RAILYARD_JOBS:-2}" railyard_sim_demo
+ninja -C "$build" -j"${RAILYARD_JOBS:-2}" railyard_bench_ep
 echo
-# In a coverage build (scripts/test.sh), the demo's gcov counters go aside so they
+# In a coverage build (scripts/test.sh), the benchmark's gcov counters go aside so they
 # neither mix with the tests' coverage nor clash with stale counters.
-GCOV_PREFIX="$build/demo-gcov" "$build/benchmarks/railyard_sim_demo" "$@"
+GCOV_PREFIX="$build/demo-gcov" "$build/benchmarks/railyard_bench_ep" "$@"

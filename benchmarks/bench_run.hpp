@@ -1,0 +1,64 @@
+// railyard_bench_ep: running the operations, in one of two flavours:
+//  - bench_run_sim.cpp: Railyard's CPU simulator; checks every output
+//    against railyard::reference and counts the NVLink bytes of every operation;
+//  - bench_run_cuda.cpp: real GPUs, one host thread per GPU, timed with
+//    CUDA events.
+// Both go through the public C++ API (railyard::Buffer) only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench_workload.hpp"
+
+namespace railyard::bench {
+
+struct Timed {  // one SM count, measured on GPUs
+  int sms = 0;
+  Spread time_us;  // over iterations, of the slowest rank's time in each iteration
+  double algbw_gbps = 0, busbw_gbps = 0;  // at the median time
+};
+
+struct OpResult {
+  std::string name;  // "dispatch", "dispatch (first call)", "combine"
+  Op op = Op::Dispatch;
+  TokenLayout layout = TokenLayout::Received;
+  bool modelled = true;  // false for the first call (metadata + host sync: not in the model)
+  CountedBytes counted;  // at the run's size
+  // Simulator: the check against the reference and the NVLink traffic.
+  bool checked = false;
+  uint64_t mismatches = 0;
+  std::string checked_what;
+  bool has_traffic = false;
+  PairMatrices traffic, minimum;  // [x][y], x != y
+  uint64_t polls = 0;             // extra 4-byte header re-reads (combine)
+  int bad_pairs = 0;              // pairs off their minimum (other than polls)
+  double sim_seconds = 0;
+  uint64_t sim_steps = 0;
+  // GPU: timings per SM count.
+  std::vector<Timed> measured;
+};
+
+struct HostOverhead {
+  bool measured = false;
+  std::string what;  // what the time includes
+  int calls = 0;
+  Spread dispatch_us, combine_us;
+};
+
+struct RunResult {
+  std::string flavour;  // "simulator" or "cuda"
+  std::string device;
+  int64_t tokens = 0;  // tokens per rank actually run
+  uint64_t count_row_bytes = 0;
+  std::vector<OpResult> ops;
+  HostOverhead host;
+  double seconds = 0;  // wall time of the run
+  std::string error;   // non-empty: the run failed
+};
+
+// The flavour's runner: bench_run_sim.cpp or bench_run_cuda.cpp, whichever is linked.
+RunResult run(const Params& p);
+
+}  // namespace railyard::bench

@@ -1,0 +1,372 @@
+// railyard_bench_ep on Railyard's CPU simulator: every operation runs once through
+// railyard::Buffer on R simulated H100s, every output is compared bit for bit with
+// railyard::reference, and the NVLink bytes of every operation (sim::traffic()) are
+// compared with the minimum of docs/design-intranode.md "Traffic accounting".
+// Per layout:
+//  1. dispatch, first call (blocking mode: metadata kernel, host count read, dispatch);
+//  2. dispatch on the handle into the same outputs (poisoned first): the dispatch
+//     kernel alone, which is what the GPU flavour times;
+//  3. combine of BF16 expert outputs (the received rows, dequantized for FP8).
+// No time printed here is a GPU time.
+#include <railyard/railyard.hpp>
+#include <railyard/reference/reference.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <span>
+
+#include "bench_device.hpp"
+#include "bench_run.hpp"
+
+namespace railyard::bench {
+namespace {
+
+namespace ref = railyard::reference;
+namespace gpu = railyard::runtime::gpu;
+using Clock = std::chrono::steady_clock;
+
+// Elements of `got` that differ from `want`, bytewise; a length difference counts.
+template <class T>
+uint64_t count_diff(const std::vector<T>& got, const std::vector<T>& want) {
+  uint64_t bad = got.size() > want.size() ? got.size() - want.size() : want.size() - got.size();
+  for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i)
+    bad += std::memcmp(&got[i], &want[i], sizeof(T)) != 0;
+  return bad;
+}
+
+// BF16 expert outputs standing for these rows: the rows themselves (BF16), or their
+// dequantized values (FP8: code x its block's scale, rounded to BF16).
+std::vector<bf16> expert_outputs(const ref::HiddenRows& rows, int64_t num_rows, int64_t hidden) {
+  std::vector<bf16> y(static_cast<std::size_t>(num_rows * hidden));
+  if (rows.dtype == DType::BF16) {
+    std::memcpy(y.data(), rows.bytes.data(), y.size() * sizeof(bf16));
+    return y;
+  }
+  const int64_t blocks = hidden / ref::kFp8ScaleBlockElems;
+  for (int64_t r = 0; r < num_rows; ++r)
+    for (int64_t h = 0; h < hidden; ++h)
+      y[r * hidden + h] = float_to_bf16(e4m3_to_float(fp8_e4m3{rows.bytes[r * hidden + h]}) *
+                                        rows.scales[r * blocks + h / ref::kFp8ScaleBlockElems]);
+  return y;
+}
+
+// Everything the reference says about one layout.
+struct Expected {
+  ref::DispatchResult received;
+  std::vector<ref::PermutedRows> grouped;          // ExpertGrouped only
+  std::vector<std::vector<bf16>> y;                // per rank: combine inputs
+  std::vector<ref::CombineOutput> combined;        // per rank
+};
+
+Expected expect(const Params& p, const ref::World& w, const std::vector<ref::RankInput>& inputs, TokenLayout layout) {
+  Expected e;
+  e.received = ref::dispatch(w, inputs);
+  std::vector<ref::CombineInput> cin(p.ranks);
+  for (int d = 0; d < p.ranks; ++d) {
+    const ref::ReceivedRows& rr = e.received.ranks[d];
+    if (layout == TokenLayout::ExpertGrouped) {
+      e.grouped.push_back(ref::permute(w, rr, ref::PermuteOptions{.pad_multiple = p.pad_multiple}));
+      e.y.push_back(expert_outputs(e.grouped.back().hidden, e.grouped.back().num_rows(), p.hidden));
+    } else {
+      e.y.push_back(expert_outputs(rr.hidden, rr.num_rows(), p.hidden));
+    }
+    cin[d].hidden = e.y.back();
+  }
+  e.combined = layout == TokenLayout::ExpertGrouped
+                   ? ref::combine_with_unpermute(w, ref::PermutedDispatchResult{e.received, e.grouped}, cin)
+                   : ref::combine(w, e.received, cin);
+  return e;
+}
+
+// Mismatches of rank d's dispatch outputs against the reference.
+uint64_t check_dispatch(const Params& p, const DispatchResult& d, const Expected& e, int rank, GpuStream stream) {
+  const int El = p.experts_per_rank;
+  const bool fp8 = p.dtype == DType::FP8_E4M3;
+  const int64_t row_bytes = p.hidden * dtype_bytes(p.dtype), blocks = p.hidden / ref::kFp8ScaleBlockElems;
+  const ref::HiddenRows& want_rows =
+      e.grouped.empty() ? e.received.ranks[rank].hidden : e.grouped[rank].hidden;
+  const int64_t want_n = e.grouped.empty() ? e.received.ranks[rank].num_rows() : e.grouped[rank].num_rows();
+  if (d.num_rows != want_n) return 1 + static_cast<uint64_t>(std::llabs(d.num_rows - want_n));
+  const std::size_t n = static_cast<std::size_t>(want_n);
+  uint64_t bad = count_diff(to_host(reinterpret_cast<const uint8_t*>(d.hidden.data()), n * row_bytes, stream),
+                            want_rows.bytes);
+  if (fp8) bad += count_diff(to_host(d.scales.data(), n * blocks, stream), want_rows.scales);
+  if (e.grouped.empty()) {
+    const ref::ReceivedRows& rr = e.received.ranks[rank];
+    bad += count_diff(to_host(d.probs.data(), n * El, stream), rr.probs);
+    bad += count_diff(to_host(d.routing_map.data(), n * El, stream), rr.routing_map);
+    bad += count_diff(to_host(d.src_rank.data(), n, stream), rr.src_rank);
+    bad += count_diff(to_host(d.src_token.data(), n, stream), rr.src_token);
+  } else {
+    const ref::PermutedRows& pr = e.grouped[rank];
+    bad += count_diff(to_host(d.probs.data(), n, stream), pr.probs);
+    bad += count_diff(to_host(d.recv_row.data(), n, stream), pr.recv_row);
+  }
+  return bad;
+}
+
+// What rank 0 samples while every rank waits at a barrier.
+struct Sample {
+  sim::Traffic traffic;
+  sim::Stats stats;
+  Clock::time_point time;
+};
+
+void fill_traffic(OpResult* op, const Sample& before, const Sample& after, int R) {
+  op->has_traffic = true;
+  op->traffic.written.assign(R, std::vector<uint64_t>(R, 0));
+  op->traffic.read.assign(R, std::vector<uint64_t>(R, 0));
+  for (int x = 0; x < R; ++x)
+    for (int y = 0; y < R; ++y)
+      if (x != y) op->traffic.written[x][y] = after.traffic.written(x, y), op->traffic.read[x][y] = after.traffic.read(x, y);
+  op->sim_seconds = std::chrono::duration<double>(after.time - before.time).count();
+  op->sim_steps = after.stats.scheduler_steps - before.stats.scheduler_steps;
+  // Dispatch writes exactly its minimum and reads nothing remote; combine reads its
+  // minimum plus 4-byte re-polls of headers that were not ready yet, and writes only
+  // the barrier flags.
+  for (int x = 0; x < R; ++x) {
+    for (int y = 0; y < R; ++y) {
+      if (x == y) continue;
+      const uint64_t w = op->traffic.written[x][y], r = op->traffic.read[x][y];
+      const uint64_t mw = op->minimum.written[x][y], mr = op->minimum.read[x][y];
+      bool ok = w == mw;
+      if (op->op == Op::Dispatch) {
+        ok = ok && r == 0;
+      } else {
+        ok = ok && r >= mr && (r - mr) % 4 == 0;
+        if (r >= mr) op->polls += (r - mr) / 4;
+      }
+      op->bad_pairs += !ok;
+    }
+  }
+}
+
+std::vector<ref::RankInput> reference_inputs(const Params& p, const std::vector<std::vector<bf16>>& rows,
+                                             const std::vector<Routing>& routing, int64_t T) {
+  std::vector<ref::RankInput> in(p.ranks);
+  for (int r = 0; r < p.ranks; ++r) {
+    in[r].num_tokens = static_cast<int>(T);
+    in[r].hidden = p.dtype == DType::FP8_E4M3 ? ref::quantize_fp8_rows(std::span<const bf16>(rows[r]), static_cast<int>(p.hidden))
+                                              : ref::bf16_rows(rows[r]);
+    in[r].routing = ref::TopkRouting{p.topk, routing[r].topk_idx, routing[r].topk_weights};
+  }
+  return in;
+}
+
+// Host time per Buffer call on a small group (2 ranks, 4 tokens): dispatch on a handle
+// into caller outputs and combine into a caller output, neither of which waits on the
+// host, so the call's wall time is the library's host work plus the simulator's
+// enqueue of the kernel (not cudaLaunchKernel). Kernels run afterwards, untimed.
+HostOverhead host_overhead(const Params& full) {
+  HostOverhead h;
+  if (full.host_overhead_iters <= 0) return h;
+  Params p = full;
+  p.ranks = 2;
+  p.topk = std::min(p.topk, 2 * p.experts_per_rank);
+  const int64_t T = 4;
+  const auto routing = make_routing(p, T, p.seed);
+  const auto rows = make_rows(p, T, p.seed);
+  const auto inputs = reference_inputs(p, rows, routing, T);
+  sim::reset(sim::Config{.seed = p.seed, .preemption = p.preemption});
+  for (int r = 0; r < p.ranks; ++r) sim::add_device(sim::h100_props());
+  auto group = runtime::make_sim_group(p.ranks);
+  std::vector<std::vector<double>> dispatch_us(p.ranks), combine_us(p.ranks);
+  sim::run_ranks(p.ranks, [&](int rank) {
+    gpu::set_current(rank);
+    auto bootstrap = group->bootstrap(rank);
+    const GpuStream stream = sim::default_stream(rank);
+    Buffer buffer(buffer_config(p, T), *bootstrap);
+    auto& alloc = buffer.allocator();
+    const auto& in = inputs[rank];
+    const auto x = to_device(alloc, in.hidden.bytes, T, p.hidden * dtype_bytes(p.dtype), stream);
+    const auto scales = to_device(alloc, in.hidden.scales, T, p.hidden / ref::kFp8ScaleBlockElems, stream);
+    const auto idx = to_device(alloc, routing[rank].topk_idx, T, p.topk, stream);
+    const auto wts = to_device(alloc, routing[rank].topk_weights, T, p.topk, stream);
+    const float* sc = p.dtype == DType::FP8_E4M3 ? scales.data() : nullptr;
+    DispatchResult d = buffer.dispatch({.hidden = x.data(), .scales = sc, .num_tokens = T, .topk_idx = idx.data(),
+                                        .topk_weights = wts.data(), .num_topk = p.topk, .stream = stream});
+    auto y = DeviceArray<bf16>::allocate(alloc, std::max<int64_t>(d.num_rows, 1), p.hidden);
+    gpu::memset_async(y.data(), 0, y.bytes(), stream);
+    auto out = DeviceArray<bf16>::allocate(alloc, T, p.hidden);
+    const DispatchOutputs outs = outputs_of(d, TokenLayout::Received);
+    gpu::stream_synchronize(stream);
+    for (int i = 0; i < full.host_overhead_iters; ++i) {
+      const auto t0 = Clock::now();
+      buffer.dispatch({.hidden = x.data(), .scales = sc, .num_tokens = T, .handle = &d.handle, .outputs = &outs,
+                       .stream = stream});
+      const auto t1 = Clock::now();
+      buffer.combine({.handle = &d.handle, .hidden = y.data(), .out = out.data(), .stream = stream});
+      const auto t2 = Clock::now();
+      dispatch_us[rank].push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      combine_us[rank].push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+      gpu::stream_synchronize(stream);  // the kernels run here, outside the timed calls
+    }
+  });
+  std::vector<double> all_d, all_c;
+  for (int r = 0; r < p.ranks; ++r) {
+    all_d.insert(all_d.end(), dispatch_us[r].begin(), dispatch_us[r].end());
+    all_c.insert(all_c.end(), combine_us[r].begin(), combine_us[r].end());
+  }
+  h.measured = true;
+  h.calls = static_cast<int>(all_d.size());
+  h.dispatch_us = spread_of(all_d);
+  h.combine_us = spread_of(all_c);
+  h.what = "CPU wall time of one Buffer::dispatch (on a handle, caller outputs) or Buffer::combine (caller output) "
+           "call in the simulator flavour, 2 ranks x 4 tokens, kernels excluded: argument checks, launch "
+           "preparation and the simulator's kernel enqueue (which stands where cudaLaunchKernel would)";
+  return h;
+}
+
+}  // namespace
+
+RunResult run(const Params& p) {
+  const auto start = Clock::now();
+  RunResult res;
+  res.flavour = "simulator";
+  res.device = "simulated H100 (Railyard CPU simulator)";
+  const int R = p.ranks;
+  const int64_t T = p.sim_full ? p.tokens : std::min(p.sim_tokens, p.tokens);
+  res.tokens = T;
+  const auto routing = make_routing(p, T, p.seed);
+  const auto rows = make_rows(p, T, p.seed);
+  const auto pairs = count_pairs(p, routing, T);
+  const ref::World w{R, R, p.num_experts(), static_cast<int>(p.hidden), static_cast<int>(T)};
+  const auto inputs = reference_inputs(p, rows, routing, T);
+  std::vector<Expected> expected;
+  for (TokenLayout layout : p.layouts) expected.push_back(expect(p, w, inputs, layout));
+
+  // Three operations per layout, in order.
+  for (TokenLayout layout : p.layouts) {
+    for (int k = 0; k < 3; ++k) {
+      OpResult op;
+      op.layout = layout;
+      op.op = k == 2 ? Op::Combine : Op::Dispatch;
+      op.name = k == 0 ? "dispatch (first call)" : k == 1 ? "dispatch" : "combine";
+      op.modelled = k != 0;
+      op.counted = counted_bytes(p, pairs, op.op);
+      res.ops.push_back(op);
+    }
+  }
+
+  sim::reset(sim::Config{.seed = p.seed, .preemption = p.preemption});
+  for (int r = 0; r < R; ++r) sim::add_device(sim::h100_props());  // one NVLink domain
+  auto group = runtime::make_sim_group(R);
+  const BufferConfig config = buffer_config(p, T);
+  const int sms = p.sim_sms;
+  // sample() runs once at the start and five times per layout (see below).
+  std::vector<Sample> samples(1 + 5 * p.layouts.size());
+  std::vector<std::vector<uint64_t>> mismatches(res.ops.size(), std::vector<uint64_t>(R, 0));
+  std::mutex error_mutex;
+  std::string first_error;
+
+  const auto rank_main = [&](int rank) {
+    gpu::set_current(rank);
+    auto bootstrap = group->bootstrap(rank);
+    const GpuStream stream = sim::default_stream(rank);
+    Buffer buffer(config, *bootstrap, BufferOptions{.dispatch_sms = sms, .combine_sms = sms});
+    if (rank == 0) res.count_row_bytes = static_cast<uint64_t>(buffer.registered_buffer().layout().count_row_ints()) * 4;
+    auto& alloc = buffer.allocator();
+    const ref::HiddenRows& hin = inputs[rank].hidden;
+    const auto x = to_device(alloc, hin.bytes, T, p.hidden * dtype_bytes(p.dtype), stream);
+    const auto scales = to_device(alloc, hin.scales, T, p.hidden / ref::kFp8ScaleBlockElems, stream);
+    const float* sc = p.dtype == DType::FP8_E4M3 ? scales.data() : nullptr;
+    const auto idx = to_device(alloc, routing[rank].topk_idx, T, p.topk, stream);
+    const auto wts = to_device(alloc, routing[rank].topk_weights, T, p.topk, stream);
+    auto out = DeviceArray<bf16>::allocate(alloc, std::max<int64_t>(T, 1), p.hidden);
+    gpu::stream_synchronize(stream);
+
+    std::size_t next_sample = 0;
+    const auto sample = [&] {
+      bootstrap->barrier();
+      if (rank == 0) {
+        Sample& s = samples[next_sample];
+        s.traffic = sim::traffic();
+        s.stats = sim::stats();
+        s.time = Clock::now();
+        sim::reset_traffic();
+      }
+      ++next_sample;
+      bootstrap->barrier();
+    };
+    sample();
+    for (std::size_t l = 0; l < p.layouts.size(); ++l) {
+      const TokenLayout layout = p.layouts[l];
+      const Expected& e = expected[l];
+      const std::size_t op0 = 3 * l;
+      DispatchResult d = buffer.dispatch({.hidden = x.data(), .scales = sc, .num_tokens = T,
+                                          .topk_idx = idx.data(), .topk_weights = wts.data(), .num_topk = p.topk,
+                                          .layout = layout, .pad_multiple = p.pad_multiple, .stream = stream});
+      gpu::stream_synchronize(stream);
+      sample();
+      mismatches[op0][rank] = check_dispatch(p, d, e, rank, stream);
+
+      // The same dispatch on the handle, into the same (poisoned) outputs.
+      const DispatchOutputs outs = outputs_of(d, layout);
+      gpu::memset_async(d.hidden.data(), 0xA5, d.hidden.bytes(), stream);
+      if (d.scales.data()) gpu::memset_async(d.scales.data(), 0xA5, d.scales.bytes(), stream);
+      gpu::stream_synchronize(stream);
+      sample();  // the memsets are not kernels' traffic, but keep them out of the window anyway
+      buffer.dispatch({.hidden = x.data(), .scales = sc, .num_tokens = T, .layout = layout,
+                       .pad_multiple = p.pad_multiple, .handle = &d.handle, .outputs = &outs, .stream = stream});
+      gpu::stream_synchronize(stream);
+      sample();
+      mismatches[op0 + 1][rank] = check_dispatch(p, d, e, rank, stream);
+
+      const std::vector<bf16>& yh = e.y[rank];
+      const auto y = to_device(alloc, yh, d.num_rows, p.hidden, stream);
+      gpu::stream_synchronize(stream);
+      sample();
+      buffer.combine({.handle = &d.handle, .hidden = y.data(), .out = out.data(), .stream = stream});
+      gpu::stream_synchronize(stream);
+      sample();
+      mismatches[op0 + 2][rank] = count_diff(to_host(out.data(), static_cast<std::size_t>(T * p.hidden), stream),
+                                             e.combined[rank].hidden);
+    }
+    gpu::stream_synchronize(stream);
+  };
+  try {
+    sim::run_ranks(R, [&](int rank) {
+      try {
+        rank_main(rank);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (first_error.empty()) first_error = "rank " + std::to_string(rank) + ": " + e.what();
+        throw;
+      }
+    });
+  } catch (const std::exception& e) {
+    res.error = first_error.empty() ? e.what() : first_error;
+    return res;
+  }
+
+  // Samples: [0] start; per layout l at 1 + 5l: after first dispatch, before reuse,
+  // after reuse, before combine, after combine.
+  for (std::size_t l = 0; l < p.layouts.size(); ++l) {
+    const std::size_t base = 5 * l;
+    const Sample* window[3][2] = {{&samples[base], &samples[base + 1]},
+                                  {&samples[base + 2], &samples[base + 3]},
+                                  {&samples[base + 4], &samples[base + 5]}};
+    for (int k = 0; k < 3; ++k) {
+      OpResult& op = res.ops[3 * l + k];
+      op.minimum = minimum_matrices(p, pairs, op.op, /*metadata=*/k == 0, res.count_row_bytes);
+      fill_traffic(&op, *window[k][0], *window[k][1], R);
+      op.checked = true;
+      for (int r = 0; r < R; ++r) op.mismatches += mismatches[3 * l + k][r];
+      op.checked_what = op.op == Op::Combine
+                            ? "every rank's [T, H] BF16 output, bit for bit, against reference::" +
+                                  std::string((op.layout == TokenLayout::ExpertGrouped) ? "combine_with_unpermute" : "combine")
+                            : std::string("every rank's rows") + (p.dtype == DType::FP8_E4M3 ? ", scales" : "") +
+                                  ((op.layout == TokenLayout::ExpertGrouped) ? ", probs, recv_row" : ", probs, routing map, src_rank, src_token") +
+                                  ", bit for bit, against reference::" +
+                                  ((op.layout == TokenLayout::ExpertGrouped) ? "permute(dispatch)" : "dispatch");
+    }
+  }
+  res.host = host_overhead(p);
+  res.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return res;
+}
+
+}  // namespace railyard::bench

@@ -1,0 +1,116 @@
+// railyard_bench_ep: what the benchmark runs (parameters, presets), the inputs it
+// makes (rows, routing with an optional Zipf skew), and the bytes its bandwidth
+// definitions count (docs/benchmarks.md "Definitions"). Host only, both flavours.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "railyard/common/dtypes.cuh"
+#include "railyard/handle.hpp"
+
+namespace railyard::bench {
+
+struct Params {
+  std::string preset = "seed";
+  int64_t hidden = 8192;
+  int64_t tokens = 4096;  // per rank: the configuration the model's headline is for
+  int ranks = 8;
+  int experts_per_rank = 2;
+  int topk = 8;
+  DType dtype = DType::BF16;
+  double skew = 0;  // Zipf exponent of expert popularity (expert e weighs 1/(e+1)^skew); 0: uniform
+  std::vector<int> sms{1, 2, 4, 8, 16, 32};  // the SM counts: one (--sms), or a sweep (--sms-sweep)
+  std::vector<TokenLayout> layouts{TokenLayout::Received, TokenLayout::ExpertGrouped};
+  int pad_multiple = 1;  // ExpertGrouped rows per expert padded to a multiple of this
+  int iters = 50, warmup = 10;  // GPU timing
+  uint64_t seed = 1;
+  std::string json;  // path of the JSON results; empty: none
+  // Simulator only.
+  int sim_sms = 8;  // blocks the simulated kernels run with (--sms N sets it too)
+  int64_t sim_tokens = 128;  // tokens per rank the simulator runs (capped at `tokens`)
+  bool sim_full = false;     // simulate `tokens` itself (slow: minutes to hours)
+  double preemption = 0.25;  // the simulator's switch probability at non-blocking points
+  int host_overhead_iters = 50;  // host-overhead microbenchmark calls per op (0: skip)
+  double model_fixed_us = 0;          // the model's fixed cost per operation
+  double model_token_latency_us = 0;  // the model's serial wait per token and block
+
+  int num_experts() const { return ranks * experts_per_rank; }
+  int64_t dispatch_row_bytes() const;  // hidden x dtype bytes (+ FP8 scales, hidden/128 x 4)
+  int64_t combine_row_bytes() const { return hidden * 2; }  // BF16
+};
+
+// Applies a preset's values ("seed" or "deepep"); false for an unknown name.
+bool apply_preset(const std::string& name, Params* p);
+
+// One rank's routing: top-k slots, no expert twice.
+struct Routing {
+  std::vector<int64_t> topk_idx;  // [T, K]
+  std::vector<float> topk_weights;
+};
+
+// Every rank's routing for `tokens` tokens per rank: each token picks `topk` distinct
+// experts, expert e with weight 1/(e+1)^skew (uniform for skew 0), by weighted
+// sampling without replacement; weights uniform in [0, 1). Deterministic in `seed`.
+std::vector<Routing> make_routing(const Params& p, int64_t tokens, uint64_t seed);
+
+// Every rank's BF16 rows [tokens, hidden], values uniform in [-2, 2).
+std::vector<std::vector<bf16>> make_rows(const Params& p, int64_t tokens, uint64_t seed);
+
+// What the routing implies, per (source s, destination d) pair, s, d in 0..R-1.
+struct PairCounts {
+  int num_ranks = 0;
+  std::vector<uint64_t> tokens;   // [s * R + d]: tokens of s with >= 1 expert on d
+  std::vector<uint64_t> entries;  // [s * R + d]: their chosen experts on d
+  uint64_t pair_tokens(int s, int d) const { return tokens[static_cast<std::size_t>(s) * num_ranks + d]; }
+  uint64_t pair_entries(int s, int d) const { return entries[static_cast<std::size_t>(s) * num_ranks + d]; }
+};
+PairCounts count_pairs(const Params& p, const std::vector<Routing>& routing, int64_t tokens);
+
+enum class Op { Dispatch, Combine };
+const char* op_name(Op op);
+const char* layout_name(TokenLayout layout);
+const char* dtype_name(DType dtype);
+
+// The bytes the bandwidth definitions count, per rank (docs/benchmarks.md):
+//  algbw: the rows rank r receives in a dispatch, its own included (DeepEP's and
+//         Hybrid-EP's convention: received rows x row bytes), x the op's row bytes
+//         (dispatch: dtype row + FP8 scales; combine: BF16 row);
+//  busbw: the same rows from OTHER ranks only: the payload that crosses NVLink into r
+//         (dispatch) or out of r (combine).
+struct CountedBytes {
+  std::vector<uint64_t> algbw, busbw;  // per rank
+  double algbw_mean() const;
+  double busbw_mean() const;
+};
+CountedBytes counted_bytes(const Params& p, const PairCounts& pairs, Op op);
+
+// The NVLink minimum of docs/design-intranode.md "Traffic accounting" for one pair
+// s -> d (s != d), in the direction the data flows: dispatch bytes s writes into d
+// (rows, scales, headers, the entry barrier's flag, and with `metadata` the count row
+// and its flag); combine bytes home s reads from expert rank d (rows and 8 header
+// bytes; no probs combine). `count_row_bytes` is the layout's count row.
+uint64_t dispatch_minimum(const Params& p, const PairCounts& pairs, int s, int d, bool metadata,
+                          uint64_t count_row_bytes);
+uint64_t combine_minimum(const Params& p, const PairCounts& pairs, int s, int d);
+
+// Per-pair matrices of the minimum (diagonal 0), in bench_model's convention: for
+// dispatch written[s][d]; for combine read[s][d] (home s loads from d) plus the 4-byte
+// barrier flag each rank writes to each peer.
+struct PairMatrices {
+  std::vector<std::vector<uint64_t>> written, read;
+};
+PairMatrices minimum_matrices(const Params& p, const PairCounts& pairs, Op op, bool metadata,
+                              uint64_t count_row_bytes);
+
+// Median and spread of a sample (nearest-rank percentiles); empty input gives zeros.
+struct Spread {
+  double median = 0, min = 0, p10 = 0, p90 = 0, max = 0;
+};
+Spread spread_of(std::vector<double> values);
+
+std::string with_commas(uint64_t n);
+
+}  // namespace railyard::bench
