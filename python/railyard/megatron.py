@@ -73,10 +73,11 @@ def _current_sim_group():
 
 
 # Keyword arguments of DeepEP's HybridEPBuffer constructor that Railyard accepts and
-# ignores (see docs/megatron.md, "Options"): Railyard has no separate preprocessing,
-# permute or unpermute kernels, and sizes its buffer from the other arguments.
+# ignores (docs/megatron.md, "How the options map"): Railyard has no separate
+# preprocessing, permute or unpermute kernels, and derives the expert count from the
+# group (world size x num_local_experts).
 _IGNORED_INIT_OPTIONS = ("num_sms_preprocessing_api", "num_blocks_permute", "num_blocks_unpermute",
-                         "num_of_experts", "use_shared_buffer", "load_cached_kernels")
+                         "num_of_experts")
 # Keyword arguments passed through to railyard.Buffer unchanged.
 _BUFFER_OPTIONS = ("max_top_k", "ranks_per_domain", "timeout_cycles")
 
@@ -151,6 +152,8 @@ class HybridEPBuffer:
     def _settings_key(hidden_dim, max_tokens, num_local_experts, use_fp8, sms_dispatch, sms_combine, kwargs):
         extra = tuple(sorted((k, repr(v)) for k, v in kwargs.items()))
         opts = tuple(sorted((k, repr(v)) for k, v in _install_options.items()))
+        if max_tokens is not None:  # the capacity the buffer will have (install()'s floor applied)
+            max_tokens = max(int(max_tokens), int(_install_options.get("max_num_of_tokens_per_rank") or 0))
         return (hidden_dim, max_tokens, num_local_experts, bool(use_fp8),
                 sms_dispatch, sms_combine, extra, opts)
 
