@@ -17,7 +17,14 @@ if _extension_dir:
 
 import torch as _torch  # noqa: E402  (the extension needs libtorch loaded first)
 
-from . import _schema  # noqa: E402,F401  (defines torch.ops.railyard.*)
+try:
+    from . import _schema  # noqa: F401  (defines torch.ops.railyard.*)
+except ImportError as _error:
+    raise ImportError(
+        "railyard: the compiled modules (_schema, _C_sim, _C_cuda) were not found next to "
+        f"{__file__} or in RAILYARD_EXTENSION_DIR ({_extension_dir!r}); install the package "
+        "with `pip install .`, or point RAILYARD_EXTENSION_DIR at a build's python/railyard"
+    ) from _error
 from ._flavours import has_cuda_flavour, has_sim_flavour  # noqa: E402
 from ._buffer import (  # noqa: E402
     Buffer,
