@@ -6,7 +6,6 @@ Only ``run_ranks`` and ``import_railyard`` touch railyard; the rest is plain tor
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -322,6 +321,7 @@ def check_received(case: Case, d: int, got: Dict[str, Any], bound: Optional[int]
     assert_bits(got["src_token"][:kept], rc.src_token[:kept], f"{w} src_token")
     assert_bits(got["tokens_per_expert"], rc.tokens_per_expert, f"{w} tokens_per_expert")
     h = got["handle"]
+    assert_bits(h["tokens_per_expert"], rc.tokens_per_expert, f"{w} handle.tokens_per_expert")
     assert h["layout"] == "received"
     assert h["num_tokens"] == case.tokens[d]
     assert h["num_rows"] == rows
@@ -351,6 +351,7 @@ def check_permuted(case: Case, d: int, got: Dict[str, Any], bound: Optional[int]
         assert got["probs"] is None
     assert_bits(got["tokens_per_expert"], pm.tokens_per_expert, f"{w} tokens_per_expert (padded)")
     h = got["handle"]
+    assert_bits(h["tokens_per_expert"], pm.tokens_per_expert, f"{w} handle.tokens_per_expert")
     assert h["layout"] == "expert_grouped"
     assert h["num_tokens"] == case.tokens[d]
     assert h["pad_multiple"] == case.pad_multiple
