@@ -89,9 +89,14 @@ fi
 # only its CPU side runs (the simulator flavour). scripts/test.sh and demo.sh pass its
 # interpreter to CMake.
 venv=${RAILYARD_VENV:-$HOME/.cache/railyard/venv}
-python_packages=(torch numpy pytest pybind11 scikit-build-core megatron-core matplotlib)
+# nvidia-cuda-cuobjdump: CMake looks for cuobjdump under this interpreter's nvidia/cu13/bin.
+python_packages=(torch numpy pytest pybind11 scikit-build-core megatron-core matplotlib 'nvidia-cuda-cuobjdump>=13.2,<14')
 python_modules="torch, numpy, pytest, pybind11, scikit_build_core, megatron.core, matplotlib"
-if [[ -x $venv/bin/python ]] && "$venv/bin/python" -c "import $python_modules" >/dev/null 2>&1; then
+have_venv_cuobjdump() {
+  "$venv/bin/python" -c "import nvidia, os, sys; sys.exit(0 if any(os.path.exists(os.path.join(p, 'cu13', 'bin', 'cuobjdump')) for p in nvidia.__path__) else 1)"
+}
+if [[ -x $venv/bin/python ]] && "$venv/bin/python" -c "import $python_modules" >/dev/null 2>&1 &&
+  have_venv_cuobjdump >/dev/null 2>&1; then
   echo "setup: Python venv present ($venv)"
 else
   echo "setup: making the Python venv $venv (${python_packages[*]})"
