@@ -108,6 +108,20 @@ void destroy_buffer(int64_t id) {
   entry->buffer->destroy();
 }
 
+// Waits for the buffer's stream (the current one on a GPU); a kernel's timed-out wait
+// comes back as railyard::Error(Timeout) naming the rank, the peer or row.
+void synchronize_buffer(int64_t id) {
+  auto entry = get_buffer(id, "synchronize");
+  py::gil_scoped_release nogil;
+  make_current(entry->device);
+  try {
+    entry->buffer->synchronize(op_stream(*entry));
+  } catch (const railyard::Error& e) {
+    if (e.code() != StatusCode::Timeout) throw;
+    throw std::runtime_error(std::string("railyard.TimeoutError: ") + e.what());  // as the ops report it
+  }
+}
+
 #if RAILYARD_IS_SIM
 // One rank of a simulator run: its group's bootstrap and coordinates.
 struct SimRank {
@@ -175,6 +189,7 @@ PYBIND11_MODULE(RAILYARD_MODULE_NAME, m) {
         py::arg("experts_per_rank"), py::arg("fp8"), py::arg("max_top_k"), py::arg("ranks_per_domain"),
         py::arg("dispatch_sms"), py::arg("combine_sms"), py::arg("timeout_cycles"), py::arg("check_routing"));
   m.def("destroy_buffer", &destroy_buffer, py::arg("id"));
+  m.def("synchronize_buffer", &synchronize_buffer, py::arg("id"));
   m.def("bootstrap_allgather", [](PyBootstrap& b, py::bytes mine) {
     // The bootstrap's own allgather (size check first, then the transport): lets a test
     // drive a Python group through the C++ side.

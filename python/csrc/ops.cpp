@@ -256,16 +256,12 @@ class CallerMemory {
   std::vector<void*> mine_;
 };
 
-GpuStream op_stream(const BufferEntry& entry) { return sim::default_stream(entry.device); }
 #else
 class CallerMemory {
  public:
   explicit CallerMemory(int) {}
   void add(const optional<Tensor>&, const char*) {}
 };
-GpuStream op_stream(const BufferEntry& entry) {
-  return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(entry.device)).stream();
-}
 #endif
 
 // In the simulator an op ends when its kernels do: the caller's tensors are registered
@@ -515,6 +511,8 @@ runtime::Allocator& output_allocator() {
 }
 
 void make_current(int device) { runtime::gpu::set_current(device); }
+
+GpuStream op_stream(const BufferEntry& entry) { return sim::default_stream(entry.device); }
 #else
 namespace {
 // PyTorch's caching allocator, on the current device and stream.
@@ -535,6 +533,10 @@ runtime::Allocator& output_allocator() {
 }
 
 void make_current(int device) { c10::cuda::set_device(static_cast<c10::DeviceIndex>(device)); }
+
+GpuStream op_stream(const BufferEntry& entry) {
+  return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(entry.device)).stream();
+}
 #endif
 
 }  // namespace railyard::python

@@ -34,6 +34,10 @@ std::shared_ptr<BufferEntry> remove_buffer(int64_t id);
 // uses PyTorch's caching allocator.
 runtime::Allocator& output_allocator();
 
+// The stream an op of this buffer runs on: the simulated device's default stream, or
+// PyTorch's current CUDA stream.
+GpuStream op_stream(const BufferEntry& entry);
+
 // Makes `device` current for the calling thread (the simulator's per-thread device, or
 // CUDA's).
 void make_current(int device);

@@ -283,6 +283,18 @@ class Buffer:
             self._module.destroy_buffer(self._id)
             self._id = None
 
+    def synchronize(self) -> None:
+        """Waits for this rank's stream (PyTorch's current CUDA stream; in the simulator
+        every op has already finished). A kernel's wait that timed out raises
+        railyard.TimeoutError naming the rank, what it waited for and the peer or row,
+        where CUDA itself would only report a launch failure."""
+        if self._id is None:
+            raise RuntimeError("railyard.Buffer: this buffer was destroyed")
+        try:
+            self._module.synchronize_buffer(self._id)
+        except RuntimeError as e:
+            _reraise(e)
+
     # ---- dispatch -----------------------------------------------------------------------
     def _dispatch(self, layout, hidden, routing_map, probs, topk_idx, topk_weights, scaling_factor, handle,
                   max_rows, pad_multiple, num_sms):
