@@ -31,7 +31,9 @@ if(Python3_FOUND)
 endif()
 if(NOT _railyard_py_ok)
   if(RAILYARD_BUILD_PYTHON STREQUAL "ON")
-    message(FATAL_ERROR "RAILYARD_BUILD_PYTHON=ON but ${Python3_EXECUTABLE} cannot import torch and pybind11: ${_railyard_py_err}")
+    message(FATAL_ERROR "RAILYARD_BUILD_PYTHON=ON but ${Python3_EXECUTABLE} cannot import torch and pybind11 "
+                        "(with pip: install torch first and build with `pip install --no-build-isolation .`, "
+                        "so the extension is compiled against the torch it will run with): ${_railyard_py_err}")
   endif()
   message(STATUS "railyard: no Python with torch and pybind11 (${Python3_EXECUTABLE}); the PyTorch extension is disabled")
   return()
