@@ -124,25 +124,6 @@ std::string config_line(const Params& p, int64_t tokens) {
   return buf;
 }
 
-// The definitions, printed and written to the JSON (docs/benchmarks.md).
-const char* const kDefAlgbw =
-    "algbw = mean over ranks of (rows the rank receives in a dispatch, rows from its own tokens INCLUDED, x row "
-    "bytes) / time. Row bytes: BF16 2H; FP8 H + 4H/128 (codes + one fp32 scale per 128 elements, DeepEP's "
-    "fp8_factor); combine: BF16 2H for the same rows in the other direction. The expert-grouped variants count the "
-    "same received rows once (not permuted copies or padding). This is DeepEP's and Hybrid-EP's 'GB/s (NVL)' "
-    "(recv_x.numel() * 2 / t).";
-const char* const kDefBusbw =
-    "busbw = NVLink bus bandwidth per GPU = mean over ranks of (rows received from OTHER ranks x row bytes) / time: "
-    "the payload crossing one GPU's NVLink in one direction (into it for dispatch, out of it for combine); a rank's "
-    "rows to itself do NOT count; headers, counts and flags do not count. Compare with the link: 450 GB/s (H100 "
-    "NVLink4), 900 GB/s (B200 NVLink5) per direction. For uniform routing busbw ~ algbw x (R-1)/R, the NCCL-tests "
-    "alltoall busbw factor.";
-const char* const kDefTime =
-    "time (GPU): per iteration the slowest rank's CUDA-event time of one call; median, min, p10, p90, max over "
-    "--iters iterations after --warmup. dispatch = the dispatch kernel on a cached handle into preallocated outputs "
-    "(no metadata kernel, no host sync, no allocation), as DeepEP and Hybrid-EP time it; combine = the combine kernel "
-    "into a preallocated output.";
-
 void print_definitions() {
   std::printf("\ndefinitions (docs/benchmarks.md):\n  %s\n  %s\n  %s\n", kDefAlgbw, kDefBusbw, kDefTime);
 }

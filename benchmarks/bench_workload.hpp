@@ -113,4 +113,24 @@ Spread spread_of(std::vector<double> values);
 
 std::string with_commas(uint64_t n);
 
+// The definitions, printed and written to the JSON by both benchmarks (bench_ep.cpp,
+// and bench_ep.py through the binding railyard._bench): docs/benchmarks.md.
+inline constexpr const char* kDefAlgbw =
+    "algbw = mean over ranks of (rows the rank receives in a dispatch, rows from its own tokens INCLUDED, x row "
+    "bytes) / time. Row bytes: BF16 2H; FP8 H + 4H/128 (codes + one fp32 scale per 128 elements, DeepEP's "
+    "fp8_factor); combine: BF16 2H for the same rows in the other direction. The expert-grouped variants count the "
+    "same received rows once (not permuted copies or padding). This is DeepEP's and Hybrid-EP's 'GB/s (NVL)' "
+    "(recv_x.numel() * 2 / t).";
+inline constexpr const char* kDefBusbw =
+    "busbw = NVLink bus bandwidth per GPU = mean over ranks of (rows received from OTHER ranks x row bytes) / time: "
+    "the payload crossing one GPU's NVLink in one direction (into it for dispatch, out of it for combine); a rank's "
+    "rows to itself do NOT count; headers, counts and flags do not count. Compare with the link: 450 GB/s (H100 "
+    "NVLink4), 900 GB/s (B200 NVLink5) per direction. For uniform routing busbw ~ algbw x (R-1)/R, the NCCL-tests "
+    "alltoall busbw factor.";
+inline constexpr const char* kDefTime =
+    "time (GPU): per iteration the slowest rank's CUDA-event time of one call; median, min, p10, p90, max over "
+    "--iters iterations after --warmup. dispatch = the dispatch kernel on a cached handle into preallocated outputs "
+    "(no metadata kernel, no host sync, no allocation), as DeepEP and Hybrid-EP time it; combine = the combine kernel "
+    "into a preallocated output.";
+
 }  // namespace railyard::bench

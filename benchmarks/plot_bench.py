@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plot bandwidth against SM count from railyard_bench_ep's JSON (--json FILE).
+"""Plot bandwidth against SM count from the JSON of railyard_bench_ep or bench_ep.py (--json FILE).
 
     python3 benchmarks/plot_bench.py results.json [-o bench.png]
 
@@ -34,7 +34,7 @@ def series(results):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("json", help="railyard_bench_ep --json output")
+    parser.add_argument("json", help="railyard_bench_ep or bench_ep.py --json output")
     parser.add_argument("-o", "--output", default="bench_ep.png", help="PNG to write (default bench_ep.png)")
     args = parser.parse_args(argv)
     with open(args.json) as f:
@@ -69,7 +69,7 @@ def main(argv=None):
         ax.grid(True, which="both", alpha=0.3)
     axes[1].legend(fontsize=7, loc="lower right")
     source = "MEASURED on GPUs" if results.get("gpu_measurement") else "MODEL estimate from simulator-counted bytes (no GPU)"
-    fig.suptitle(f'railyard_bench_ep, preset {par["preset"]}: {par["ranks"]} ranks, hidden {par["hidden"]}, '
+    fig.suptitle(f'{results.get("benchmark", "railyard_bench_ep")}, preset {par["preset"]}: {par["ranks"]} ranks, hidden {par["hidden"]}, '
                  f'{par["tokens_per_rank"]} tokens/rank, top-{par["topk"]} of {par["experts"]}, {par["dtype"]} '
                  f'dispatch; {source}', fontsize=10)
     fig.tight_layout()

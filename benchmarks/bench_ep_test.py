@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Tests of benchmarks/bench_ep.py (ctest label python; docs/benchmarks.md "Tests").
+
+    python benchmarks/bench_ep_test.py                       counted bytes, minimum and model of a
+                                                              tiny hand-made workload against values
+                                                              worked out by hand; a wrong expectation
+                                                              makes the benchmark fail
+    python benchmarks/bench_ep_test.py --json PY [--like CPP] the JSON bench_ep.py wrote has the
+                                                              expected keys (and every key of
+                                                              railyard_bench_ep's JSON CPP)
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_ep  # noqa: E402
+from bench_ep import rb  # noqa: E402  (railyard._bench)
+
+
+def tiny(dtype="bf16"):
+    # 3 ranks, 2 experts each (0, 1 on rank 0; 2, 3 on rank 1; 4, 5 on rank 2), top-2,
+    # 2 tokens per rank, hidden 128.
+    p = rb.Params()
+    p.ranks, p.experts_per_rank, p.topk, p.hidden, p.dtype = 3, 2, 2, 128, dtype
+    return p
+
+
+# rank 0: t0 {0, 1} -> rank 0 (2 entries); t1 {1, 4} -> ranks 0 and 2
+# rank 1: t0 {2, 5} -> ranks 1 and 2;     t1 {0, 3} -> ranks 0 and 1
+# rank 2: t0 {4, 5} -> rank 2 (2 entries); t1 {-1, 2} -> rank 1
+ROUTING = [[0, 1, 1, 4], [2, 5, 0, 3], [4, 5, -1, 2]]
+
+
+def routing():
+    return [rb.Routing(idx, [0.5] * len(idx)) for idx in ROUTING]
+
+
+def expect_eq(got, want, what):
+    if got != want:
+        raise AssertionError(f"{what}: got {got!r}, expected {want!r}")
+
+
+def test_counted_bytes():
+    p = tiny()
+    pairs, counted = bench_ep.counted_from_routing(p, routing(), 2)
+    # tokens [s][d]: 0->0 t0, t1; 0->2 t1; 1->0 t1; 1->1 t0, t1; 1->2 t0; 2->1 t1; 2->2 t0
+    expect_eq(list(pairs.tokens), [2, 0, 1, 1, 2, 1, 0, 1, 1], "pair tokens")
+    # entries: 0->0 2 + 1; 0->2 1; 1->0 1; 1->1 1 + 1; 1->2 1; 2->1 1; 2->2 2
+    expect_eq(list(pairs.entries), [3, 0, 1, 1, 2, 1, 0, 1, 2], "pair entries")
+    # Rows received: rank 0 2 + 1 (1 from another rank), rank 1 2 + 1 (1), rank 2 1 + 1 + 1 (2).
+    # BF16 row 256 B.
+    expect_eq(list(counted["dispatch"].algbw), [768, 768, 768], "dispatch algbw bytes")
+    expect_eq(list(counted["dispatch"].busbw), [256, 256, 512], "dispatch busbw bytes")
+    expect_eq(counted["dispatch"].busbw_mean(), 1024 / 3, "dispatch busbw mean")
+    expect_eq(list(counted["combine"].busbw), [256, 256, 512], "combine busbw bytes")
+    # FP8 dispatch row: 128 codes + 1 scale x 4 B = 132 B; combine stays BF16.
+    _, c8 = bench_ep.counted_from_routing(tiny("fp8"), routing(), 2)
+    expect_eq(list(c8["dispatch"].algbw), [396, 396, 396], "fp8 dispatch algbw bytes")
+    expect_eq(list(c8["dispatch"].busbw), [132, 132, 264], "fp8 dispatch busbw bytes")
+    expect_eq(list(c8["combine"].algbw), [768, 768, 768], "fp8 run's combine algbw bytes")
+
+
+def test_minimum_and_model():
+    p = tiny()
+    pairs, counted = bench_ep.counted_from_routing(p, routing(), 2)
+    # count row: 4 header ints + 3 ranks x (1 + 2 experts) = 13 ints = 52 B
+    expect_eq(rb.count_row_bytes(p), 52, "count row bytes")
+    m = rb.minimum_matrices(p, pairs, "dispatch", False, 52)
+    # s -> d: tokens x (256 + 16) + 12 x entries + 4 (barrier flag); 0 tokens: the flag only
+    expect_eq(m.written, [[0, 4, 288], [288, 0, 288], [4, 288, 0]], "dispatch minimum")
+    first = rb.minimum_matrices(p, pairs, "dispatch", True, 52)
+    expect_eq(first.written[0][2], 288 + 52 + 4, "first call: + count row and its flag")
+    c = rb.minimum_matrices(p, pairs, "combine", False, 52)
+    # home s reads from d: tokens(s -> d) x (256 + 8); every rank writes a 4-byte flag to each peer
+    expect_eq(c.read, [[0, 0, 264], [264, 0, 264], [0, 264, 0]], "combine minimum reads")
+    expect_eq(c.written, [[0, 4, 4], [4, 0, 4], [4, 4, 0]], "combine flags")
+    # Model, H100: busiest direction 576 B (rank 1 out, rank 2 in) / 450 GB/s = 0.00128 us;
+    # 1 SM: rank 1 issues 576 B / 56.25 GB/s = 0.01024 us -> algbw 768 B / 0.01024 us = 75 GB/s.
+    p.sms = [1, 8]
+    h100 = bench_ep.model_op(p, m.written, m.read, counted["dispatch"], 2)[0]
+    one, eight = h100["points"]
+    expect_eq((round(one.time_us, 8), one.bound, round(one.algbw_gbps, 6)), (0.01024, "SMs", 75.0), "1 SM")
+    expect_eq((round(eight.time_us, 8), eight.bound), (0.00128, "link"), "8 SMs")
+    expect_eq(h100["fill"], 8, "SMs to fill the link")
+
+
+def test_mismatch_fails():
+    # A wrong expectation (one bit of one combined output) must make the run fail.
+    real = bench_ep.expected_outputs
+
+    def wrong(p, inputs, layout):
+        out, combined = real(p, inputs, layout)
+        combined[1].view(-1).view(bench_ep.torch.int16)[0] ^= 1
+        return out, combined
+
+    bench_ep.expected_outputs = wrong
+    print("bench_ep_test: the run below must FAIL (its expectation is wrong on purpose)", flush=True)
+    try:
+        rc = bench_ep.main(["--ranks", "2", "--tokens", "4", "--hidden", "128", "--topk", "2", "--layout",
+                            "received", "--no-overhead", "--sim"])
+    finally:
+        bench_ep.expected_outputs = real
+    expect_eq(rc, 1, "exit code of a run with a wrong expectation")
+
+
+TOP = {"benchmark", "flavour", "device", "gpu_measurement", "parameters", "definitions", "ops", "run_seconds", "ok"}
+OP = {"op", "layout", "dtype", "modelled", "counted_bytes_per_rank", "check", "simulator_traffic"}
+
+
+def check_json(path, like=None):
+    d = json.load(open(path))
+    missing = TOP - set(d)
+    assert not missing, f"missing keys {missing}"
+    assert d["ok"] and d["flavour"] == "simulator" and not d["gpu_measurement"], d
+    assert {"algbw", "busbw", "time", "model"} <= set(d["definitions"])
+    assert d["ops"] and all(OP <= set(o) for o in d["ops"]), "an op misses a key"
+    modelled = [o for o in d["ops"] if o["modelled"]]
+    assert modelled and all(o["model"]["kind"].startswith("MODEL") and
+                            o["model_at_simulated_size"]["kind"].startswith("MODEL") for o in modelled)
+    assert all(o["check"]["mismatches"] == 0 and o["simulator_traffic"]["links_off_minimum"] == 0 for o in d["ops"])
+    assert all(len(o["counted_bytes_per_rank"]["algbw"]) == d["parameters"]["ranks"] for o in d["ops"])
+    if like:  # every key railyard_bench_ep writes, at every level that both have
+        c = json.load(open(like))
+
+        def keys_of(a, b, where):
+            if isinstance(a, dict):
+                lost = set(a) - set(b)
+                assert not lost, f"{where}: keys of {like} missing in {path}: {sorted(lost)}"
+                for k in a:
+                    keys_of(a[k], b[k], f"{where}.{k}")
+            elif isinstance(a, list) and a and isinstance(a[0], dict) and b:
+                keys_of(a[0], b[0], f"{where}[0]")
+
+        # host_overhead is another quantity (the Python layer's work per call, not the C++ op's)
+        c.pop("host_overhead", None)
+        keys_of(c, d, "$")
+    print(f"bench_ep.py JSON OK: {len(d['ops'])} ops" + (f", every key of {os.path.basename(like)}" if like else ""))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--like")
+    a = ap.parse_args()
+    if a.json:
+        check_json(a.json, a.like)
+        return 0
+    test_counted_bytes()
+    test_minimum_and_model()
+    test_mismatch_fails()
+    print("bench_ep_test: OK")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
