@@ -49,6 +49,13 @@ struct BufferOptions {
   // Blocks per operation when the call does not say; 0: min(kDefaultSms, SM count).
   int dispatch_sms = 0;
   int combine_sms = 0;
+  // Rows a block takes at a time, round-robin over the blocks: tokens on dispatch's send
+  // side and received rows on its copy-out side (dispatch), received rows to stage and
+  // home tokens to gather (combine). 0: the kernels' defaults (64 and 32). Smaller
+  // chunks spread uneven work more evenly over the blocks; larger ones cost less per
+  // chunk (docs/tuning.md). Results do not depend on it.
+  int dispatch_chunk_rows = 0;
+  int combine_chunk_rows = 0;
   // Budget of every spin-wait in the kernels, in clock cycles; 0: the kernels'
   // default (2^34, about 10 s). A wait past it traps with a report naming the peer.
   uint64_t timeout_cycles = 0;

@@ -76,7 +76,8 @@ py::dict info(const BufferEntry& e) {
 // Collective. Returns the buffer's id and a description.
 py::dict create_buffer(PyBootstrap& bootstrap, int64_t hidden, int64_t max_tokens, int64_t experts_per_rank,
                        bool fp8, int64_t max_top_k, std::optional<int64_t> ranks_per_domain, int dispatch_sms,
-                       int combine_sms, uint64_t timeout_cycles, bool check_routing) {
+                       int combine_sms, int dispatch_chunk_rows, int combine_chunk_rows, uint64_t timeout_cycles,
+                       bool check_routing) {
   if (!bootstrap.bootstrap) throw std::invalid_argument("railyard: this bootstrap was already used by a Buffer");
   auto entry = std::make_shared<BufferEntry>();
   entry->bootstrap = std::move(bootstrap.bootstrap);
@@ -89,6 +90,8 @@ py::dict create_buffer(PyBootstrap& bootstrap, int64_t hidden, int64_t max_token
   if (ranks_per_domain) options.topology_options.ranks_per_domain = static_cast<int>(*ranks_per_domain);
   options.dispatch_sms = dispatch_sms;
   options.combine_sms = combine_sms;
+  options.dispatch_chunk_rows = dispatch_chunk_rows;
+  options.combine_chunk_rows = combine_chunk_rows;
   options.timeout_cycles = timeout_cycles;
   {
     py::gil_scoped_release nogil;
@@ -187,7 +190,8 @@ PYBIND11_MODULE(RAILYARD_MODULE_NAME, m) {
         py::arg("barrier"));
   m.def("create_buffer", &create_buffer, py::arg("bootstrap"), py::arg("hidden"), py::arg("max_tokens"),
         py::arg("experts_per_rank"), py::arg("fp8"), py::arg("max_top_k"), py::arg("ranks_per_domain"),
-        py::arg("dispatch_sms"), py::arg("combine_sms"), py::arg("timeout_cycles"), py::arg("check_routing"));
+        py::arg("dispatch_sms"), py::arg("combine_sms"), py::arg("dispatch_chunk_rows"), py::arg("combine_chunk_rows"),
+        py::arg("timeout_cycles"), py::arg("check_routing"));
   m.def("destroy_buffer", &destroy_buffer, py::arg("id"));
   m.def("synchronize_buffer", &synchronize_buffer, py::arg("id"));
   m.def("bootstrap_allgather", [](PyBootstrap& b, py::bytes mine) {

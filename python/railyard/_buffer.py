@@ -217,12 +217,15 @@ class Buffer:
                  use_fp8: bool = False, num_sms_dispatch: Optional[int] = None,
                  num_sms_combine: Optional[int] = None, max_top_k: Optional[int] = None,
                  ranks_per_domain: Optional[int] = None, timeout_cycles: Optional[int] = None,
-                 check_routing: Optional[bool] = None):
+                 check_routing: Optional[bool] = None, dispatch_chunk_rows: Optional[int] = None,
+                 combine_chunk_rows: Optional[int] = None):
         _positive("hidden_dim", hidden_dim)
         _positive("max_num_of_tokens_per_rank", max_num_of_tokens_per_rank)
         _positive("num_local_experts", num_local_experts)
         self._dispatch_sms = _optional_positive("num_sms_dispatch", num_sms_dispatch)
         self._combine_sms = _optional_positive("num_sms_combine", num_sms_combine)
+        chunks = (_optional_positive("dispatch_chunk_rows", dispatch_chunk_rows),
+                  _optional_positive("combine_chunk_rows", combine_chunk_rows))
         world_size = group.size()
         num_experts = world_size * num_local_experts
         if max_top_k is None:
@@ -240,7 +243,7 @@ class Buffer:
             check_routing = device.type == "cpu"  # free on the CPU; a sync on a GPU
         info = module.create_buffer(bootstrap, hidden_dim, max_num_of_tokens_per_rank, num_local_experts,
                                     bool(use_fp8), max_top_k, ranks_per_domain, self._dispatch_sms,
-                                    self._combine_sms, timeout_cycles or 0, bool(check_routing))
+                                    self._combine_sms, *chunks, timeout_cycles or 0, bool(check_routing))
         self._module = module
         self._id = info["id"]
         self.group = group

@@ -95,6 +95,8 @@ struct Buffer::State {
     const auto sms = [&](int requested) { return requested > 0 ? requested : std::min(kDefaultSms, sm_count); };
     dispatch_sms = sms(options.dispatch_sms);
     combine_sms = sms(options.combine_sms);
+    dispatch_chunk_rows = options.dispatch_chunk_rows;
+    combine_chunk_rows = options.combine_chunk_rows;
     domain.shape = layout.shape();
     domain.rank = registered.domain_rank();
     const auto peers = registered.domain_ptrs();
@@ -109,7 +111,18 @@ struct Buffer::State {
   State(const State&) = delete;
   State& operator=(const State&) = delete;
 
+  // Checked before the collective creation starts, so every rank that passes bad options
+  // throws before it waits for the others.
   static runtime::RegisteredBufferOptions registered_options(const BufferOptions& options) {
+    const auto check = [](const char* name, int64_t value) {
+      if (value < 0)
+        throw std::invalid_argument(std::string("railyard Buffer: options.") + name + " is " + std::to_string(value) +
+                                    "; expected >= 0 (0: the default)");
+    };
+    check("dispatch_sms", options.dispatch_sms);
+    check("combine_sms", options.combine_sms);
+    check("dispatch_chunk_rows", options.dispatch_chunk_rows);
+    check("combine_chunk_rows", options.combine_chunk_rows);
     runtime::RegisteredBufferOptions r;
     r.topology = options.topology;
     r.topology_options = options.topology_options;
@@ -125,6 +138,8 @@ struct Buffer::State {
   int sm_count = 0;
   int dispatch_sms = 1;
   int combine_sms = 1;
+  int dispatch_chunk_rows = 0;  // 0: the kernel's default
+  int combine_chunk_rows = 0;
   ki::DomainParams domain;
   pipeline::WaitRecord* wait_record = nullptr;
 };
@@ -406,6 +421,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args) {
   d.out_src_rank = result.src_rank.data();
   d.out_src_token = result.src_token.data();
   d.num_blocks = args.num_sms > 0 ? args.num_sms : s.dispatch_sms;
+  if (s.dispatch_chunk_rows > 0) d.chunk_rows = s.dispatch_chunk_rows;
   throw_if_failed(ki::launch_dispatch(d, stream), op);
 
   result.num_rows = rows;
@@ -458,6 +474,7 @@ CombineResult Buffer::combine(const CombineArgs& args) {
   c.combined_probs = result.probs.data();
   c.out = result.hidden.data();
   c.num_blocks = args.num_sms > 0 ? args.num_sms : s.combine_sms;
+  if (s.combine_chunk_rows > 0) c.chunk_rows = s.combine_chunk_rows;
   throw_if_failed(ki::launch_combine(c, stream), op);
   return result;
 }

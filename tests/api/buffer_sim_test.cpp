@@ -97,6 +97,7 @@ struct Case {
   int hidden = 128;
   int experts_per_rank = 2;
   int topk = 2;
+  int chunk_rows = 0;  // BufferOptions::{dispatch,combine}_chunk_rows; 0: the kernels' defaults
 };
 
 std::string describe(const Case& c) {
@@ -104,7 +105,8 @@ std::string describe(const Case& c) {
   for (int t : c.tokens) s += std::to_string(t) + " ";
   s += std::string("], ") + runtime::dtype_name(c.dtype) + ", " + to_string(c.layout) + " pad " +
        std::to_string(c.pad_multiple) + (c.routing_map ? ", map routing" : ", top-k routing") +
-       (c.max_rows ? ", bounded at " + std::to_string(*c.max_rows) : ", blocking");
+       (c.max_rows ? ", bounded at " + std::to_string(*c.max_rows) : ", blocking") +
+       (c.chunk_rows ? ", chunks of " + std::to_string(c.chunk_rows) + " rows" : "");
   return s;
 }
 
@@ -295,7 +297,8 @@ void run_case(const Case& c, uint64_t seed) {
   sim::run_ranks(R, [&](int rank) {
     runtime::gpu::set_current(rank);
     auto boot = group->bootstrap(rank);
-    Buffer buffer(config, *boot, {.dispatch_sms = 2, .combine_sms = 2});
+    Buffer buffer(config, *boot,
+                  {.dispatch_sms = 2, .combine_sms = 2, .dispatch_chunk_rows = c.chunk_rows, .combine_chunk_rows = c.chunk_rows});
     const std::string at = "rank " + std::to_string(rank);
     const DeviceInputs in = to_device(inputs[rank]);
     const DeviceInputs in_other = to_device(other[rank]);
@@ -383,7 +386,10 @@ std::vector<Case> cases_for(int ranks) {
       return {{{13, 0, 29, 7}, kFp8, kReceived, false, 1, 15},
               {{13, 0, 29, 7}, DType::BF16, kGrouped, true, 2},
               {{3, 17, 0, 0}, kFp8, kGrouped, false, 4, 200},
-              {{9, 1, 30, 4}, DType::BF16, kReceived, true}};
+              {{9, 1, 30, 4}, DType::BF16, kReceived, true},
+              // Chunks of one row and of three: blocks take many chunks each.
+              Case{.tokens = {9, 1, 30, 4}, .layout = kGrouped, .pad_multiple = 2, .chunk_rows = 1},
+              Case{.tokens = {13, 0, 29, 7}, .dtype = kFp8, .max_rows = 15, .chunk_rows = 3}};
     default:
       return {{{3, 0, 11, 5, 0, 9, 1, 16}, DType::BF16, kReceived, true},
               {{3, 0, 11, 5, 0, 9, 1, 16}, kFp8, kGrouped, false, 4, 14},
@@ -470,6 +476,22 @@ TEST(BufferCreation, ConfigMismatchIsTheSameErrorOnEveryRank) {
     EXPECT_HAS(errors[r], "check_config");
     EXPECT_HAS(errors[r], "hidden differs: 256 on ranks 0-1,3; 512 on rank 2");
   }
+  EXPECT_EQ(sim::live_allocation_count(), 0u);
+}
+
+TEST(BufferCreation, NegativeOptionsAreRefusedBeforeAnyCollective) {
+  const int n = 2;
+  reset_sim(n);
+  auto group = make_group(n);
+  const auto errors = errors_on_ranks(n, [&](int rank) {
+    auto boot = group->bootstrap(rank);
+    BufferOptions options;
+    if (rank == 0) options.dispatch_chunk_rows = -1;
+    if (rank == 1) options.combine_sms = -3;
+    Buffer buffer(make_config(n, 256, 24, 2, 2, DType::BF16), *boot, options);
+  });
+  EXPECT_HAS(errors[0], "options.dispatch_chunk_rows is -1; expected >= 0");
+  EXPECT_HAS(errors[1], "options.combine_sms is -3; expected >= 0");
   EXPECT_EQ(sim::live_allocation_count(), 0u);
 }
 

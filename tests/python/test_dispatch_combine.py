@@ -182,3 +182,29 @@ def test_every_rank_without_tokens(railyard, world_size):
         assert tuple(c["hidden"].shape) == (0, case.hidden_dim)
         assert tuple(cp["hidden"].shape) == (0, case.hidden_dim)
         assert tuple(c["probs"].shape) == (0, case.num_experts)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 3])
+def test_chunk_rows_do_not_change_results(railyard, chunk_rows):
+    case = case_for(4, False, "topk", seed=5, pad_multiple=4)
+    P = [pm.num_rows for pm in case.permuted]
+    zs = expert_rows(case, P, salt=4)
+
+    def fn(group):
+        d = group.rank()
+        buf = make_buffer(group, case, dispatch_chunk_rows=chunk_rows, combine_chunk_rows=chunk_rows)
+        r = buf.dispatch_with_permute(case.hidden[d], pad_multiple=4, **case.dispatch_kwargs(d))
+        got = snap_dispatch(r)
+        c = snap_combine(buf.combine_with_unpermute(zs[d], handle=r.handle, pad_multiple=4))
+        return got, c
+
+    results = run_ranks(4, fn)
+    exp_h = ref.combine_with_unpermute_ref(zs, case.permuted, case.tokens)
+    for d, (got, c) in enumerate(results):
+        check_permuted(case, d, got)
+        assert_bits(c["hidden"], exp_h[d], f"rank {d} combine_with_unpermute hidden, chunks of {chunk_rows}")
+
+
+def test_negative_chunk_rows_are_refused(railyard):
+    with pytest.raises(ValueError, match="dispatch_chunk_rows is -2"):
+        run_ranks(1, lambda group: make_buffer(group, case_for(1, False, "map", 0), dispatch_chunk_rows=-2))
