@@ -5,8 +5,9 @@
 // reference::combine_with_unpermute (permuted layout), probs included, over a
 // covering part of issue 3's matrix, bounds, several NVLink domains and many
 // scheduler seeds; the NVLink bytes each home rank pulls from each peer equal the
-// minimum plus header polls; argument errors name the argument; a row that never
-// comes is reported with its peer.
+// minimum plus header polls; argument errors name the argument and what was expected
+// (one changed field a row); a row that never comes is reported with its peer; a
+// handle claiming more received rows than the staging holds traps.
 #include "kernels/intranode/combine.hpp"
 
 #include <gtest/gtest.h>
@@ -25,6 +26,7 @@
 #include "kernels/intranode/combine.cuh"
 #include "tests/arch/sim_harness.hpp"
 #include "tests/kernels/intranode_harness.hpp"
+#include "tests/kernels/refusals.hpp"
 
 namespace railyard {
 namespace {
@@ -520,42 +522,75 @@ TEST(IntranodeCombine, ArgumentErrorsNameTheArgument) {
   good.input = in;
   good.num_input_rows = 16;
   good.out = out;
-  const sim::Stream stream = sim::default_stream(0);
-  const auto expect_error = [&](CombineArguments a, int blocks, StatusCode code, const std::string& names) {
-    a.num_blocks = blocks;
-    const Status st = launch_combine(a, stream);
-    EXPECT_EQ(st.code(), code) << st.to_string();
-    EXPECT_NE(st.message().find(names), std::string::npos) << st.to_string();
+  good.num_blocks = 1;
+  using R = test::Refusal<CombineArguments>;
+  const StatusCode bad = StatusCode::InvalidArgument;
+  const std::string who = "intranode combine: ";
+  const std::string tma = who + "input and out must be 16-byte aligned (TMA)";
+  const std::string probs_pair = who + "input_probs and combined_probs go together; one of them is null";
+  const std::string probs4 = who + "input_probs and combined_probs must be 4-byte aligned";
+  const std::string blocks = "; expected 1.." + std::to_string(sim::device_props(0).sm_count) +
+                             " (the device's SM count)";
+  std::vector<R> rows = {
+      {"no handle", [](auto& a) { a.handle = nullptr; }, bad, who + "handle is null"},
+      {"recv_capacity past the staging", [](auto& a) { a.recv_capacity = 17; }, bad,
+       who + "recv_capacity is 17; expected 0..16 (num_ranks x max_tokens)"},
+      {"negative recv_capacity", [](auto& a) { a.recv_capacity = -1; }, bad,
+       who + "recv_capacity is -1; expected 0..16 (num_ranks x max_tokens)"},
+      {"num_tokens past max_tokens", [](auto& a) { a.num_tokens = 9; }, bad,
+       who + "num_tokens is 9; expected 0..8 (shape.max_tokens)"},
+      {"negative num_input_rows", [](auto& a) { a.num_input_rows = -1; }, bad,
+       who + "num_input_rows is -1; expected >= 0"},
+      {"input rows without input", [](auto& a) { a.input = nullptr; }, bad,
+       who + "input is null but num_input_rows is 16"},
+      {"no out", [](auto& a) { a.out = nullptr; }, bad, who + "out is null"},
+      {"misaligned input", [](auto& a) { a.input = test::shift_bytes(a.input, 8); }, bad, tma},
+      {"misaligned out", [](auto& a) { a.out = test::shift_bytes(a.out, 8); }, bad, tma},
+      {"input_probs alone", [probs](auto& a) { a.input_probs = probs; }, bad, probs_pair},
+      {"combined_probs alone", [probs](auto& a) { a.combined_probs = probs; }, bad, probs_pair},
+      {"misaligned input_probs",
+       [probs](auto& a) {
+         a.input_probs = test::shift_bytes(probs, 2);
+         a.combined_probs = probs;
+       },
+       bad, probs4},
+      {"misaligned combined_probs",
+       [probs](auto& a) {
+         a.input_probs = probs;
+         a.combined_probs = test::shift_bytes(probs, 1);
+       },
+       bad, probs4},
+      {"ranks_per_domain not dividing num_ranks", [](auto& a) { a.ranks_per_domain = 3; }, bad,
+       who + "ranks_per_domain is 3; expected 0 (one domain) or a divisor of num_ranks 2"},
+      {"negative ranks_per_domain", [](auto& a) { a.ranks_per_domain = -1; }, bad,
+       who + "ranks_per_domain is -1; expected 0 (one domain) or a divisor of num_ranks 2"},
+      {"no chunk rows", [](auto& a) { a.chunk_rows = 0; }, bad, who + "chunk_rows is 0; expected >= 1"},
+      {"no blocks", [](auto& a) { a.num_blocks = 0; }, bad, who + "num_blocks is 0" + blocks},
+      {"more blocks than SMs", [](auto& a) { a.num_blocks = sim::device_props(0).sm_count + 1; }, bad,
+       who + "num_blocks is " + std::to_string(sim::device_props(0).sm_count + 1) + blocks},
   };
-  CombineArguments a = good;
-  a.num_tokens = 9;
-  expect_error(a, 1, StatusCode::InvalidArgument, "num_tokens");
-  a = good;
-  a.domain.shape.hidden = 12;
-  expect_error(a, 1, StatusCode::InvalidArgument, "hidden");
-  a = good;
-  a.input = reinterpret_cast<const uint8_t*>(in) + 8;
-  expect_error(a, 1, StatusCode::InvalidArgument, "16-byte aligned");
-  a = good;
-  a.input_probs = probs;
-  expect_error(a, 1, StatusCode::InvalidArgument, "combined_probs");
-  a = good;
-  a.ranks_per_domain = 3;
-  expect_error(a, 1, StatusCode::InvalidArgument, "ranks_per_domain");
-  a = good;
-  a.recv_capacity = 17;
-  expect_error(a, 1, StatusCode::InvalidArgument, "recv_capacity");
-  a = good;
-  a.handle = nullptr;
-  expect_error(a, 1, StatusCode::InvalidArgument, "handle");
-  a = good;
-  a.domain.peers.ptr[1] = nullptr;
-  expect_error(a, 1, StatusCode::InvalidArgument, "peers.ptr[1]");
-  a = good;
-  a.chunk_rows = 0;
-  expect_error(a, 1, StatusCode::InvalidArgument, "chunk_rows");
-  expect_error(good, 0, StatusCode::InvalidArgument, "num_blocks");
-  expect_error(good, sim::device_props(0).sm_count + 1, StatusCode::InvalidArgument, "SM count");
+  for (R& row : test::domain_refusals<CombineArguments>("combine", 2)) rows.push_back(std::move(row));
+  const sim::Stream stream = sim::default_stream(0);
+  test::expect_refusals(good, rows, [&](const CombineArguments& a) { return launch_combine(a, stream); });
+}
+
+// A handle whose received-row total is more than the staging holds (corrupted after
+// dispatch) makes every block trap before it reads a row, naming the total.
+TEST(IntranodeCombine, AHandleClaimingMoreRowsThanTheStagingTraps) {
+  Case c{1, {4}, 16, 1, 1, 2};
+  const Prepared p = prepare(c, 1);
+  layout::IntranodeShape shape{1, 1, p.world.max_tokens, 16, 1, DType::BF16};
+  IntranodeWorld w(shape, 1);
+  DeviceCall dc = to_device(w, c, p);
+  const int64_t staging = w.layout().stage_capacity_rows();
+  // The host holds the world between simulator calls: it may write device memory.
+  const layout::HandleView h = layout::HandleView::carve(w.layout(), const_cast<uint8_t*>(dc.args[0].handle),
+                                                         dc.args[0].recv_capacity);
+  h.totals[static_cast<int>(layout::Total::NumRecv)] = staging + 1;
+  const std::string report = test::expect_sim_error(sim::ErrorKind::Trap, [&] { run_combine(w, dc, c.blocks); });
+  const std::string why = "combine: handle says rank 0 received " + std::to_string(staging + 1) +
+                          " rows; staging holds " + std::to_string(staging);
+  EXPECT_NE(report.find(why), std::string::npos) << report;
 }
 
 // A home rank that waits for a row its peer never stages (here: the peer's handle

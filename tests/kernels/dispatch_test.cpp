@@ -14,7 +14,7 @@
 //  - back-to-back calls on the same registered buffers (sequence numbers, staging reuse);
 //  - traffic: bytes each rank writes to each peer equal the minimum, printed;
 //  - a header that never comes is reported by the bounded wait, naming the row;
-//  - arguments the launcher refuses;
+//  - arguments the launcher refuses, one changed field a row, with the whole message;
 #include "kernels/intranode/dispatch.hpp"
 
 #include <gtest/gtest.h>
@@ -30,6 +30,7 @@
 #include "tests/arch/sim_harness.hpp"
 #include "tests/kernels/intranode_call.hpp"
 #include "tests/kernels/intranode_harness.hpp"
+#include "tests/kernels/refusals.hpp"
 
 namespace railyard {
 namespace {
@@ -297,33 +298,93 @@ TEST(IntranodeDispatch, AMissingHeaderTimesOutWithAReport) {
 }
 
 TEST(IntranodeDispatch, RefusesArgumentsItCannotHandle) {
+  using Kernel = kernels::intranode::Dispatch<>;
   Case c{2, {5, 5}, 16, 1, 1};
   layout::IntranodeShape shape{2, 1, 5, 16, 1, DType::BF16};
   IntranodeWorld w(shape, 1);
   const Call call = prepare(w, c, 1);
+  const RankBuffers& b = call.ranks[0];
+  const DispatchArguments base = dispatch_args(w, call, 0);
+  ASSERT_TRUE(Kernel::can_implement(base).ok());
+  // FP8 with whole scale blocks; the pointers are never read, the launch is refused first.
+  const auto fp8 = [&b](DispatchArguments& a) {
+    a.domain.shape.dispatch_dtype = kFp8;
+    a.domain.shape.hidden = 128;
+    a.scales = b.out_probs;
+    a.out_scales = b.out_probs;
+  };
+  DispatchArguments fp8_base = base;
+  fp8(fp8_base);
+  ASSERT_TRUE(Kernel::can_implement(fp8_base).ok());
+
+  using R = Refusal<DispatchArguments>;
+  const std::string pointer16 = ": expected a 16-byte aligned pointer";
+  const std::string scales4 = ": expected a 4-byte aligned pointer for FP8";
+  const std::string optional_outputs =
+      "Dispatch: out_probs, out_recv_row, out_src_rank, out_src_token: misaligned for their element type";
+  const std::string capacity = ": expected 0..num_ranks*max_tokens";
+  std::vector<R> rows = {
+      {"num_tokens past max_tokens", [](auto& a) { a.num_tokens = 6; }, StatusCode::InvalidArgument,
+       "Dispatch: num_tokens 6: expected 0..shape.max_tokens = 5"},
+      {"negative num_tokens", [](auto& a) { a.num_tokens = -1; }, StatusCode::InvalidArgument,
+       "Dispatch: num_tokens -1: expected 0..shape.max_tokens = 5"},
+      {"no hidden", [](auto& a) { a.hidden = nullptr; }, StatusCode::InvalidArgument, "Dispatch: hidden" + pointer16},
+      {"misaligned hidden", [&b](auto& a) { a.hidden = b.hidden + 8; }, StatusCode::InvalidArgument,
+       "Dispatch: hidden" + pointer16},
+      {"FP8 without scales", [&](auto& a) {
+         fp8(a);
+         a.scales = nullptr;
+       }, StatusCode::InvalidArgument,
+       "Dispatch: scales" + scales4},
+      {"FP8 misaligned scales", [&](auto& a) {
+         fp8(a);
+         a.scales = shift_bytes(a.scales, 2);
+       },
+       StatusCode::InvalidArgument, "Dispatch: scales" + scales4},
+      {"no handle", [](auto& a) { a.handle = nullptr; }, StatusCode::InvalidArgument, "Dispatch: handle" + pointer16},
+      {"misaligned handle", [&b](auto& a) { a.handle = b.handle + 8; }, StatusCode::InvalidArgument,
+       "Dispatch: handle" + pointer16},
+      {"negative recv_capacity", [](auto& a) { a.recv_capacity = -1; }, StatusCode::InvalidArgument,
+       "Dispatch: recv_capacity -1" + capacity},
+      {"recv_capacity past the staging", [](auto& a) { a.recv_capacity = 11; }, StatusCode::InvalidArgument,
+       "Dispatch: recv_capacity 11" + capacity},
+      {"no out_hidden", [](auto& a) { a.out_hidden = nullptr; }, StatusCode::InvalidArgument,
+       "Dispatch: out_hidden" + pointer16},
+      {"misaligned out_hidden", [&b](auto& a) { a.out_hidden = b.out_hidden + 8; }, StatusCode::InvalidArgument,
+       "Dispatch: out_hidden" + pointer16},
+      {"FP8 without out_scales", [&](auto& a) {
+         fp8(a);
+         a.out_scales = nullptr;
+       }, StatusCode::InvalidArgument,
+       "Dispatch: out_scales" + scales4},
+      {"FP8 misaligned out_scales", [&](auto& a) {
+         fp8(a);
+         a.out_scales = shift_bytes(a.out_scales, 1);
+       },
+       StatusCode::InvalidArgument, "Dispatch: out_scales" + scales4},
+      {"misaligned out_probs", [](auto& a) { a.out_probs = shift_bytes(a.out_probs, 2); },
+       StatusCode::InvalidArgument, optional_outputs},
+      {"misaligned out_recv_row", [&b](auto& a) { a.out_recv_row = reinterpret_cast<int64_t*>(b.out_hidden + 4); },
+       StatusCode::InvalidArgument, optional_outputs},
+      {"misaligned out_src_rank", [](auto& a) { a.out_src_rank = shift_bytes(a.out_src_rank, 1); },
+       StatusCode::InvalidArgument, optional_outputs},
+      {"misaligned out_src_token", [](auto& a) { a.out_src_token = shift_bytes(a.out_src_token, 3); },
+       StatusCode::InvalidArgument, optional_outputs},
+      {"unknown output layout", [](auto& a) { a.output = static_cast<DispatchOutput>(2); },
+       StatusCode::InvalidArgument, "Dispatch: output: expected Received or ExpertGrouped"},
+      {"out_recv_row in the received layout",
+       [&b](auto& a) { a.out_recv_row = reinterpret_cast<int64_t*>(b.out_hidden); }, StatusCode::InvalidArgument,
+       "Dispatch: out_recv_row: only the ExpertGrouped layout has it; expected null"},
+      {"no blocks", [](auto& a) { a.num_blocks = 0; }, StatusCode::InvalidArgument,
+       "Dispatch: num_blocks 0: expected >= 1"},
+      {"more blocks than SMs", [](auto& a) { a.num_blocks = 9; }, StatusCode::InvalidArgument,
+       "intranode dispatch: num_blocks is 9; expected 1..8 (the device's SM count)"},
+      {"no chunk rows", [](auto& a) { a.chunk_rows = 0; }, StatusCode::InvalidArgument,
+       "Dispatch: chunk_rows 0: expected >= 1"},
+  };
+  for (R& row : domain_refusals<DispatchArguments>("dispatch", 1)) rows.push_back(std::move(row));
   const sim::Stream stream = sim::default_stream(0);
-  const auto code = [&](const DispatchArguments& a) { return launch_dispatch(a, stream).code(); };
-  DispatchArguments a = dispatch_args(w, call, 0);
-  a.num_blocks = 9;  // the test devices have 8 SMs
-  EXPECT_EQ(code(a), StatusCode::InvalidArgument);
-  a.num_blocks = 0;
-  EXPECT_EQ(code(a), StatusCode::InvalidArgument);
-  a = dispatch_args(w, call, 0);
-  a.out_hidden = call.ranks[0].out_hidden + 8;
-  EXPECT_EQ(code(a), StatusCode::InvalidArgument);
-  a = dispatch_args(w, call, 0);
-  a.num_tokens = 6;  // past shape.max_tokens
-  EXPECT_EQ(code(a), StatusCode::InvalidArgument);
-  a = dispatch_args(w, call, 0);
-  a.domain.shape.hidden = 12;  // 24-byte rows
-  EXPECT_EQ(code(a), StatusCode::InvalidArgument);
-  a = dispatch_args(w, call, 0);
-  a.domain.shape.dispatch_dtype = kFp8;
-  a.domain.shape.hidden = 64;  // FP8 needs whole 128-element scale blocks
-  EXPECT_EQ(code(a), StatusCode::InvalidArgument);
-  a = dispatch_args(w, call, 0);
-  a.out_recv_row = reinterpret_cast<int64_t*>(call.ranks[0].out_hidden);  // received layout has none
-  EXPECT_EQ(code(a), StatusCode::InvalidArgument);
+  expect_refusals(base, rows, [&](const DispatchArguments& a) { return launch_dispatch(a, stream); });
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tests/kernels/intranode_harness.hpp"
+#include "tests/kernels/refusals.hpp"
 
 namespace railyard {
 namespace {
@@ -227,12 +228,9 @@ TEST(IntranodeMetadata, ArgumentErrorsNameTheArgument) {
   a = base();
   a.recv_capacity = 17;
   expect(a, "recv_capacity is 17; expected 0..16");
-  a = base();
-  a.domain.rank = 2;
-  expect(a, "domain.rank is 2; expected 0..1");
-  a = base();
-  a.domain.shape.hidden = 12;
-  expect(a, "hidden is 12");
+  // The domain's checks, shared with dispatch and combine.
+  test::expect_refusals(base(), test::domain_refusals<MetadataArguments>("metadata", 2),
+                        [](const MetadataArguments& args) { return launch_metadata(args, sim::default_stream(0)); });
 }
 
 // Bad routing is data on the device: the kernel traps with a message naming it.

@@ -15,6 +15,7 @@
 #include "kernels/common/launch.hpp"
 #include "kernels/examples/row_gather.cuh"
 #include "tests/arch/sim_harness.hpp"
+#include "tests/kernels/refusals.hpp"
 
 namespace railyard {
 namespace {
@@ -107,27 +108,52 @@ TEST(RowGather, SmallSlotsAndAnOddStageCountSplitRowsIntoManyPieces) {
   }
 }
 
+// The launcher's arguments: the gather's and the launch's.
+struct GatherCall {
+  RowGatherArguments args;
+  int num_blocks = 1;
+  int num_stages = 2;
+};
+
 TEST(RowGather, RefusesArgumentsItCannotHandle) {
   reset_sim(1);
   DeviceArray<uint8_t> buf(0, 4096, "buf");
   DeviceArray<int32_t> index(0, 4, "index");
-  RowGatherArguments args;
-  args.src = buf.ptr;
-  args.num_src_rows = 4;
-  args.index = index.ptr;
-  args.dst = buf.ptr + 2048;
-  args.num_rows = 4;
-  args.row_bytes = 24;
+  GatherCall base;
+  base.args = RowGatherArguments{buf.ptr, 4, index.ptr, buf.ptr + 2048, 4, 32};
+  using Kernel = examples::RowGather<2, examples::kRowGatherSlotBytes>;
+  ASSERT_TRUE(Kernel::can_implement(base.args).ok());
+  using R = test::Refusal<GatherCall>;
+  const StatusCode bad = StatusCode::InvalidArgument;
+  const std::string negative = "RowGather: negative row count";
+  const std::string null = "RowGather: null src, index or dst";
+  const std::string tma = "RowGather: src and dst must be 16-byte aligned (TMA)";
+  const std::vector<R> rows = {
+      {"24-byte rows", [](auto& c) { c.args.row_bytes = 24; }, bad,
+       "RowGather: row_bytes 24 is not a positive multiple of 16"},
+      {"empty rows", [](auto& c) { c.args.row_bytes = 0; }, bad,
+       "RowGather: row_bytes 0 is not a positive multiple of 16"},
+      {"negative num_rows", [](auto& c) { c.args.num_rows = -1; }, bad, negative},
+      {"negative num_src_rows", [](auto& c) { c.args.num_src_rows = -1; }, bad, negative},
+      {"no src", [](auto& c) { c.args.src = nullptr; }, bad, null},
+      {"no index", [](auto& c) { c.args.index = nullptr; }, bad, null},
+      {"no dst", [](auto& c) { c.args.dst = nullptr; }, bad, null},
+      {"misaligned src", [](auto& c) { c.args.src = test::shift_bytes(c.args.src, 8); }, bad, tma},
+      {"misaligned dst", [](auto& c) { c.args.dst = test::shift_bytes(c.args.dst, 8); }, bad, tma},
+      {"misaligned index", [](auto& c) { c.args.index = test::shift_bytes(c.args.index, 2); }, bad,
+       "RowGather: index must be 4-byte aligned"},
+      {"no blocks", [](auto& c) { c.num_blocks = 0; }, bad, "RowGather: num_blocks 0 must be positive"},
+      {"3 stages", [](auto& c) { c.num_stages = 3; }, StatusCode::Unsupported,
+       "RowGather: num_stages 3 is not compiled (choose 1, 2 or 4)"},
+      // Nothing to gather: null pointers and any stage count are fine, nothing is launched.
+      {"no rows", [](auto& c) { c = GatherCall{RowGatherArguments{nullptr, 0, nullptr, nullptr, 0, 32}, 1, 3}; },
+       StatusCode::Ok, ""},
+  };
   const sim::Stream stream = sim::default_stream(0);
-  EXPECT_EQ(examples::launch_row_gather(args, 1, 2, stream).code(), StatusCode::InvalidArgument);
-  args.row_bytes = 32;
-  args.src = buf.ptr + 8;
-  EXPECT_EQ(examples::launch_row_gather(args, 1, 2, stream).code(), StatusCode::InvalidArgument);
-  args.src = buf.ptr;
-  EXPECT_EQ(examples::launch_row_gather(args, 0, 2, stream).code(), StatusCode::InvalidArgument);
-  EXPECT_EQ(examples::launch_row_gather(args, 1, 3, stream).code(), StatusCode::Unsupported);
-  args.num_rows = 0;
-  EXPECT_TRUE(examples::launch_row_gather(args, 1, 3, stream).ok()) << "nothing to do is not an error";
+  test::expect_refusals(base, rows, [&](const GatherCall& c) {
+    return examples::launch_row_gather(c.args, c.num_blocks, c.num_stages, stream);
+  });
+  sim::stream_synchronize(stream);
 }
 
 TEST(RowGather, IndexOutOfRangeTraps) {
