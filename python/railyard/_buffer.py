@@ -336,12 +336,12 @@ class Buffer:
             outs = _dispatch_op(self._id, hidden, scaling_factor, topk_idx, topk_weights, routing_map, probs, token,
                                 layout, pad_multiple, max_rows, num_sms)
         if handle is not None:
-            return outs, handle, weights_given, probs
+            return outs, handle, weights_given
         new_handle = Handle(token=outs[8], totals=outs[7], buffer_id=self._id, layout=_LAYOUT_NAMES[layout],
                             num_tokens=hidden.shape[0], pad_multiple=pad_multiple,
                             num_rows=outs[0].shape[0] if max_rows is None else max_rows,
                             bounded=max_rows is not None, num_local_experts=self.num_local_experts)
-        return outs, new_handle, weights_given, probs
+        return outs, new_handle, weights_given
 
     def dispatch(self, hidden, routing_map=None, probs=None, topk_idx=None, topk_weights=None, scaling_factor=None,
                  handle=None, num_recv_tokens=None, num_sms=None) -> DispatchResult:
@@ -349,7 +349,7 @@ class Buffer:
         source token). num_recv_tokens: a bound on received rows (no host sync)."""
         if num_recv_tokens is not None:
             _positive("num_recv_tokens", num_recv_tokens, minimum=0)
-        outs, h, weights_given, _ = self._dispatch(RECEIVED, hidden, routing_map, probs, topk_idx, topk_weights,
+        outs, h, weights_given = self._dispatch(RECEIVED, hidden, routing_map, probs, topk_idx, topk_weights,
                                                    scaling_factor, handle, num_recv_tokens, 1, num_sms)
         return DispatchResult(hidden=outs[0], probs=outs[2] if weights_given else None,
                               scaling_factor=outs[1] if self.use_fp8 else None, routing_map=outs[3],
@@ -378,7 +378,7 @@ class Buffer:
             max_rows = _positive("num_permuted_tokens", int(num_permuted_tokens), minimum=0)
         else:
             max_rows = None
-        outs, h, weights_given, _ = self._dispatch(EXPERT_GROUPED, hidden, routing_map, probs, topk_idx, topk_weights,
+        outs, h, weights_given = self._dispatch(EXPERT_GROUPED, hidden, routing_map, probs, topk_idx, topk_weights,
                                                    scaling_factor, handle, max_rows, pad, num_sms)
         return PermutedDispatchResult(hidden=outs[0], probs=outs[2] if weights_given else None,
                                       scaling_factor=outs[1] if self.use_fp8 else None,
