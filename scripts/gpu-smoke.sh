@@ -58,6 +58,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "gpu-smoke.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
+build=$(realpath -m "$build")
 if [[ $quick == 1 ]]; then e2e_calls=100; e2e_long_calls=500; fi
 out=${out:-$build/gpu-smoke}
 report="$out/report.txt"
@@ -181,7 +182,7 @@ build_cuda_flavour() {
   configure+=" -DCMAKE_BUILD_TYPE=RelWithDebInfo"
   run_step build "the CUDA flavour for $arch into $build" bash -c "$configure && ninja -C '$build' -j$jobs -k 0"
   # A failed build may still have produced the programs the next steps need.
-  if [[ $plan == 0 ]]; then grep -E '^CMake Warning|railyard: .*not found' -A2 "$logs/build.log" >>"$report" || true; fi
+  if [[ $plan == 0 ]]; then grep -E '^CMake Warning' -A3 "$logs/build.log" >>"$report" || true; fi
 }
 
 # ---- tests ----------------------------------------------------------------------------
@@ -207,7 +208,11 @@ run_gpu_tests() {
   if [[ $plan == 0 ]] && selected ctest_gpu; then
     count=$(ctest --test-dir "$build" -N -L '^gpu$' 2>/dev/null | sed -n 's/^Total Tests: //p')
     if [[ ${count:-0} == 0 ]]; then
-      skip ctest_gpu "no gpu-labelled tests were built (GoogleTest missing? see the build step's warnings)"
+      if grep -q 'GoogleTest not found' "$logs/build.log" 2>/dev/null; then
+        skip ctest_gpu "GoogleTest was not found, and the gpu tests are GoogleTest suites"
+      else
+        skip ctest_gpu "no gpu-labelled tests were built (see the build step)"
+      fi
       return
     fi
   fi
