@@ -8,6 +8,7 @@
 //
 // Exit code 0: every case passed; 1: a mismatch or an error; 77: no device (skipped).
 // --bootstrap-selftest checks the process bootstrap alone (no device, either flavour).
+// --inject-mismatch flips one bit of one expected output: the check must report it.
 // --timeout-s: the longest a rank waits for the others in a bootstrap round; a case's
 // calls all lie between two rounds (Buffer creation and the results' allgather).
 #include <chrono>
@@ -35,7 +36,7 @@ void usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--ranks R] [--calls N] [--long-calls N] [--hidden H] [--tokens T]\n"
                "          [--many-sources-hidden H] [--sms S] [--seed S] [--cases bf16,fp8,many_sources,long_run]\n"
-               "          [--timeout-s S] [--bootstrap-selftest]\n",
+               "          [--timeout-s S] [--bootstrap-selftest] [--inject-mismatch]\n",
                argv0);
 }
 
@@ -45,8 +46,8 @@ Cli parse(int argc, char** argv) {
   Options& o = cli.options;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--bootstrap-selftest") {
-      cli.bootstrap_selftest = true;
+    if (a == "--bootstrap-selftest" || a == "--inject-mismatch") {
+      (a == "--inject-mismatch" ? o.inject_mismatch : cli.bootstrap_selftest) = true;
       continue;
     }
     if (i + 1 >= argc) usage(argv[0]), std::exit(2);

@@ -295,9 +295,11 @@ CaseResult run_case(const Case& c, runtime::Bootstrap& bootstrap, GpuStream stre
     Buffer buffer(config_of(c), bootstrap, options);
     if (c.near_wrap)
       if (auto why = start_sequence_numbers_near_wrap(buffer)) result.note = *why;
+    bool inject = c.inject_mismatch && rank == c.ranks - 1;
     for (int i = 0; i < c.calls; ++i) {
       const Call call = make_call(c, i);
-      const Expected e = expect(c, call);
+      Expected e = expect(c, call);
+      if (inject && !e.combined[rank].hidden.empty()) e.combined[rank].hidden[0].bits ^= 1, inject = false;
       const std::string where = "rank " + std::to_string(rank) + ", call " + std::to_string(i) + " (" +
                                 (call.layout == TokenLayout::ExpertGrouped ? "grouped" : "received") + ", " +
                                 dtype_label(c.dtype) + (call.skewed ? ", skewed" : "") + ")";
@@ -339,7 +341,7 @@ std::vector<Case> make_cases(const Options& o) {
   std::vector<Case> out;
   for (const std::string& name : o.cases) {
     Case c{.name = name, .ranks = o.ranks, .hidden = o.hidden, .max_tokens = o.tokens, .calls = o.calls,
-           .sms = o.sms, .seed = o.seed};
+           .sms = o.sms, .seed = o.seed, .inject_mismatch = o.inject_mismatch};
     if (name == "fp8") {
       c.dtype = DType::FP8_E4M3;
     } else if (name == "many_sources") {

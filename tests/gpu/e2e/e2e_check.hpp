@@ -34,6 +34,9 @@ struct Case {
   int calls = 8;
   int sms = 2;  // blocks per dispatch and per combine (R ranks share one device)
   uint64_t seed = 1;
+  // The check's own test: flips one bit of one expected combine output on the last
+  // rank, so that exactly one mismatch must be reported.
+  bool inject_mismatch = false;
 };
 
 // The group's result of one case (the same on every rank).
@@ -58,6 +61,7 @@ struct Options {
   int sms = 2;
   uint64_t seed = 1;
   std::vector<std::string> cases{"bf16", "fp8", "many_sources", "long_run"};
+  bool inject_mismatch = false;  // see Case::inject_mismatch
 };
 
 // The cases `options` selects, in order; std::invalid_argument for an unknown name.
