@@ -239,6 +239,13 @@ GpuStream stream_create() {
 }
 void stream_destroy(GpuStream stream) { RAILYARD_CUDA_CHECK(cudaStreamDestroy(stream)); }
 void stream_synchronize(GpuStream stream) { RAILYARD_CUDA_CHECK(cudaStreamSynchronize(stream)); }
+void device_synchronize(int device) {
+  const int previous = current();
+  if (previous != device) set_current(device);
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (previous != device) set_current(previous);
+  check(err, "cudaDeviceSynchronize");
+}
 void memcpy_async(void* dst, const void* src, std::size_t bytes, GpuStream stream) {
   RAILYARD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
 }

@@ -105,6 +105,7 @@ void stream_synchronize(GpuStream stream) {
   // users match on its kind.
   sim::stream_synchronize(stream);
 }
+void device_synchronize(int device) { sim::device_synchronize(device); }
 void memcpy_async(void* dst, const void* src, std::size_t bytes, GpuStream stream) {
   checked("memcpy_async", [&] { sim::memcpy_async(stream, dst, src, bytes); });
 }

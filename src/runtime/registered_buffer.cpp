@@ -351,9 +351,19 @@ RegisteredBuffer::~RegisteredBuffer() {
 void RegisteredBuffer::destroy() {
   if (!state_) return;
   const std::unique_ptr<State> s = std::move(state_);
+  // Kernels still running (an asynchronous operation nobody waited for, an exception
+  // path) access every peer's buffer through the mappings: on a GPU an unmap under
+  // them is an MMU fault. So wait for the device first; a failure there (a kernel
+  // that faulted) does not stop the release.
+  std::vector<std::string> problems;
+  try {
+    gpu::device_synchronize(s->own.device);
+  } catch (const std::exception& e) {
+    problems.push_back(std::string("synchronize before unmap: ") + e.what());
+  }
   // Unmap first: once every rank has passed the barrier, nobody maps this rank's
-  // memory any more (and, its streams synchronized, nobody writes into it).
-  const std::vector<std::string> problems = s->release(/*barrier_first=*/true);
+  // memory any more (and, its device synchronized, nobody writes into it).
+  for (std::string& p : s->release(/*barrier_first=*/true)) problems.push_back(std::move(p));
   if (problems.empty()) return;
   std::string message = "railyard RegisteredBuffer: destroy on rank " + std::to_string(s->rank) + " failed:";
   for (std::size_t i = 0; i < problems.size(); ++i) message += (i ? "; " : " ") + problems[i];
