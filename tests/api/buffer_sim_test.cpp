@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "railyard/runtime/device_api_sim.hpp"
 #include "tests/kernels/intranode_harness.hpp"
 
 namespace railyard {
@@ -977,6 +978,58 @@ TEST(BufferDestroy, DestroyRightAfterAnAsynchronousDispatchWaitsForIt) {
     check_dispatch(d, e, bounded, f.w, rank, "rank " + std::to_string(rank));
   });
   EXPECT_EQ(sim::live_allocation_count(), live_before);
+}
+
+}  // namespace
+}  // namespace railyard
+
+namespace railyard {
+namespace {
+
+// ---- shareable handles: the fabric probe and POSIX fds -----------------------------------
+
+// Makes the simulated devices offer `support` for one test.
+struct HandleSupportScope {
+  explicit HandleSupportScope(const runtime::gpu::SimHandleSupport& support) { runtime::gpu::set_sim_handle_support(support); }
+  ~HandleSupportScope() { runtime::gpu::set_sim_handle_support({}); }
+};
+
+// Creates a Buffer on two ranks (rank 1 first runs `before_rank1`), checks a forward
+// pass against the reference, and returns each rank's handle type or error.
+std::vector<std::string> buffer_handle_types(const std::function<void()>& before_rank1 = {}) {
+  const TwoRankForward f;
+  const int n = TwoRankForward::kRanks;
+  reset_sim(n);
+  auto group = make_group(n);
+  std::vector<std::string> out(n);
+  const std::vector<std::string> errors = errors_on_ranks(n, [&](int rank) {
+    if (rank == 1 && before_rank1) before_rank1();
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(make_config(n, TwoRankForward::kHidden, TwoRankForward::kTokens, 2, 2, DType::BF16), *boot,
+                  {.dispatch_sms = 2, .combine_sms = 2});
+    out[rank] = runtime::to_string(buffer.registered_buffer().handle_type());
+    const DeviceInputs in = to_device(f.inputs[rank]);
+    (void)f.forward(buffer, in, f.expert_rows(rank), rank, sim::default_stream(rank), "rank " + std::to_string(rank));
+  });
+  for (int r = 0; r < n; ++r)
+    if (errors[r] != "(no error)") out[r] = errors[r];
+  return out;
+}
+
+// The device reports fabric handles, but cuMemCreate with one is refused (no IMEX
+// channel): the attribute alone must not decide. The probe's trial allocation fails,
+// the buffer shares its memory by POSIX fds (passed through the registered buffer's
+// fd exchange, as real descriptors) and dispatch and combine equal the reference.
+TEST(BufferHandles, ARefusedFabricAllocationFallsBackToPosixFds) {
+  {
+    HandleSupportScope scope({.fabric_attribute = true, .fabric_create_refused = true, .posix_fd = true});
+    EXPECT_EQ(buffer_handle_types(), (std::vector<std::string>{"PosixFd", "PosixFd"}));
+  }
+  {
+    HandleSupportScope scope({.fabric_attribute = true, .fabric_create_refused = false, .posix_fd = true});
+    EXPECT_EQ(buffer_handle_types(), (std::vector<std::string>{"Fabric", "Fabric"}));
+  }
+  EXPECT_EQ(buffer_handle_types(), (std::vector<std::string>{"InProcess", "InProcess"}));
 }
 
 }  // namespace
