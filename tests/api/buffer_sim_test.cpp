@@ -15,8 +15,12 @@
 #include "railyard/railyard.hpp"
 
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -1030,6 +1034,38 @@ TEST(BufferHandles, ARefusedFabricAllocationFallsBackToPosixFds) {
     EXPECT_EQ(buffer_handle_types(), (std::vector<std::string>{"Fabric", "Fabric"}));
   }
   EXPECT_EQ(buffer_handle_types(), (std::vector<std::string>{"InProcess", "InProcess"}));
+}
+
+// Rank 1 in its own network namespace (one container per GPU): the abstract sockets
+// of the fd exchange cannot reach it, which every rank reports at once, naming the fix;
+// with RAILYARD_FD_SOCKET_DIR the ranks rendezvous through socket files there, which
+// are gone afterwards. unshare(CLONE_NEWNET) affects only the calling thread (the rank).
+TEST(BufferHandles, RanksInDifferentNetworkNamespacesNeedASocketDirectory) {
+  HandleSupportScope scope({.posix_fd = true});
+  bool permitted = true;
+  const auto own_namespace = [&] {
+    if (::unshare(CLONE_NEWNET) != 0) permitted = false;
+  };
+  const std::vector<std::string> refused = buffer_handle_types(own_namespace);
+  if (!permitted) GTEST_SKIP() << "unshare(CLONE_NEWNET) is not permitted here (needs CAP_SYS_ADMIN)";
+  const std::string why =
+      "railyard RegisteredBuffer: NVLink domain 0 (ranks 0-1) passes POSIX fd handles over abstract Unix sockets "
+      "(ranks 0-1), but its ranks are in 2 network namespaces (ranks 0; ranks 1) and abstract sockets do not cross "
+      "network namespaces (one container per GPU): set RAILYARD_FD_SOCKET_DIR (or "
+      "RegisteredBufferOptions::fd_socket_dir) on every rank to a directory that every rank's container mounts at "
+      "the same path";
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(refused[r], "railyard RegisteredBuffer: creation failed at step 'exchange_handles' (rank " +
+                              std::to_string(r) + "): " + why + " | cause: " + why);
+  }
+  char dir_template[] = "/tmp/railyard-sockets-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  ::setenv("RAILYARD_FD_SOCKET_DIR", dir_template, 1);
+  const std::vector<std::string> types = buffer_handle_types(own_namespace);
+  ::unsetenv("RAILYARD_FD_SOCKET_DIR");
+  EXPECT_EQ(types, (std::vector<std::string>{"PosixFd", "PosixFd"}));
+  EXPECT_TRUE(std::filesystem::is_empty(dir_template)) << "socket files left in " << dir_template;
+  std::filesystem::remove_all(dir_template);
 }
 
 }  // namespace
