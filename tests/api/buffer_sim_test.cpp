@@ -12,6 +12,13 @@
 //  - SeveralDomains: refused on every rank (the RDMA path is not built), nothing leaks.
 //  - CallerOutputs: caller-provided outputs are written in place; too few rows refused.
 //  - BadArguments: each bad argument gives std::invalid_argument naming it.
+//  - EveryRefusedCallIsFollowedByACorrectOne: a table of refused dispatch and combine
+//    calls (whole messages), each followed by a forward pass equal to the reference.
+//  - SmOptions: blocks above the SM count refused at creation on every rank.
+//  - Streams: dispatch on stream A, combine on B, no synchronisation: call order kept.
+//  - Destroy: destroy() right after an asynchronous dispatch waits for it.
+//  - Handles: a refused fabric allocation falls back to POSIX fds; ranks in different
+//    network namespaces need RAILYARD_FD_SOCKET_DIR (a clear error without it).
 #include "railyard/railyard.hpp"
 
 #include <gtest/gtest.h>
