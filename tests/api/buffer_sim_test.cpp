@@ -1077,3 +1077,42 @@ TEST(BufferHandles, RanksInDifferentNetworkNamespacesNeedASocketDirectory) {
 
 }  // namespace
 }  // namespace railyard
+
+namespace railyard {
+namespace {
+
+// A device whose block size limit fits the metadata kernel (one warp) but not the
+// dispatch kernel: the launch is refused (LaunchFailed) after the metadata kernel was queued.
+// That kernel still writes into the handle, which the buffer keeps until destroy(), so
+// the stream then finishes without a fault (freeing the handle made the metadata
+// kernel's stores out of bounds).
+TEST(BufferArguments, ADispatchLaunchRefusedAfterTheMetadataKernelFreesNothingInUse) {
+  sim::reset({.seed = 11});
+  sim::DeviceProps props = sim::h100_props();
+  props.sm_count = kSmCount;
+  props.max_threads_per_block = 32;
+  sim::add_device(props);
+  auto group = make_group(1);
+  const ref::World w{1, 1, 4, 128, 16};
+  const auto inputs = test::make_inputs({w, {16}, 2, DType::BF16, test::Routing::Uniform, false, 3});
+  sim::run_ranks(1, [&](int rank) {
+    runtime::gpu::set_current(rank);
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(make_config(1, 128, 16, 4, 2, DType::BF16), *boot, {.dispatch_sms = 1, .combine_sms = 1});
+    const DeviceInputs in = to_device(inputs[0]);
+    DispatchArgs a = fresh_args(in, Case{{16}}, 16);
+    a.max_rows = 16;
+    try {
+      (void)buffer.dispatch(a);
+      ADD_FAILURE() << "the dispatch kernel needs more shared memory than the device allows";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), StatusCode::LaunchFailed);
+      EXPECT_NE(std::string(e.what()).find("railyard Buffer::dispatch: IntranodeDispatch: "), std::string::npos)
+          << e.what();
+    }
+    EXPECT_NO_THROW(buffer.synchronize(sim::default_stream(0)));
+  });
+}
+
+}  // namespace
+}  // namespace railyard
