@@ -2,11 +2,23 @@
 # Included from the top level only when RailyardDependencies found nvcc.
 
 # Hopper and Blackwell with their arch-specific ("a") features: TMA bulk copies and
-# mbarrier transaction counts need sm_90a / sm_100a. Override with
-# -DCMAKE_CUDA_ARCHITECTURES=... (CMake's syntax: 90a-real for SASS only, etc.).
+# mbarrier transaction counts need sm_90a / sm_100a. Arch-specific code (SASS and PTX)
+# runs on exactly its architecture: sm_100a does not load on GB300/B300 (sm_103), so
+# those get their own 103a where the toolkit knows it (CUDA 12.9 and later). Override
+# with -DCMAKE_CUDA_ARCHITECTURES=... (CMake's syntax: 90a-real for SASS only, etc.).
 if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
-  set(CMAKE_CUDA_ARCHITECTURES "90a;100a" CACHE STRING "CUDA architectures to build for")
+  set(_railyard_default_archs "90a;100a")
+  execute_process(COMMAND ${CMAKE_CUDA_COMPILER} --list-gpu-arch
+                  OUTPUT_VARIABLE _railyard_nvcc_archs ERROR_QUIET RESULT_VARIABLE _railyard_nvcc_rc)
+  if(_railyard_nvcc_rc EQUAL 0 AND _railyard_nvcc_archs MATCHES "compute_103")
+    list(APPEND _railyard_default_archs 103a)
+  else()
+    message(WARNING "railyard: ${CMAKE_CUDA_COMPILER} does not know compute_103 (CUDA < 12.9): no kernel will load "
+                    "on GB300/B300 (sm_103). Use a newer toolkit to build for them.")
+  endif()
+  set(CMAKE_CUDA_ARCHITECTURES "${_railyard_default_archs}" CACHE STRING "CUDA architectures to build for")
 endif()
+message(STATUS "railyard: CUDA architectures: ${CMAKE_CUDA_ARCHITECTURES}")
 enable_language(CUDA)
 # C++20 as in the simulator flavour. CMake 3.25 knows nvcc's -std flags only up to
 # C++17, and CUDA targets inherit CXX_STANDARD 20 (REQUIRED) from the top level,

@@ -93,7 +93,9 @@ struct DispatchArgs {
   const float* probs = nullptr;
 
   TokenLayout layout = TokenLayout::Received;
-  int pad_multiple = 1;  // ExpertGrouped: rows per expert padded to a multiple; same on every rank
+  // ExpertGrouped: rows per expert padded to a multiple, 1..2^31-1; the same on every
+  // rank. 64-bit so that a larger value is reported as given, not wrapped.
+  int64_t pad_multiple = 1;
   // The no-host-sync mode: an upper bound on this rank's output rows (received rows,
   // or expert-grouped rows with padding). Outputs get exactly this many rows, rows
   // past it are dropped, and the true count and overflow flag stay in device memory
@@ -189,11 +191,17 @@ class Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
-  // Collective: releases the registered buffer. The caller has synchronised the
-  // streams that used it. Handles and results stay valid (they are the allocator's).
+  // Collective: waits for the buffer's device (kernels still running, e.g. after an
+  // asynchronous call with no synchronisation, keep their mappings until they end),
+  // then releases the registered buffer. Handles and results stay valid (they are the
+  // allocator's).
   void destroy();
   bool valid() const { return state_ != nullptr; }
 
+  // Operations run in call order whatever their streams: each one's stream waits for
+  // an event recorded after the previous operation when the streams differ. Every
+  // argument is checked before anything is enqueued, so a refused call changes nothing.
+  //
   // Collective: the metadata kernel (unless args.handle), then the dispatch kernel.
   DispatchResult dispatch(const DispatchArgs& args);
   // Collective: the combine kernel on the handle of a dispatch.
@@ -217,6 +225,11 @@ class Buffer {
   State& state(const char* what) const;
   // std::invalid_argument unless `handle` is a live handle of this buffer.
   void check_handle(const char* op, const Handle& handle) const;
+  // Dispatch's phases (src/api/buffer.cpp).
+  Handle new_handle(const DispatchArgs& args) const;
+  void launch_metadata(const DispatchArgs& args, Handle& handle, GpuStream stream);
+  void read_counts(Handle& handle, GpuStream stream);
+  void launch_dispatch(const DispatchArgs& args, const Handle& handle, const DispatchResult& result, GpuStream stream);
   std::unique_ptr<State> state_;
 };
 

@@ -92,6 +92,7 @@ struct Buffer::State {
     allocator = options.allocator ? options.allocator : &runtime::default_allocator();
     device = registered.device();
     sm_count = runtime::gpu::properties(device).sm_count;
+    check_sms_options(bootstrap, options, sm_count);
     const auto sms = [&](int requested) { return requested > 0 ? requested : std::min(kDefaultSms, sm_count); };
     dispatch_sms = sms(options.dispatch_sms);
     combine_sms = sms(options.combine_sms);
@@ -142,6 +143,48 @@ struct Buffer::State {
   int combine_chunk_rows = 0;
   ki::DomainParams domain;
   pipeline::WaitRecord* wait_record = nullptr;
+
+  // Cross-stream order: every operation of the buffer (metadata, dispatch, combine)
+  // is a collective on the same registered buffer, so it must not overlap the previous
+  // one, whatever stream each runs on. An event recorded after each operation, waited
+  // for by the next one's stream when that stream is another.
+  struct OwnedEvent {
+    runtime::GpuEvent event = runtime::gpu::event_create();
+    OwnedEvent() = default;
+    OwnedEvent(const OwnedEvent&) = delete;
+    OwnedEvent& operator=(const OwnedEvent&) = delete;
+    ~OwnedEvent() { runtime::gpu::event_destroy(event); }
+  };
+  OwnedEvent last_op;
+  std::optional<GpuStream> last_stream;
+  void wait_for_previous_op(GpuStream stream) {
+    if (last_stream && !(*last_stream == stream)) runtime::gpu::stream_wait_event(stream, last_op.event);
+  }
+  void record_op(GpuStream stream) {
+    runtime::gpu::event_record(last_op.event, stream);
+    last_stream = stream;
+  }
+  // Handles of dispatches whose dispatch launch was refused after their metadata
+  // kernel was queued: that kernel writes into them, so they live as long as the buffer.
+  std::vector<runtime::DeviceAllocation> retired;
+
+  // Collective: blocks per operation above the device's SM count can never launch
+  // (every block must be resident); refused on every rank alike, naming the ranks.
+  static void check_sms_options(runtime::Bootstrap& bootstrap, const BufferOptions& options, int sm_count) {
+    struct Sms {
+      int32_t dispatch_sms, combine_sms, sm_count;
+    };
+    const std::vector<Sms> all =
+        runtime::allgather_value(bootstrap, Sms{options.dispatch_sms, options.combine_sms, sm_count});
+    std::string problems;
+    for (std::size_t r = 0; r < all.size(); ++r)
+      for (const auto& [name, value] : {std::pair{"dispatch_sms", all[r].dispatch_sms}, std::pair{"combine_sms", all[r].combine_sms}})
+        if (value > all[r].sm_count)
+          problems += std::string(problems.empty() ? "" : "; ") + "options." + name + " is " + std::to_string(value) +
+                      " on rank " + std::to_string(r) + "; expected 0 (min(" + std::to_string(kDefaultSms) +
+                      ", SM count)) or " + range(1, all[r].sm_count) + " (the device's SM count)";
+    if (!problems.empty()) throw std::invalid_argument("railyard Buffer: " + problems);
+  }
 };
 
 std::size_t Buffer::required_bytes(const BufferConfig& config) { return runtime::RegisteredBuffer::required_bytes(config); }
@@ -240,24 +283,17 @@ void check_sms(const char* op, int num_sms, int sm_count) {
                          range(1, sm_count) + " (the device's SM count)");
 }
 
-}  // namespace
-
-void Buffer::check_handle(const char* op, const Handle& handle) const {
-  if (!handle.valid())
-    bad_argument(op, "args.handle is empty (moved from, or the result of a dispatch that reused a handle)");
-  if (handle.buffer_id_ != state(op).id)
-    bad_argument(op, "args.handle was made by another Buffer; expected a handle of this buffer's dispatch");
+// Rows and scales move by TMA in 16-byte units; the other arrays by their element.
+void check_aligned(const char* op, const char* name, const void* ptr, std::size_t alignment) {
+  if (reinterpret_cast<uintptr_t>(ptr) % alignment != 0)
+    bad_argument(op, std::string(name) + " is not aligned to " + std::to_string(alignment) +
+                         " bytes; expected an address that is a multiple of " + std::to_string(alignment));
 }
 
-DispatchResult Buffer::dispatch(const DispatchArgs& args) {
-  static constexpr const char* op = "dispatch";
-  State& s = state(op);
-  const layout::IntranodeShape& shape = s.layout.shape();
-  const int El = shape.num_local_experts;
-  const int64_t M = shape.max_tokens;
+// The arguments of a dispatch that do not depend on a handle.
+void check_dispatch_rows(const char* op, const DispatchArgs& args, const layout::IntranodeShape& shape) {
   const bool fp8 = shape.dispatch_dtype == DType::FP8_E4M3;
-  check_current_device(op, s.device);
-  check_sms(op, args.num_sms, s.sm_count);
+  const int64_t M = shape.max_tokens;
   if (args.layout != TokenLayout::Received && args.layout != TokenLayout::ExpertGrouped)
     bad_argument(op, "args.layout is " + std::to_string(static_cast<int>(args.layout)) +
                          "; expected Received or ExpertGrouped");
@@ -271,118 +307,98 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args) {
     bad_argument(op, "args.scales is null; expected fp32 [num_tokens, hidden / 128] scales (config.dispatch_dtype is FP8_E4M3)");
   if (!fp8 && args.scales != nullptr)
     bad_argument(op, "args.scales is given; expected null (config.dispatch_dtype is BF16)");
-  if (args.pad_multiple < 1)
-    bad_argument(op, "args.pad_multiple is " + std::to_string(args.pad_multiple) + "; expected >= 1");
+  check_aligned(op, "args.hidden", args.hidden, 16);
+  check_aligned(op, "args.scales", args.scales, alignof(float));
+  if (args.pad_multiple < 1 || args.pad_multiple > std::numeric_limits<int32_t>::max())
+    bad_argument(op, "args.pad_multiple is " + std::to_string(args.pad_multiple) + "; expected " +
+                         range(1, std::numeric_limits<int32_t>::max()));
   if (args.max_rows && (*args.max_rows < 0 || *args.max_rows > std::numeric_limits<int32_t>::max()))
     bad_argument(op, "args.max_rows is " + std::to_string(*args.max_rows) + "; expected 0..2^31-1, or empty (blocking mode)");
+}
+
+// A fresh dispatch: exactly one routing form, complete.
+void check_routing(const char* op, const DispatchArgs& args, const layout::IntranodeShape& shape) {
   const bool topk = args.topk_idx || args.topk_weights;
   const bool map = args.routing_map || args.probs;
+  if (topk == map)
+    bad_argument(op, "routing: expected exactly one of args.topk_idx + args.topk_weights or args.routing_map + "
+                     "args.probs");
+  if (topk && (args.num_topk < 1 || args.num_topk > shape.max_topk))
+    bad_argument(op, "args.num_topk is " + std::to_string(args.num_topk) + "; expected " +
+                         range(1, shape.max_topk) + " (config.max_top_k)");
+  if (map && args.num_topk != 0)
+    bad_argument(op, "args.num_topk is " + std::to_string(args.num_topk) + "; expected 0 with args.routing_map");
+  if (args.num_tokens == 0) return;
+  if (topk && !args.topk_idx)
+    bad_argument(op, "args.topk_idx is null; expected int64 [num_tokens, num_topk] with args.topk_weights");
+  if (topk && !args.topk_weights)
+    bad_argument(op, "args.topk_weights is null; expected fp32 [num_tokens, num_topk] with args.topk_idx");
+  if (map && !args.routing_map)
+    bad_argument(op, "args.routing_map is null; expected bool [num_tokens, num_experts] with args.probs");
+  if (map && !args.probs)
+    bad_argument(op, "args.probs is null; expected fp32 [num_tokens, num_experts] with args.routing_map");
+  check_aligned(op, "args.topk_idx", args.topk_idx, alignof(int64_t));
+  check_aligned(op, "args.topk_weights", args.topk_weights, alignof(float));
+  check_aligned(op, "args.probs", args.probs, alignof(float));
+}
 
-  const Handle* reused = args.handle;
-  if (reused) {
-    check_handle(op, *reused);
-    if (topk || map)
-      bad_argument(op, "args.topk_idx/topk_weights/routing_map/probs are given with args.handle; expected none "
-                       "(the handle holds the routing)");
-    if (args.num_tokens != reused->num_tokens_)
-      bad_argument(op, "args.num_tokens is " + std::to_string(args.num_tokens) + "; expected " +
-                           std::to_string(reused->num_tokens_) + " (the handle's)");
-    if (args.layout != reused->layout_)
-      bad_argument(op, std::string("args.layout is ") + to_string(args.layout) + "; expected " +
-                           to_string(reused->layout_) + " (the handle's)");
-    if (args.pad_multiple != reused->pad_multiple_)
-      bad_argument(op, "args.pad_multiple is " + std::to_string(args.pad_multiple) + "; expected " +
-                           std::to_string(reused->pad_multiple_) + " (the handle's)");
-    if (args.max_rows != reused->max_rows_)
-      bad_argument(op, "args.max_rows is " + describe_bound(args.max_rows) + "; expected " +
-                           describe_bound(reused->max_rows_) + " (the handle's)");
-  } else {
-    if (topk == map)
-      bad_argument(op, "routing: expected exactly one of args.topk_idx + args.topk_weights or args.routing_map + "
-                       "args.probs");
-    if (topk && (args.num_topk < 1 || args.num_topk > shape.max_topk))
-      bad_argument(op, "args.num_topk is " + std::to_string(args.num_topk) + "; expected " +
-                           range(1, shape.max_topk) + " (config.max_top_k)");
-    if (map && args.num_topk != 0)
-      bad_argument(op, "args.num_topk is " + std::to_string(args.num_topk) + "; expected 0 with args.routing_map");
-  }
+// A dispatch on a handle (the backward pass): how the handle was made must match.
+void check_reuse(const char* op, const DispatchArgs& args, const Handle& handle) {
+  if (args.topk_idx || args.topk_weights || args.routing_map || args.probs)
+    bad_argument(op, "args.topk_idx/topk_weights/routing_map/probs are given with args.handle; expected none "
+                     "(the handle holds the routing)");
+  if (args.num_tokens != handle.num_tokens())
+    bad_argument(op, "args.num_tokens is " + std::to_string(args.num_tokens) + "; expected " +
+                         std::to_string(handle.num_tokens()) + " (the handle's)");
+  if (args.layout != handle.layout())
+    bad_argument(op, std::string("args.layout is ") + to_string(args.layout) + "; expected " +
+                         to_string(handle.layout()) + " (the handle's)");
+  if (args.pad_multiple != handle.pad_multiple())
+    bad_argument(op, "args.pad_multiple is " + std::to_string(args.pad_multiple) + "; expected " +
+                         std::to_string(handle.pad_multiple()) + " (the handle's)");
+  if (args.max_rows != handle.max_rows())
+    bad_argument(op, "args.max_rows is " + describe_bound(args.max_rows) + "; expected " +
+                         describe_bound(handle.max_rows()) + " (the handle's)");
+}
 
-  const GpuStream stream = resolve_stream(args.stream, s.device);
-  DispatchResult result;
-  Handle fresh;
-  if (!reused) {
-    fresh.buffer_id_ = s.id;
-    fresh.shape_ = shape;
-    fresh.layout_ = args.layout;
-    fresh.pad_multiple_ = args.pad_multiple;
-    fresh.max_rows_ = args.max_rows;
-    fresh.num_tokens_ = args.num_tokens;
-    // The handle is allocated before the metadata kernel, so before any count is
-    // known: a bound on received rows bounds the rows it must describe; otherwise it
-    // describes every row staging can hold (in the grouped layout a kept permuted row
-    // may come from any received row).
-    const int64_t staging_rows = s.layout.stage_capacity_rows();
-    fresh.recv_capacity_ = args.layout == TokenLayout::Received && args.max_rows
-                               ? std::min(*args.max_rows, staging_rows)
-                               : staging_rows;
-    fresh.allocation_ = runtime::DeviceAllocation(
-        *s.allocator, static_cast<std::size_t>(s.layout.handle_bytes(fresh.recv_capacity_)));
-
-    ki::MetadataArguments m;
-    m.domain = s.domain;
-    m.num_tokens = static_cast<int>(args.num_tokens);
-    m.topk_idx = args.topk_idx;
-    m.topk_weights = args.topk_weights;
-    m.num_topk = args.num_topk;
-    m.routing_map = args.routing_map;
-    m.probs = args.probs;
-    const int64_t bound = args.max_rows.value_or(-1);
-    m.max_recv_rows = args.layout == TokenLayout::Received ? bound : -1;
-    m.max_permuted_rows = args.layout == TokenLayout::ExpertGrouped ? bound : -1;
-    m.pad_multiple = args.pad_multiple;
-    m.handle = static_cast<uint8_t*>(fresh.allocation_.get());
-    m.recv_capacity = fresh.recv_capacity_;
-    throw_if_failed(ki::launch_metadata(m, stream), op);
-
-    if (args.max_rows) {
-      fresh.output_rows_ = *args.max_rows;
-    } else {
-      // Blocking mode: the one host synchronisation, to size the outputs exactly.
-      std::vector<int64_t> totals(static_cast<std::size_t>(4 + 2 * El));
-      runtime::gpu::memcpy_async(totals.data(), fresh.view().totals, totals.size() * sizeof(int64_t), stream);
-      synchronize(stream);
-      DispatchCounts counts;
-      counts.num_recv_tokens = total(totals.data(), layout::Total::NumRecv);
-      counts.num_permuted_rows = total(totals.data(), layout::Total::NumPermuted);
-      for (int j = 0; j < El; ++j) {
-        counts.tokens_per_expert.push_back(total(totals.data(), layout::Total::TokensPerExpert, j));
-        counts.unpadded_tokens_per_expert.push_back(total(totals.data(), layout::Total::TokensPerExpert, El + j));
-      }
-      fresh.output_rows_ =
-          args.layout == TokenLayout::Received ? counts.num_recv_tokens : counts.num_permuted_rows;
-      fresh.counts_ = std::move(counts);
-    }
-  }
-  const Handle& handle = reused ? *reused : fresh;
-  const int64_t rows = handle.output_rows_;
+// Caller-provided outputs. `rows`: the rows they must hold, where known before the
+// counts are (bounded mode, a reused handle); `why` says where that number comes from.
+void check_outputs(const char* op, const DispatchOutputs& out, const DispatchArgs& args,
+                   const layout::IntranodeShape& shape, std::optional<int64_t> rows, const char* why) {
+  const bool fp8 = shape.dispatch_dtype == DType::FP8_E4M3;
   const bool received = args.layout == TokenLayout::Received;
-  const int64_t row_bytes = s.layout.dispatch_row_bytes();
-  const int num_scales = s.layout.num_scales();
+  if (out.capacity_rows < 0)
+    bad_argument(op, "args.outputs->capacity_rows is " + std::to_string(out.capacity_rows) + "; expected >= 0");
+  if (rows && out.capacity_rows < *rows)
+    bad_argument(op, "args.outputs->capacity_rows is " + std::to_string(out.capacity_rows) + "; expected >= " +
+                         std::to_string(*rows) + " (" + why + ")");
+  if (out.hidden == nullptr) bad_argument(op, "args.outputs->hidden is null; expected [capacity_rows, hidden] rows");
+  if (fp8 && out.scales == nullptr)
+    bad_argument(op, "args.outputs->scales is null; expected fp32 [capacity_rows, hidden / 128] (FP8 dispatch)");
+  if (!fp8 && out.scales != nullptr)
+    bad_argument(op, "args.outputs->scales is given; expected null (config.dispatch_dtype is BF16)");
+  if (received && out.recv_row != nullptr)
+    bad_argument(op, "args.outputs->recv_row is given; expected null (only the ExpertGrouped layout has it)");
+  if (!received && (out.routing_map || out.src_rank || out.src_token))
+    bad_argument(op, "args.outputs->routing_map/src_rank/src_token are given; expected null (only the Received "
+                     "layout has them)");
+  check_aligned(op, "args.outputs->hidden", out.hidden, 16);
+  check_aligned(op, "args.outputs->scales", out.scales, alignof(float));
+  check_aligned(op, "args.outputs->probs", out.probs, alignof(float));
+  check_aligned(op, "args.outputs->recv_row", out.recv_row, alignof(int64_t));
+  check_aligned(op, "args.outputs->src_rank", out.src_rank, alignof(int32_t));
+  check_aligned(op, "args.outputs->src_token", out.src_token, alignof(int32_t));
+}
 
+// The dispatch's output arrays for `rows` rows: the caller's, or the allocator's.
+void make_outputs(DispatchResult& result, const DispatchArgs& args, const layout::IntranodeLayout& lay,
+                  runtime::Allocator& a, int64_t rows) {
+  const int El = lay.shape().num_local_experts;
+  const bool fp8 = lay.shape().dispatch_dtype == DType::FP8_E4M3;
+  const bool received = args.layout == TokenLayout::Received;
+  const int64_t row_bytes = lay.dispatch_row_bytes();
+  const int num_scales = lay.num_scales();
   if (const DispatchOutputs* out = args.outputs) {
-    if (out->capacity_rows < rows)
-      bad_argument(op, "args.outputs->capacity_rows is " + std::to_string(out->capacity_rows) + "; expected >= " +
-                           std::to_string(rows) + (args.max_rows ? " (args.max_rows)" : " (the rows received)"));
-    if (out->hidden == nullptr) bad_argument(op, "args.outputs->hidden is null; expected [capacity_rows, hidden] rows");
-    if (fp8 && out->scales == nullptr)
-      bad_argument(op, "args.outputs->scales is null; expected fp32 [capacity_rows, hidden / 128] (FP8 dispatch)");
-    if (!fp8 && out->scales != nullptr)
-      bad_argument(op, "args.outputs->scales is given; expected null (config.dispatch_dtype is BF16)");
-    if (received && out->recv_row != nullptr)
-      bad_argument(op, "args.outputs->recv_row is given; expected null (only the ExpertGrouped layout has it)");
-    if (!received && (out->routing_map || out->src_rank || out->src_token))
-      bad_argument(op, "args.outputs->routing_map/src_rank/src_token are given; expected null (only the Received "
-                       "layout has them)");
     result.hidden = DeviceArray<std::byte>::borrow(static_cast<std::byte*>(out->hidden), rows, row_bytes);
     if (fp8) result.scales = DeviceArray<float>::borrow(out->scales, rows, num_scales);
     if (out->probs) result.probs = DeviceArray<float>::borrow(out->probs, rows, received ? El : 1);
@@ -390,28 +406,115 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args) {
     if (out->routing_map) result.routing_map = DeviceArray<uint8_t>::borrow(out->routing_map, rows, El);
     if (out->src_rank) result.src_rank = DeviceArray<int32_t>::borrow(out->src_rank, rows, 1);
     if (out->src_token) result.src_token = DeviceArray<int32_t>::borrow(out->src_token, rows, 1);
-  } else {
-    runtime::Allocator& a = *s.allocator;
-    result.hidden = DeviceArray<std::byte>::allocate(a, rows, row_bytes);
-    if (fp8) result.scales = DeviceArray<float>::allocate(a, rows, num_scales);
-    if (received) {
-      result.probs = DeviceArray<float>::allocate(a, rows, El);
-      result.routing_map = DeviceArray<uint8_t>::allocate(a, rows, El);
-      result.src_rank = DeviceArray<int32_t>::allocate(a, rows, 1);
-      result.src_token = DeviceArray<int32_t>::allocate(a, rows, 1);
-    } else {
-      result.probs = DeviceArray<float>::allocate(a, rows, 1);
-      result.recv_row = DeviceArray<int64_t>::allocate(a, rows, 1);
-    }
+    return;
   }
+  result.hidden = DeviceArray<std::byte>::allocate(a, rows, row_bytes);
+  if (fp8) result.scales = DeviceArray<float>::allocate(a, rows, num_scales);
+  if (received) {
+    result.probs = DeviceArray<float>::allocate(a, rows, El);
+    result.routing_map = DeviceArray<uint8_t>::allocate(a, rows, El);
+    result.src_rank = DeviceArray<int32_t>::allocate(a, rows, 1);
+    result.src_token = DeviceArray<int32_t>::allocate(a, rows, 1);
+  } else {
+    result.probs = DeviceArray<float>::allocate(a, rows, 1);
+    result.recv_row = DeviceArray<int64_t>::allocate(a, rows, 1);
+  }
+}
 
+void check_combine_args(const char* op, const CombineArgs& args, const Handle& handle,
+                        const layout::IntranodeShape& shape) {
+  const int64_t written = handle.output_rows();
+  if (args.num_rows < -1 || args.num_rows > written)
+    bad_argument(op, "args.num_rows is " + std::to_string(args.num_rows) + "; expected -1 (all the rows) or " +
+                         range(0, written) + " (the rows the dispatch wrote)");
+  const int64_t rows = args.num_rows < 0 ? written : args.num_rows;
+  if (rows > 0 && args.hidden == nullptr)
+    bad_argument(op, "args.hidden is null; expected bf16 [" + std::to_string(rows) + ", " +
+                         std::to_string(shape.hidden) + "] expert outputs");
+  if (args.out_probs != nullptr && args.probs == nullptr)
+    bad_argument(op, "args.out_probs is given without args.probs; expected both or neither");
+  check_aligned(op, "args.hidden", args.hidden, 16);
+  check_aligned(op, "args.out", args.out, 16);
+  check_aligned(op, "args.probs", args.probs, alignof(float));
+  check_aligned(op, "args.out_probs", args.out_probs, alignof(float));
+}
+
+}  // namespace
+
+void Buffer::check_handle(const char* op, const Handle& handle) const {
+  if (!handle.valid())
+    bad_argument(op, "args.handle is empty (moved from, or the result of a dispatch that reused a handle)");
+  if (handle.buffer_id_ != state(op).id)
+    bad_argument(op, "args.handle was made by another Buffer; expected a handle of this buffer's dispatch");
+}
+
+Handle Buffer::new_handle(const DispatchArgs& args) const {
+  const State& s = state("dispatch");
+  Handle h;
+  h.buffer_id_ = s.id;
+  h.shape_ = s.layout.shape();
+  h.layout_ = args.layout;
+  h.pad_multiple_ = static_cast<int>(args.pad_multiple);
+  h.max_rows_ = args.max_rows;
+  h.num_tokens_ = args.num_tokens;
+  // The handle is allocated before the metadata kernel, so before any count is
+  // known: a bound on received rows bounds the rows it must describe; otherwise it
+  // describes every row staging can hold (in the grouped layout a kept permuted row
+  // may come from any received row).
+  const int64_t staging_rows = s.layout.stage_capacity_rows();
+  h.recv_capacity_ =
+      args.layout == TokenLayout::Received && args.max_rows ? std::min(*args.max_rows, staging_rows) : staging_rows;
+  h.allocation_ = runtime::DeviceAllocation(*s.allocator, static_cast<std::size_t>(s.layout.handle_bytes(h.recv_capacity_)));
+  if (args.max_rows) h.output_rows_ = *args.max_rows;
+  return h;
+}
+
+void Buffer::launch_metadata(const DispatchArgs& args, Handle& handle, GpuStream stream) {
+  const State& s = state("dispatch");
+  ki::MetadataArguments m;
+  m.domain = s.domain;
+  m.num_tokens = static_cast<int>(args.num_tokens);
+  m.topk_idx = args.topk_idx;
+  m.topk_weights = args.topk_weights;
+  m.num_topk = args.num_topk;
+  m.routing_map = args.routing_map;
+  m.probs = args.probs;
+  const int64_t bound = args.max_rows.value_or(-1);
+  m.max_recv_rows = args.layout == TokenLayout::Received ? bound : -1;
+  m.max_permuted_rows = args.layout == TokenLayout::ExpertGrouped ? bound : -1;
+  m.pad_multiple = static_cast<int>(args.pad_multiple);
+  m.handle = static_cast<uint8_t*>(handle.allocation_.get());
+  m.recv_capacity = handle.recv_capacity_;
+  throw_if_failed(ki::launch_metadata(m, stream), "dispatch");
+}
+
+// Blocking mode: the one host synchronisation, to size the outputs exactly.
+void Buffer::read_counts(Handle& handle, GpuStream stream) {
+  const int El = handle.shape_.num_local_experts;
+  std::vector<int64_t> totals(static_cast<std::size_t>(4 + 2 * El));
+  runtime::gpu::memcpy_async(totals.data(), handle.view().totals, totals.size() * sizeof(int64_t), stream);
+  synchronize(stream);
+  DispatchCounts counts;
+  counts.num_recv_tokens = total(totals.data(), layout::Total::NumRecv);
+  counts.num_permuted_rows = total(totals.data(), layout::Total::NumPermuted);
+  for (int j = 0; j < El; ++j) {
+    counts.tokens_per_expert.push_back(total(totals.data(), layout::Total::TokensPerExpert, j));
+    counts.unpadded_tokens_per_expert.push_back(total(totals.data(), layout::Total::TokensPerExpert, El + j));
+  }
+  handle.output_rows_ = handle.layout_ == TokenLayout::Received ? counts.num_recv_tokens : counts.num_permuted_rows;
+  handle.counts_ = std::move(counts);
+}
+
+void Buffer::launch_dispatch(const DispatchArgs& args, const Handle& handle, const DispatchResult& result,
+                             GpuStream stream) {
+  const State& s = state("dispatch");
   ki::DispatchArguments d;
   d.domain = s.domain;
-  d.output = received ? ki::DispatchOutput::Received : ki::DispatchOutput::ExpertGrouped;
+  d.output = args.layout == TokenLayout::Received ? ki::DispatchOutput::Received : ki::DispatchOutput::ExpertGrouped;
   d.num_tokens = static_cast<int>(args.num_tokens);
   d.hidden = args.hidden;
   d.scales = args.scales;
-  d.handle = static_cast<uint8_t*>(handle.allocation_.get());
+  d.handle = static_cast<uint8_t*>(const_cast<void*>(handle.allocation_.get()));
   d.recv_capacity = handle.recv_capacity_;
   d.out_hidden = result.hidden.data();
   d.out_scales = result.scales.data();
@@ -422,12 +525,62 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args) {
   d.out_src_token = result.src_token.data();
   d.num_blocks = args.num_sms > 0 ? args.num_sms : s.dispatch_sms;
   if (s.dispatch_chunk_rows > 0) d.chunk_rows = s.dispatch_chunk_rows;
-  throw_if_failed(ki::launch_dispatch(d, stream), op);
+  throw_if_failed(ki::launch_dispatch(d, stream), "dispatch");
+}
 
-  result.num_rows = rows;
+// Phases: every host check (nothing is launched before they all pass, so a refused
+// call leaves the buffer as it was), the metadata kernel and its handle (unless
+// args.handle), the counts (blocking mode), the outputs, the dispatch kernel.
+DispatchResult Buffer::dispatch(const DispatchArgs& args) {
+  static constexpr const char* op = "dispatch";
+  State& s = state(op);
+  const layout::IntranodeShape& shape = s.layout.shape();
+  check_current_device(op, s.device);
+  check_sms(op, args.num_sms, s.sm_count);
+  check_dispatch_rows(op, args, shape);
+  if (args.handle) {
+    check_handle(op, *args.handle);
+    check_reuse(op, args, *args.handle);
+  } else {
+    check_routing(op, args, shape);
+  }
+  // The output rows where they are known before any kernel runs.
+  const std::optional<int64_t> known_rows = args.handle ? std::optional(args.handle->output_rows()) : args.max_rows;
+  if (args.outputs)
+    check_outputs(op, *args.outputs, args, shape, known_rows, args.handle ? "the handle's rows" : "args.max_rows");
+
+  const GpuStream stream = resolve_stream(args.stream, s.device);
+  DispatchResult result;
+  Handle fresh;
+  if (!args.handle) fresh = new_handle(args);
+  if (known_rows) make_outputs(result, args, s.layout, *s.allocator, *known_rows);
+  s.wait_for_previous_op(stream);
+  if (!args.handle) {
+    launch_metadata(args, fresh, stream);
+    if (!args.max_rows) {
+      // The metadata kernel has finished here, so a refusal frees nothing in use.
+      s.record_op(stream);
+      read_counts(fresh, stream);
+      if (args.outputs)
+        check_outputs(op, *args.outputs, args, shape, fresh.output_rows_, "the rows received");
+      make_outputs(result, args, s.layout, *s.allocator, fresh.output_rows_);
+    }
+  }
+  const Handle& handle = args.handle ? *args.handle : fresh;
+  try {
+    launch_dispatch(args, handle, result, stream);
+  } catch (...) {
+    // A launch the device refused after the metadata kernel was queued: that kernel
+    // still writes into the handle, so its memory lives until the buffer is destroyed.
+    s.record_op(stream);
+    if (!args.handle && args.max_rows) s.retired.push_back(std::move(fresh.allocation_));
+    throw;
+  }
+  s.record_op(stream);
+  result.num_rows = handle.output_rows_;
   result.counts = handle.counts_;
   result.device_counts = handle.device_counts();
-  if (!reused) result.handle = std::move(fresh);
+  if (!args.handle) result.handle = std::move(fresh);
   return result;
 }
 
@@ -440,15 +593,8 @@ CombineResult Buffer::combine(const CombineArgs& args) {
   if (args.handle == nullptr) bad_argument(op, "args.handle is null; expected the handle of a dispatch");
   const Handle& handle = *args.handle;
   check_handle(op, handle);
+  check_combine_args(op, args, handle, shape);
   const int64_t rows = args.num_rows < 0 ? handle.output_rows_ : args.num_rows;
-  if (rows > handle.output_rows_)
-    bad_argument(op, "args.num_rows is " + std::to_string(args.num_rows) + "; expected -1 or 0.." +
-                         std::to_string(handle.output_rows_) + " (the rows the dispatch wrote)");
-  if (rows > 0 && args.hidden == nullptr)
-    bad_argument(op, "args.hidden is null; expected bf16 [" + std::to_string(rows) + ", " +
-                         std::to_string(shape.hidden) + "] expert outputs");
-  if (args.out_probs != nullptr && args.probs == nullptr)
-    bad_argument(op, "args.out_probs is given without args.probs; expected both or neither");
 
   const GpuStream stream = resolve_stream(args.stream, s.device);
   const int64_t T = handle.num_tokens_;
@@ -475,7 +621,9 @@ CombineResult Buffer::combine(const CombineArgs& args) {
   c.out = result.hidden.data();
   c.num_blocks = args.num_sms > 0 ? args.num_sms : s.combine_sms;
   if (s.combine_chunk_rows > 0) c.chunk_rows = s.combine_chunk_rows;
+  s.wait_for_previous_op(stream);
   throw_if_failed(ki::launch_combine(c, stream), op);
+  s.record_op(stream);
   return result;
 }
 

@@ -12,9 +12,11 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <utility>
 
+#include "handle_choice.hpp"
 #include "handle_wire.hpp"
 #include "railyard/runtime/device_api.hpp"
 
@@ -134,17 +136,40 @@ bool device_attribute(CUdevice_attribute attribute, int device, const char* call
   return value != 0;
 }
 
+CUmemAllocationProp allocation_prop(int device, ShareableHandleType type);
+
+// A trial cuMemCreate of one granule with a FABRIC handle, released at once.
+bool fabric_allocation_works(int device) {
+  const DriverApi& d = driver();
+  const CUmemAllocationProp prop = allocation_prop(device, ShareableHandleType::Fabric);
+  std::size_t granularity = 0;
+  if (d.mem_get_allocation_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS)
+    return false;
+  CUmemGenericAllocationHandle handle = 0;
+  if (d.mem_create(&handle, granularity, &prop, 0) != CUDA_SUCCESS) return false;
+  d.mem_release(handle);
+  return true;
+}
+
+// Decided once per device: the probe allocates.
 ShareableHandleType best_handle_type(int device) {
-  if (device_attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device,
-                       "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)")) {
-    if (device_attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, device,
-                         "cuDeviceGetAttribute(HANDLE_TYPE_FABRIC_SUPPORTED)"))
-      return ShareableHandleType::Fabric;
-    if (device_attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device,
-                         "cuDeviceGetAttribute(HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)"))
-      return ShareableHandleType::PosixFd;
+  static std::mutex mutex;
+  static std::map<int, ShareableHandleType> chosen;
+  std::lock_guard lock(mutex);
+  if (const auto it = chosen.find(device); it != chosen.end()) return it->second;
+  detail::HandleTypeSupport support;
+  support.vmm = device_attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device,
+                                 "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)");
+  if (support.vmm) {
+    support.fabric = device_attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, device,
+                                      "cuDeviceGetAttribute(HANDLE_TYPE_FABRIC_SUPPORTED)");
+    support.posix_fd = device_attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device,
+                                        "cuDeviceGetAttribute(HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)");
   }
-  return ShareableHandleType::LegacyIpc;
+  const ShareableHandleType type = detail::choose_handle_type(
+      support, [&] { return fabric_allocation_works(device); }, ShareableHandleType::LegacyIpc);
+  chosen[device] = type;
+  return type;
 }
 
 CUmemAllocationProp allocation_prop(int device, ShareableHandleType type) {
@@ -239,6 +264,13 @@ GpuStream stream_create() {
 }
 void stream_destroy(GpuStream stream) { RAILYARD_CUDA_CHECK(cudaStreamDestroy(stream)); }
 void stream_synchronize(GpuStream stream) { RAILYARD_CUDA_CHECK(cudaStreamSynchronize(stream)); }
+void device_synchronize(int device) {
+  const int previous = current();
+  if (previous != device) set_current(device);
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (previous != device) set_current(previous);
+  check(err, "cudaDeviceSynchronize");
+}
 void memcpy_async(void* dst, const void* src, std::size_t bytes, GpuStream stream) {
   RAILYARD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
 }

@@ -7,12 +7,17 @@
 // shareable allocations turns stale or forged handles into clear errors, and refuses
 // to free memory a peer still maps, which on a GPU would leave a peer writing into a
 // buffer its owner considers gone.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <map>
 #include <mutex>
 
+#include "handle_choice.hpp"
 #include "handle_wire.hpp"
 #include "railyard/runtime/device_api.hpp"
+#include "railyard/runtime/device_api_sim.hpp"
 #include "railyard/sim/sim.hpp"
 
 namespace railyard::runtime {
@@ -46,6 +51,36 @@ auto checked(const char* call, Fn&& fn) -> decltype(fn()) {
   }
 }
 
+std::mutex g_support_mutex;
+SimHandleSupport g_support;
+
+// The handle type of a new shareable allocation, decided as the CUDA backend does.
+ShareableHandleType handle_type_for(const std::optional<ShareableHandleType>& requested) {
+  const SimHandleSupport sup = sim_handle_support();
+  const auto fabric_works = [&] { return !sup.fabric_create_refused; };
+  if (!requested)
+    return detail::choose_handle_type({.vmm = true, .fabric = sup.fabric_attribute, .posix_fd = sup.posix_fd},
+                                      fabric_works, ShareableHandleType::InProcess);
+  const bool offered = *requested == ShareableHandleType::InProcess ||
+                       (*requested == ShareableHandleType::Fabric && sup.fabric_attribute) ||
+                       (*requested == ShareableHandleType::PosixFd && sup.posix_fd);
+  if (!offered)
+    throw DeviceError(std::string("railyard shareable_malloc: handle type ") + to_string(*requested) +
+                      " is not offered by the simulated device (gpu::SimHandleSupport); it shares memory InProcess");
+  if (*requested == ShareableHandleType::Fabric && !fabric_works())
+    throw DeviceError("railyard shareable_malloc: cuMemCreate with a FABRIC handle refused (simulated: "
+                      "SimHandleSupport::fabric_create_refused)");
+  return *requested;
+}
+
+// A PosixFd handle's descriptor: a memfd holding the allocation's address.
+UniqueFd descriptor_for(uintptr_t ptr) {
+  UniqueFd fd(::memfd_create("railyard-sim-shareable", MFD_CLOEXEC));
+  if (!fd.valid() || ::pwrite(fd.get(), &ptr, sizeof(ptr), 0) != static_cast<ssize_t>(sizeof(ptr)))
+    throw DeviceError("railyard export_handle: memfd for a simulated PosixFd handle failed");
+  return fd;
+}
+
 std::string hex(uintptr_t value) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(value));
@@ -53,6 +88,15 @@ std::string hex(uintptr_t value) {
 }
 
 }  // namespace
+
+void set_sim_handle_support(const SimHandleSupport& support) {
+  std::lock_guard lock(g_support_mutex);
+  g_support = support;
+}
+SimHandleSupport sim_handle_support() {
+  std::lock_guard lock(g_support_mutex);
+  return g_support;
+}
 
 int count() { return sim::device_count(); }
 int current() { return t_current_device; }
@@ -105,6 +149,7 @@ void stream_synchronize(GpuStream stream) {
   // users match on its kind.
   sim::stream_synchronize(stream);
 }
+void device_synchronize(int device) { sim::device_synchronize(device); }
 void memcpy_async(void* dst, const void* src, std::size_t bytes, GpuStream stream) {
   checked("memcpy_async", [&] { sim::memcpy_async(stream, dst, src, bytes); });
 }
@@ -139,16 +184,14 @@ void enable_peer_access(int peer) {
 }
 
 ShareableAllocation shareable_malloc(const ShareableMallocRequest& request) {
-  if (request.handle_type && *request.handle_type != ShareableHandleType::InProcess)
-    throw DeviceError(std::string("railyard shareable_malloc: handle type ") + to_string(*request.handle_type) +
-                      " is not available in the simulator; it shares memory InProcess");
   if (request.bytes == 0) throw DeviceError("railyard shareable_malloc: bytes is 0; expected > 0");
+  const ShareableHandleType type = handle_type_for(request.handle_type);
   ShareableAllocation out;
   out.ptr = malloc_device(request.bytes, request.label.empty() ? "shareable buffer" : request.label);
   out.bytes = request.bytes;
   out.mapped_bytes = request.bytes;
   out.device = current();
-  out.handle_type = ShareableHandleType::InProcess;
+  out.handle_type = type;
   std::lock_guard lock(g_registry_mutex);
   // A stale record at this address (from before a sim::reset()) is replaced.
   g_registry[reinterpret_cast<uintptr_t>(out.ptr)] = ShareableRecord{out.bytes, out.device, 0};
@@ -163,11 +206,14 @@ ExportedHandle export_handle(const ShareableAllocation& allocation) {
                         " is not a live shareable allocation (not from shareable_malloc, or freed)");
   }
   detail::HandleWire wire;
-  wire.handle_type = static_cast<uint8_t>(ShareableHandleType::InProcess);
+  wire.handle_type = static_cast<uint8_t>(allocation.handle_type);
   wire.owner_device = allocation.device;
   wire.bytes = allocation.bytes;
   wire.mapped_bytes = allocation.mapped_bytes;
   const auto ptr = reinterpret_cast<uintptr_t>(allocation.ptr);
+  // A PosixFd handle's bytes say nothing of where the memory is: only the descriptor
+  // does, so an import works only with the descriptor the owner sent.
+  if (allocation.handle_type == ShareableHandleType::PosixFd) return ExportedHandle{detail::encode(wire), descriptor_for(ptr)};
   std::memcpy(wire.payload, &ptr, sizeof(ptr));
   wire.payload_bytes = sizeof(ptr);
   return ExportedHandle{detail::encode(wire), UniqueFd()};
@@ -175,12 +221,21 @@ ExportedHandle export_handle(const ShareableAllocation& allocation) {
 
 PeerMapping import_handle(const ImportRequest& request) {
   const detail::HandleWire wire = detail::decode(request.bytes, "import_handle");
-  if (wire.handle_type != static_cast<uint8_t>(ShareableHandleType::InProcess))
-    throw DeviceError(std::string("railyard import_handle: a ") +
-                      to_string(static_cast<ShareableHandleType>(wire.handle_type)) +
-                      " handle cannot be imported in the simulator (InProcess handles only)");
+  const auto type = static_cast<ShareableHandleType>(wire.handle_type);
   uintptr_t ptr = 0;
-  std::memcpy(&ptr, wire.payload, sizeof(ptr));
+  if (type == ShareableHandleType::PosixFd) {
+    if (request.fd < 0)
+      throw DeviceError("railyard import_handle: a PosixFd handle needs the owner's descriptor (ImportRequest::fd, "
+                        "received with receive_fd)");
+    if (::pread(request.fd, &ptr, sizeof(ptr), 0) != static_cast<ssize_t>(sizeof(ptr)))
+      throw DeviceError("railyard import_handle: descriptor " + std::to_string(request.fd) +
+                        " is not a simulated PosixFd handle");
+  } else if (type == ShareableHandleType::InProcess || type == ShareableHandleType::Fabric) {
+    std::memcpy(&ptr, wire.payload, sizeof(ptr));
+  } else {
+    throw DeviceError(std::string("railyard import_handle: a ") + to_string(type) +
+                      " handle cannot be imported in the simulator");
+  }
   {
     std::lock_guard lock(g_registry_mutex);
     auto it = g_registry.find(ptr);
@@ -202,7 +257,7 @@ PeerMapping import_handle(const ImportRequest& request) {
   out.bytes = wire.bytes;
   out.mapped_bytes = wire.mapped_bytes;
   out.owner_device = wire.owner_device;
-  out.handle_type = ShareableHandleType::InProcess;
+  out.handle_type = type;
   return out;
 }
 

@@ -3,6 +3,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -20,13 +21,21 @@ namespace {
   throw std::system_error(errno, std::generic_category(), "railyard fd passing: " + what);
 }
 
-// Abstract names start with a NUL byte; the length, not a terminator, ends them.
-socklen_t abstract_address(std::string_view name, sockaddr_un* addr) {
-  if (name.empty() || name.size() + 1 > sizeof(addr->sun_path))
-    throw std::invalid_argument("railyard fd passing: abstract socket name '" + std::string(name) + "' must be 1.." +
-                                std::to_string(sizeof(addr->sun_path) - 1) + " bytes");
+// A name starting with '/' is a filesystem path; any other is abstract. Abstract
+// names start with a NUL byte, and the length, not a terminator, ends them.
+socklen_t socket_address(std::string_view name, sockaddr_un* addr) {
+  const bool path = !name.empty() && name.front() == '/';
+  const std::size_t room = sizeof(addr->sun_path) - 1;  // a NUL first (abstract) or last (path)
+  if (name.empty() || name.size() > room)
+    throw std::invalid_argument("railyard fd passing: " + std::string(path ? "socket path" : "abstract socket name") +
+                                " '" + std::string(name) + "' is " + std::to_string(name.size()) +
+                                " bytes; expected 1.." + std::to_string(room));
   std::memset(addr, 0, sizeof(*addr));
   addr->sun_family = AF_UNIX;
+  if (path) {
+    std::memcpy(addr->sun_path, name.data(), name.size());
+    return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size() + 1);
+  }
   std::memcpy(addr->sun_path + 1, name.data(), name.size());
   return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
 }
@@ -61,13 +70,13 @@ SocketPair make_socket_pair() {
   return SocketPair{UniqueFd(fds[0]), UniqueFd(fds[1])};
 }
 
-UniqueFd listen_unix(std::string_view abstract_name) {
+UniqueFd listen_unix(std::string_view name) {
   sockaddr_un addr;
-  const socklen_t len = abstract_address(abstract_name, &addr);
+  const socklen_t len = socket_address(name, &addr);
   UniqueFd fd = new_socket();
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr), len) != 0)
-    throw_errno("bind to abstract socket '" + std::string(abstract_name) + "'");
-  if (::listen(fd.get(), 64) != 0) throw_errno("listen on '" + std::string(abstract_name) + "'");
+    throw_errno("bind to socket '" + std::string(name) + "'");
+  if (::listen(fd.get(), 64) != 0) throw_errno("listen on '" + std::string(name) + "'");
   return fd;
 }
 
@@ -80,21 +89,27 @@ UniqueFd accept_unix(int listener, std::chrono::milliseconds timeout) {
   return fd;
 }
 
-UniqueFd connect_unix(std::string_view abstract_name, std::chrono::milliseconds timeout) {
+UniqueFd connect_unix(std::string_view name, std::chrono::milliseconds timeout) {
   sockaddr_un addr;
-  const socklen_t len = abstract_address(abstract_name, &addr);
+  const socklen_t len = socket_address(name, &addr);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     UniqueFd fd = new_socket();
     if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), len) == 0) return fd;
     // The listener may not exist yet (ECONNREFUSED) or its backlog is full (EAGAIN).
     if (errno != ECONNREFUSED && errno != EAGAIN && errno != ENOENT)
-      throw_errno("connect to '" + std::string(abstract_name) + "'");
+      throw_errno("connect to '" + std::string(name) + "'");
     if (std::chrono::steady_clock::now() >= deadline)
-      throw std::runtime_error("railyard fd passing: nobody listened on '" + std::string(abstract_name) + "' within " +
+      throw std::runtime_error("railyard fd passing: nobody listened on '" + std::string(name) + "' within " +
                                std::to_string(timeout.count()) + " ms");
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+}
+
+uint64_t network_namespace_id() {
+  struct stat st {};
+  if (::stat("/proc/thread-self/ns/net", &st) != 0 && ::stat("/proc/self/ns/net", &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_ino);
 }
 
 void send_fd(int socket, int fd, std::span<const std::byte> payload) {

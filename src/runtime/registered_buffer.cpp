@@ -22,6 +22,7 @@ using detail::StepFailure;
 struct PeerRecord {
   std::byte handle[kHandleBytes];
   uint64_t host_id;
+  uint64_t net_namespace;  // network_namespace_id(): abstract sockets stay inside one
   uint64_t socket_token;
   int32_t handle_type;
   int32_t device;
@@ -45,6 +46,33 @@ int checked_int(const char* field, int64_t value, int64_t max, const char* why) 
     throw std::invalid_argument("railyard RegisteredBuffer: " + std::string(field) + " = " + std::to_string(value) +
                                 " exceeds " + std::to_string(max) + " (" + why + ")");
   return static_cast<int>(value);
+}
+
+// POSIX fds travel over Unix sockets; an abstract one is visible only inside its
+// network namespace, so a domain whose ranks sit in several (one container per GPU)
+// must rendezvous through socket files in a shared directory instead.
+void check_fd_rendezvous(const std::vector<PeerRecord>& records, int first, int last, const std::string& domain) {
+  std::map<uint64_t, std::vector<int>> ranks_by_namespace;
+  std::vector<int> abstract;
+  for (int r = first; r <= last; ++r) {
+    const PeerRecord& record = records[static_cast<std::size_t>(r)];
+    ranks_by_namespace[record.net_namespace].push_back(r);
+    if (record.socket_name[0] != '\0' && record.socket_name[0] != '/') abstract.push_back(r);
+  }
+  if (ranks_by_namespace.size() < 2 || abstract.empty()) return;
+  std::ostringstream os;
+  os << "railyard RegisteredBuffer: " << domain << " passes POSIX fd handles over abstract Unix sockets (ranks "
+     << format_ranks(abstract) << "), but its ranks are in " << ranks_by_namespace.size()
+     << " network namespaces (";
+  bool first_namespace = true;
+  for (const auto& [ns, ranks] : ranks_by_namespace) {
+    os << (first_namespace ? "" : "; ") << "ranks " << format_ranks(ranks);
+    first_namespace = false;
+  }
+  os << ") and abstract sockets do not cross network namespaces (one container per GPU): set "
+        "RAILYARD_FD_SOCKET_DIR (or RegisteredBufferOptions::fd_socket_dir) on every rank to a directory that "
+        "every rank's container mounts at the same path";
+  throw std::runtime_error(os.str());
 }
 
 // Every rank of a domain exports the same handle type, and POSIX fds stay on one host.
@@ -81,6 +109,7 @@ void check_records(const std::vector<PeerRecord>& records, const Topology& topol
          << " handles cannot leave a host; multi-node NVLink needs Fabric handles";
       throw std::runtime_error(os.str());
     }
+    if (type == ShareableHandleType::PosixFd) check_fd_rendezvous(records, first, last, domain);
   }
 }
 
@@ -276,13 +305,15 @@ RegisteredBuffer::RegisteredBuffer(const BufferConfig& config, Bootstrap& bootst
   local_step(RegisteredBufferStep::Export, [&] {
     exported = gpu::export_handle(s.own);
     // Listen before the allgather, so the name travels with the handle.
-    if (s.own.handle_type == ShareableHandleType::PosixFd && domain_size > 1) listener = detail::listen_for_fds(rank);
+    if (s.own.handle_type == ShareableHandleType::PosixFd && domain_size > 1)
+      listener = detail::listen_for_fds(rank, detail::fd_socket_dir(options.fd_socket_dir));
   });
   agree(RegisteredBufferStep::Export, /*peers_may_map=*/false);
 
   PeerRecord mine{};
   std::memcpy(mine.handle, exported.bytes.data(), kHandleBytes);
   mine.host_id = local_host_id();
+  mine.net_namespace = network_namespace_id();
   mine.handle_type = static_cast<int32_t>(s.own.handle_type);
   mine.device = s.own.device;
   if (listener) {
@@ -351,9 +382,19 @@ RegisteredBuffer::~RegisteredBuffer() {
 void RegisteredBuffer::destroy() {
   if (!state_) return;
   const std::unique_ptr<State> s = std::move(state_);
+  // Kernels still running (an asynchronous operation nobody waited for, an exception
+  // path) access every peer's buffer through the mappings: on a GPU an unmap under
+  // them is an MMU fault. So wait for the device first; a failure there (a kernel
+  // that faulted) does not stop the release.
+  std::vector<std::string> problems;
+  try {
+    gpu::device_synchronize(s->own.device);
+  } catch (const std::exception& e) {
+    problems.push_back(std::string("synchronize before unmap: ") + e.what());
+  }
   // Unmap first: once every rank has passed the barrier, nobody maps this rank's
-  // memory any more (and, its streams synchronized, nobody writes into it).
-  const std::vector<std::string> problems = s->release(/*barrier_first=*/true);
+  // memory any more (and, its device synchronized, nobody writes into it).
+  for (std::string& p : s->release(/*barrier_first=*/true)) problems.push_back(std::move(p));
   if (problems.empty()) return;
   std::string message = "railyard RegisteredBuffer: destroy on rank " + std::to_string(s->rank) + " failed:";
   for (std::size_t i = 0; i < problems.size(); ++i) message += (i ? "; " : " ") + problems[i];

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <set>
@@ -102,14 +103,46 @@ RegisteredBufferError failures_error(const std::vector<RankFailure>& failures, i
   return RegisteredBufferError(earliest, std::move(ranks), os.str());
 }
 
-FdListener listen_for_fds(int rank) {
+SocketPath& SocketPath::operator=(SocketPath&& other) noexcept {
+  if (this != &other) {
+    if (!path_.empty()) ::unlink(path_.c_str());
+    path_ = std::exchange(other.path_, {});
+  }
+  return *this;
+}
+SocketPath::~SocketPath() {
+  if (!path_.empty()) ::unlink(path_.c_str());
+}
+
+std::string fd_socket_dir(const std::string& option) {
+  if (!option.empty()) return option;
+  const char* env = std::getenv("RAILYARD_FD_SOCKET_DIR");
+  return env ? std::string(env) : std::string();
+}
+
+FdListener listen_for_fds(int rank, const std::string& socket_dir) {
   std::random_device entropy;
   const uint64_t token = (uint64_t{entropy()} << 32 | entropy()) ^
                          static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   FdListener out;
   out.token = token;
-  out.name = "railyard-rb-" + std::to_string(::getpid()) + "-" + std::to_string(rank) + "-" + hex64(token);
+  const std::string leaf = "railyard-rb-" + std::to_string(::getpid()) + "-" + std::to_string(rank) + "-" + hex64(token);
+  if (socket_dir.empty()) {
+    out.name = leaf;
+  } else {
+    if (socket_dir.front() != '/')
+      throw std::invalid_argument("railyard RegisteredBuffer: the fd socket directory '" + socket_dir +
+                                  "' (RegisteredBufferOptions::fd_socket_dir or RAILYARD_FD_SOCKET_DIR) is not an "
+                                  "absolute path; expected one every rank's container sees at the same path");
+    out.name = socket_dir + (socket_dir.back() == '/' ? "" : "/") + leaf;
+    if (out.name.size() >= kSocketNameBytes)
+      throw std::invalid_argument("railyard RegisteredBuffer: the fd socket directory '" + socket_dir + "' is too " +
+                                  "long: the socket path '" + out.name + "' is " + std::to_string(out.name.size()) +
+                                  " bytes; expected at most " + std::to_string(kSocketNameBytes - 1) +
+                                  " (a Unix socket path's limit)");
+  }
   out.socket = listen_unix(out.name);
+  if (!socket_dir.empty()) out.path = SocketPath(out.name);
   return out;
 }
 

@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "railyard/runtime/bootstrap.hpp"
@@ -42,18 +43,38 @@ std::vector<RankFailure> gather_failures(Bootstrap& bootstrap, const std::option
 // failed ranks, each rank's message, and which rank saw it.
 RegisteredBufferError failures_error(const std::vector<RankFailure>& failures, int seen_by);
 
-// Abstract socket names are at most 107 bytes; ours are far shorter.
-inline constexpr std::size_t kSocketNameBytes = 64;
+// A socket name, abstract or a path, is at most 107 bytes (sockaddr_un::sun_path).
+inline constexpr std::size_t kSocketNameBytes = 108;
+
+// Removes a filesystem socket when its listener goes away (abstract names need nothing).
+class SocketPath {
+ public:
+  SocketPath() = default;
+  explicit SocketPath(std::string path) : path_(std::move(path)) {}
+  SocketPath(SocketPath&& other) noexcept : path_(std::exchange(other.path_, {})) {}
+  SocketPath& operator=(SocketPath&& other) noexcept;
+  SocketPath(const SocketPath&) = delete;
+  SocketPath& operator=(const SocketPath&) = delete;
+  ~SocketPath();
+
+ private:
+  std::string path_;
+};
 
 struct FdListener {
   UniqueFd socket;
-  std::string name;
+  std::string name;  // abstract, or a path under the socket directory
   // Random, sent back by every peer that connects: a connection carrying another
   // token is not part of this exchange and is refused.
   uint64_t token = 0;
+  SocketPath path;  // unlinks `name` when it is a path
 };
-// Listens on a fresh abstract name unique to this process, rank and moment.
-FdListener listen_for_fds(int rank);
+// The directory fd sockets rendezvous in: `option` if not empty, else the environment's
+// RAILYARD_FD_SOCKET_DIR, else empty (abstract sockets).
+std::string fd_socket_dir(const std::string& option);
+// Listens on a fresh name unique to this process, rank and moment: abstract when
+// `socket_dir` is empty, else a socket file in that directory.
+FdListener listen_for_fds(int rank, const std::string& socket_dir);
 
 struct FdExchange {
   int rank = -1;

@@ -12,11 +12,22 @@
 //  - SeveralDomains: refused on every rank (the RDMA path is not built), nothing leaks.
 //  - CallerOutputs: caller-provided outputs are written in place; too few rows refused.
 //  - BadArguments: each bad argument gives std::invalid_argument naming it.
+//  - EveryRefusedCallIsFollowedByACorrectOne: a table of refused dispatch and combine
+//    calls (whole messages), each followed by a forward pass equal to the reference.
+//  - SmOptions: blocks above the SM count refused at creation on every rank.
+//  - Streams: dispatch on stream A, combine on B, no synchronisation: call order kept.
+//  - Destroy: destroy() right after an asynchronous dispatch waits for it.
+//  - Handles: a refused fabric allocation falls back to POSIX fds; ranks in different
+//    network namespaces need RAILYARD_FD_SOCKET_DIR (a clear error without it).
 #include "railyard/railyard.hpp"
 
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -25,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "railyard/runtime/device_api_sim.hpp"
 #include "tests/kernels/intranode_harness.hpp"
 
 namespace railyard {
@@ -597,7 +609,7 @@ TEST(BufferArguments, BadArgumentsNameTheArgument) {
     dispatch_error([&](DispatchArgs& a) { a.routing_map = static_cast<const uint8_t*>(in.hidden.get()); },
                    "routing: expected exactly one of args.topk_idx");
     dispatch_error([](DispatchArgs& a) { a.num_topk = 3; }, "args.num_topk is 3; expected 1..2 (config.max_top_k)");
-    dispatch_error([](DispatchArgs& a) { a.pad_multiple = 0; }, "args.pad_multiple is 0; expected >= 1");
+    dispatch_error([](DispatchArgs& a) { a.pad_multiple = 0; }, "args.pad_multiple is 0; expected 1..2147483647");
     dispatch_error([](DispatchArgs& a) { a.max_rows = -2; }, "args.max_rows is -2");
     dispatch_error([](DispatchArgs& a) { a.num_sms = kSmCount + 1; }, "args.num_sms is 5; expected 0 (the buffer's default) or 1..4");
     dispatch_error([](DispatchArgs& a) { a.layout = static_cast<TokenLayout>(7); }, "args.layout is 7");
@@ -705,6 +717,401 @@ TEST(BufferTimeouts, APeerThatNeverDispatchesIsReportedAsATimeout) {
   EXPECT_EQ(seen->rank, 0);
   EXPECT_EQ(seen->what, "count row of rank");
   EXPECT_EQ(seen->index, 1);
+}
+
+}  // namespace
+}  // namespace railyard
+
+namespace railyard {
+namespace {
+
+// ---- a refused call leaves the buffer as it was -------------------------------------------
+
+// Two ranks, fixed inputs: the forward pass (blocking dispatch, combine with probs) and
+// its reference, so that every call can be checked bit for bit.
+struct TwoRankForward {
+  static constexpr int kRanks = 2, kTokens = 12, kHidden = 128;
+  Case c{.tokens = {kTokens, kTokens}};
+  ref::World w{kRanks, kRanks, kRanks * 2, kHidden, kTokens};
+  std::vector<ref::RankInput> inputs = test::make_inputs({w, c.tokens, 2, DType::BF16, test::Routing::Uniform, false, 5});
+  Expected e = expected_dispatch(w, inputs, c);
+  std::vector<ref::CombineInput> y = expert_outputs(e, c, w, 77);
+  std::vector<ref::CombineOutput> want = expected_combine(e, c, w, y);
+
+  int64_t rows(int rank) const { return e.received.ranks[rank].num_recv_tokens; }
+
+  // Expert outputs and probs of `rank` in device memory, as many rows as a bounded
+  // dispatch may write (rows past the received ones: NaN and -7, never read).
+  struct ExpertRows {
+    DeviceAllocation hidden, probs;
+  };
+  ExpertRows expert_rows(int rank) const {
+    const std::size_t capacity = std::size_t{kRanks} * kTokens, El = 2;
+    std::vector<bf16> hidden(capacity * kHidden, bf16{0x7FC0});
+    std::copy(y[rank].hidden.begin(), y[rank].hidden.end(), hidden.begin());
+    std::vector<float> probs(capacity * El, -7.0f);
+    std::copy(y[rank].probs->begin(), y[rank].probs->end(), probs.begin());
+    return {to_device<bf16>(hidden), to_device<float>(probs)};
+  }
+
+  // A correct dispatch and combine, checked against the reference; returns the dispatch.
+  DispatchResult forward(Buffer& buffer, const DeviceInputs& in, const ExpertRows& x, int rank, GpuStream stream,
+                         const std::string& where) const {
+    DispatchArgs a = fresh_args(in, c, kTokens);
+    a.stream = stream;
+    DispatchResult d = buffer.dispatch(a);
+    const CombineResult combined = buffer.combine(
+        {.handle = &d.handle, .hidden = x.hidden.get(), .probs = ptr<float>(x.probs), .stream = stream});
+    buffer.synchronize(stream);
+    check_dispatch(d, e, c, w, rank, where + " dispatch");
+    check_combine(combined, want[rank], where + " combine");
+    return d;
+  }
+};
+
+// What a refused call must throw, whole: std::invalid_argument with exactly `expected`.
+void expect_refused(const std::function<void()>& call, const std::string& expected) {
+  try {
+    call();
+    ADD_FAILURE() << "expected the refusal: " << expected;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), expected);
+  }
+}
+
+// Each argument error of dispatch and combine, on every rank, is followed by a correct
+// forward pass whose outputs equal the reference bit for bit. Among them the bounded
+// dispatch whose caller outputs are smaller than its bound: it was refused after its
+// metadata kernel was queued, which then wrote into the handle the refusal had freed,
+// and the next call faulted.
+TEST(BufferArguments, EveryRefusedCallIsFollowedByACorrectOne) {
+  const TwoRankForward f;
+  const int n = TwoRankForward::kRanks, T = TwoRankForward::kTokens;
+  ASSERT_GT(f.rows(0), 1);
+  ASSERT_GT(f.rows(1), 1);
+  reset_sim(n);
+  auto group = make_group(n);
+  sim::run_ranks(n, [&](int rank) {
+    runtime::gpu::set_current(rank);
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(make_config(n, TwoRankForward::kHidden, T, 2, 2, DType::BF16), *boot,
+                  {.dispatch_sms = 2, .combine_sms = 2});
+    const DeviceInputs in = to_device(f.inputs[rank]);
+    const auto x = f.expert_rows(rank);
+    const GpuStream stream = sim::default_stream(rank);
+    DispatchResult previous = f.forward(buffer, in, x, rank, stream, "first");
+    DeviceAllocation spare(runtime::default_allocator(), 64 * 1024);
+    uint8_t* const spare_bytes = static_cast<uint8_t*>(spare.get());
+    const std::string rows = std::to_string(f.rows(rank));
+    const std::string D = "railyard Buffer::dispatch: ", C = "railyard Buffer::combine: ";
+
+    struct Refusal {
+      std::function<void(DispatchArgs&)> dispatch;  // mutates good args; or
+      std::function<CombineArgs()> combine;         // builds bad combine args
+      std::string expected;
+    };
+    const DispatchOutputs bounded_too_small{.hidden = spare_bytes, .capacity_rows = 3};
+    const DispatchOutputs misaligned_out{.hidden = spare_bytes + 8, .capacity_rows = 4};
+    const DispatchOutputs no_hidden{.capacity_rows = 4};
+    const DispatchOutputs negative{.hidden = spare_bytes, .capacity_rows = -1};
+    const DispatchOutputs blocking_too_small{.hidden = spare_bytes, .capacity_rows = f.rows(rank) - 1};
+    const Handle empty;
+    const auto reuse = [&](DispatchArgs& a) {
+      a.topk_idx = nullptr;
+      a.topk_weights = nullptr;
+      a.num_topk = 0;
+      a.handle = &previous.handle;
+    };
+    const auto combine = [&](const CombineArgs& a) { return [a] { return a; }; };
+    const void* y = x.hidden.get();
+    const std::vector<Refusal> table = {
+        {[](DispatchArgs& a) { a.num_tokens = 13; }, {}, D + "args.num_tokens is 13; expected 0..12 (config.max_tokens_per_rank)"},
+        {[](DispatchArgs& a) { a.hidden = nullptr; }, {}, D + "args.hidden is null; expected [12, 128] BF16 rows"},
+        {[&](DispatchArgs& a) { a.hidden = spare_bytes + 8; }, {}, D + "args.hidden is not aligned to 16 bytes; expected an address that is a multiple of 16"},
+        {[&](DispatchArgs& a) { a.scales = reinterpret_cast<const float*>(spare_bytes); }, {},
+         D + "args.scales is given; expected null (config.dispatch_dtype is BF16)"},
+        {[&](DispatchArgs& a) { a.probs = reinterpret_cast<const float*>(spare_bytes); }, {},
+         D + "routing: expected exactly one of args.topk_idx + args.topk_weights or args.routing_map + args.probs"},
+        {[](DispatchArgs& a) { a.num_topk = 3; }, {}, D + "args.num_topk is 3; expected 1..2 (config.max_top_k)"},
+        {[](DispatchArgs& a) { a.topk_weights = nullptr; }, {},
+         D + "args.topk_weights is null; expected fp32 [num_tokens, num_topk] with args.topk_idx"},
+        {[&](DispatchArgs& a) { a.topk_idx = reinterpret_cast<const int64_t*>(spare_bytes + 4); }, {},
+         D + "args.topk_idx is not aligned to 8 bytes; expected an address that is a multiple of 8"},
+        {[](DispatchArgs& a) { a.pad_multiple = 0; }, {}, D + "args.pad_multiple is 0; expected 1..2147483647"},
+        {[](DispatchArgs& a) { a.pad_multiple = int64_t{1} << 31; }, {},
+         D + "args.pad_multiple is 2147483648; expected 1..2147483647"},
+        {[](DispatchArgs& a) { a.max_rows = -2; }, {}, D + "args.max_rows is -2; expected 0..2^31-1, or empty (blocking mode)"},
+        {[](DispatchArgs& a) { a.num_sms = 5; }, {}, D + "args.num_sms is 5; expected 0 (the buffer's default) or 1..4 (the device's SM count)"},
+        {[](DispatchArgs& a) { a.layout = static_cast<TokenLayout>(7); }, {}, D + "args.layout is 7; expected Received or ExpertGrouped"},
+        {[&](DispatchArgs& a) { a.max_rows = 4; a.outputs = &bounded_too_small; }, {},
+         D + "args.outputs->capacity_rows is 3; expected >= 4 (args.max_rows)"},
+        {[&](DispatchArgs& a) { a.max_rows = 4; a.outputs = &misaligned_out; }, {},
+         D + "args.outputs->hidden is not aligned to 16 bytes; expected an address that is a multiple of 16"},
+        {[&](DispatchArgs& a) { a.max_rows = 4; a.outputs = &no_hidden; }, {},
+         D + "args.outputs->hidden is null; expected [capacity_rows, hidden] rows"},
+        {[&](DispatchArgs& a) { a.outputs = &negative; }, {}, D + "args.outputs->capacity_rows is -1; expected >= 0"},
+        // Blocking mode: the rows are known only once the metadata kernel has finished.
+        {[&](DispatchArgs& a) { a.outputs = &blocking_too_small; }, {},
+         D + "args.outputs->capacity_rows is " + std::to_string(f.rows(rank) - 1) + "; expected >= " + rows +
+             " (the rows received)"},
+        {[&](DispatchArgs& a) { a.handle = &previous.handle; }, {},
+         D + "args.topk_idx/topk_weights/routing_map/probs are given with args.handle; expected none (the handle holds the routing)"},
+        {[&](DispatchArgs& a) { reuse(a); a.num_tokens = 3; }, {}, D + "args.num_tokens is 3; expected 12 (the handle's)"},
+        {[&](DispatchArgs& a) { reuse(a); a.pad_multiple = 2; }, {}, D + "args.pad_multiple is 2; expected 1 (the handle's)"},
+        {[&](DispatchArgs& a) { reuse(a); a.max_rows = 4; }, {},
+         D + "args.max_rows is 4; expected empty (blocking mode) (the handle's)"},
+        {[&](DispatchArgs& a) { reuse(a); a.handle = &empty; }, {},
+         D + "args.handle is empty (moved from, or the result of a dispatch that reused a handle)"},
+        {{}, combine({.hidden = y}), C + "args.handle is null; expected the handle of a dispatch"},
+        {{}, [&] { return CombineArgs{.handle = &previous.handle}; },
+         C + "args.hidden is null; expected bf16 [" + rows + ", 128] expert outputs"},
+        {{}, [&] { return CombineArgs{.handle = &previous.handle, .hidden = y, .num_rows = -5}; },
+         C + "args.num_rows is -5; expected -1 (all the rows) or 0.." + rows + " (the rows the dispatch wrote)"},
+        {{}, [&] { return CombineArgs{.handle = &previous.handle, .hidden = y, .num_rows = f.rows(rank) + 1}; },
+         C + "args.num_rows is " + std::to_string(f.rows(rank) + 1) + "; expected -1 (all the rows) or 0.." + rows +
+             " (the rows the dispatch wrote)"},
+        {{}, [&] { return CombineArgs{.handle = &previous.handle, .hidden = y, .out_probs = reinterpret_cast<float*>(spare_bytes)}; },
+         C + "args.out_probs is given without args.probs; expected both or neither"},
+        {{}, [&] { return CombineArgs{.handle = &previous.handle, .hidden = spare_bytes + 8}; },
+         C + "args.hidden is not aligned to 16 bytes; expected an address that is a multiple of 16"},
+        {{}, [&] { return CombineArgs{.handle = &previous.handle, .hidden = y, .out = spare_bytes + 2}; },
+         C + "args.out is not aligned to 16 bytes; expected an address that is a multiple of 16"},
+        {{}, [&] { return CombineArgs{.handle = &previous.handle, .hidden = y, .num_sms = 9}; },
+         C + "args.num_sms is 9; expected 0 (the buffer's default) or 1..4 (the device's SM count)"},
+        {{}, [&] { return CombineArgs{.handle = &empty, .hidden = y}; },
+         C + "args.handle is empty (moved from, or the result of a dispatch that reused a handle)"},
+    };
+    for (std::size_t i = 0; i < table.size(); ++i) {
+      const Refusal& r = table[i];
+      const std::string where = "rank " + std::to_string(rank) + " after refusal " + std::to_string(i) + " (" + r.expected + ")";
+      SCOPED_TRACE(where);
+      if (r.dispatch) {
+        DispatchArgs a = fresh_args(in, f.c, T);
+        r.dispatch(a);
+        expect_refused([&] { (void)buffer.dispatch(a); }, r.expected);
+      } else {
+        const CombineArgs a = r.combine();
+        expect_refused([&] { (void)buffer.combine(a); }, r.expected);
+      }
+      previous = f.forward(buffer, in, x, rank, stream, where);
+      if (::testing::Test::HasFailure()) break;
+    }
+    // The current device must be the buffer's.
+    runtime::gpu::set_current(1 - rank);
+    expect_refused([&] { (void)buffer.combine({.handle = &previous.handle, .hidden = y}); },
+                   C + "the current device is " + std::to_string(1 - rank) + "; expected " + std::to_string(rank) +
+                       " (the buffer's device)");
+    runtime::gpu::set_current(rank);
+    (void)f.forward(buffer, in, x, rank, stream, "after the wrong device");
+  });
+}
+
+// Blocks per operation above the device's SM count can never launch: refused at
+// creation on every rank, naming the option, the rank and the SM count, even when only
+// one rank passes it; nothing stays allocated.
+TEST(BufferCreation, SmOptionsAboveTheSmCountAreRefusedOnEveryRank) {
+  const int n = 2;
+  reset_sim(n);
+  auto group = make_group(n);
+  const auto errors = errors_on_ranks(n, [&](int rank) {
+    auto boot = group->bootstrap(rank);
+    BufferOptions options;
+    if (rank == 1) options.dispatch_sms = 1000;
+    options.combine_sms = 5;
+    Buffer buffer(make_config(n, 256, 24, 2, 2, DType::BF16), *boot, options);
+  });
+  const std::string expected =
+      "railyard Buffer: options.combine_sms is 5 on rank 0; expected 0 (min(8, SM count)) or 1..4 (the device's SM "
+      "count); options.dispatch_sms is 1000 on rank 1; expected 0 (min(8, SM count)) or 1..4 (the device's SM count); "
+      "options.combine_sms is 5 on rank 1; expected 0 (min(8, SM count)) or 1..4 (the device's SM count)";
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], expected) << "rank " << r;
+  EXPECT_EQ(sim::live_allocation_count(), 0u);
+}
+
+// ---- streams and destruction --------------------------------------------------------------
+
+// Dispatch on one stream, combine on another, then a dispatch on the first again, with
+// no synchronisation between them: the buffer orders its operations across streams, so
+// each equals the reference (unordered, the combine would overlap the dispatch it reads).
+TEST(BufferStreams, OperationsOnTwoStreamsRunInCallOrder) {
+  const TwoRankForward f;
+  const int n = TwoRankForward::kRanks, T = TwoRankForward::kTokens;
+  reset_sim(n);
+  auto group = make_group(n);
+  sim::run_ranks(n, [&](int rank) {
+    runtime::gpu::set_current(rank);
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(make_config(n, TwoRankForward::kHidden, T, 2, 2, DType::BF16), *boot,
+                  {.dispatch_sms = 2, .combine_sms = 2});
+    const DeviceInputs in = to_device(f.inputs[rank]);
+    const auto x = f.expert_rows(rank);
+    const GpuStream a = runtime::gpu::stream_create(), b = runtime::gpu::stream_create();
+    // Bounded mode with a bound no rank reaches: no host synchronisation at all.
+    Case bounded = f.c;
+    bounded.max_rows = int64_t{n} * T;
+    const Expected e = expected_dispatch(f.w, f.inputs, bounded);
+    DispatchArgs args = fresh_args(in, bounded, T);
+    args.stream = a;
+    const DispatchResult d1 = buffer.dispatch(args);
+    const CombineResult c1 = buffer.combine(
+        {.handle = &d1.handle, .hidden = x.hidden.get(), .probs = ptr<float>(x.probs), .stream = b});
+    const DispatchResult d2 = buffer.dispatch(args);
+    buffer.synchronize(a);
+    buffer.synchronize(b);
+    check_dispatch(d1, e, bounded, f.w, rank, "rank " + std::to_string(rank) + " dispatch on stream A");
+    check_combine(c1, f.want[rank], "rank " + std::to_string(rank) + " combine on stream B");
+    check_dispatch(d2, e, bounded, f.w, rank, "rank " + std::to_string(rank) + " second dispatch on stream A");
+  });
+}
+
+// destroy() right after an asynchronous dispatch, nobody having waited for it: the
+// kernels still use every peer's buffer, so destruction waits for the device before it
+// unmaps and frees (without that, the simulator reports the kernels' accesses to the
+// freed buffer as out of bounds). The dispatch completes and equals the reference.
+TEST(BufferDestroy, DestroyRightAfterAnAsynchronousDispatchWaitsForIt) {
+  const TwoRankForward f;
+  const int n = TwoRankForward::kRanks, T = TwoRankForward::kTokens;
+  reset_sim(n);
+  const std::size_t live_before = sim::live_allocation_count();
+  auto group = make_group(n);
+  sim::run_ranks(n, [&](int rank) {
+    runtime::gpu::set_current(rank);
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(make_config(n, TwoRankForward::kHidden, T, 2, 2, DType::BF16), *boot,
+                  {.dispatch_sms = 2, .combine_sms = 2});
+    const DeviceInputs in = to_device(f.inputs[rank]);
+    Case bounded = f.c;
+    bounded.max_rows = int64_t{n} * T;
+    const Expected e = expected_dispatch(f.w, f.inputs, bounded);
+    const DispatchResult d = buffer.dispatch(fresh_args(in, bounded, T));
+    buffer.destroy();
+    runtime::gpu::stream_synchronize(sim::default_stream(rank));
+    check_dispatch(d, e, bounded, f.w, rank, "rank " + std::to_string(rank));
+  });
+  EXPECT_EQ(sim::live_allocation_count(), live_before);
+}
+
+}  // namespace
+}  // namespace railyard
+
+namespace railyard {
+namespace {
+
+// ---- shareable handles: the fabric probe and POSIX fds -----------------------------------
+
+// Makes the simulated devices offer `support` for one test.
+struct HandleSupportScope {
+  explicit HandleSupportScope(const runtime::gpu::SimHandleSupport& support) { runtime::gpu::set_sim_handle_support(support); }
+  ~HandleSupportScope() { runtime::gpu::set_sim_handle_support({}); }
+};
+
+// Creates a Buffer on two ranks (rank 1 first runs `before_rank1`), checks a forward
+// pass against the reference, and returns each rank's handle type or error.
+std::vector<std::string> buffer_handle_types(const std::function<void()>& before_rank1 = {}) {
+  const TwoRankForward f;
+  const int n = TwoRankForward::kRanks;
+  reset_sim(n);
+  auto group = make_group(n);
+  std::vector<std::string> out(n);
+  const std::vector<std::string> errors = errors_on_ranks(n, [&](int rank) {
+    if (rank == 1 && before_rank1) before_rank1();
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(make_config(n, TwoRankForward::kHidden, TwoRankForward::kTokens, 2, 2, DType::BF16), *boot,
+                  {.dispatch_sms = 2, .combine_sms = 2});
+    out[rank] = runtime::to_string(buffer.registered_buffer().handle_type());
+    const DeviceInputs in = to_device(f.inputs[rank]);
+    (void)f.forward(buffer, in, f.expert_rows(rank), rank, sim::default_stream(rank), "rank " + std::to_string(rank));
+  });
+  for (int r = 0; r < n; ++r)
+    if (errors[r] != "(no error)") out[r] = errors[r];
+  return out;
+}
+
+// The device reports fabric handles, but cuMemCreate with one is refused (no IMEX
+// channel): the attribute alone must not decide. The probe's trial allocation fails,
+// the buffer shares its memory by POSIX fds (passed through the registered buffer's
+// fd exchange, as real descriptors) and dispatch and combine equal the reference.
+TEST(BufferHandles, ARefusedFabricAllocationFallsBackToPosixFds) {
+  {
+    HandleSupportScope scope({.fabric_attribute = true, .fabric_create_refused = true, .posix_fd = true});
+    EXPECT_EQ(buffer_handle_types(), (std::vector<std::string>{"PosixFd", "PosixFd"}));
+  }
+  {
+    HandleSupportScope scope({.fabric_attribute = true, .fabric_create_refused = false, .posix_fd = true});
+    EXPECT_EQ(buffer_handle_types(), (std::vector<std::string>{"Fabric", "Fabric"}));
+  }
+  EXPECT_EQ(buffer_handle_types(), (std::vector<std::string>{"InProcess", "InProcess"}));
+}
+
+// Rank 1 in its own network namespace (one container per GPU): the abstract sockets
+// of the fd exchange cannot reach it, which every rank reports at once, naming the fix;
+// with RAILYARD_FD_SOCKET_DIR the ranks rendezvous through socket files there, which
+// are gone afterwards. unshare(CLONE_NEWNET) affects only the calling thread (the rank).
+TEST(BufferHandles, RanksInDifferentNetworkNamespacesNeedASocketDirectory) {
+  HandleSupportScope scope({.posix_fd = true});
+  bool permitted = true;
+  const auto own_namespace = [&] {
+    if (::unshare(CLONE_NEWNET) != 0) permitted = false;
+  };
+  const std::vector<std::string> refused = buffer_handle_types(own_namespace);
+  if (!permitted) GTEST_SKIP() << "unshare(CLONE_NEWNET) is not permitted here (needs CAP_SYS_ADMIN)";
+  const std::string why =
+      "railyard RegisteredBuffer: NVLink domain 0 (ranks 0-1) passes POSIX fd handles over abstract Unix sockets "
+      "(ranks 0-1), but its ranks are in 2 network namespaces (ranks 0; ranks 1) and abstract sockets do not cross "
+      "network namespaces (one container per GPU): set RAILYARD_FD_SOCKET_DIR (or "
+      "RegisteredBufferOptions::fd_socket_dir) on every rank to a directory that every rank's container mounts at "
+      "the same path";
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(refused[r], "railyard RegisteredBuffer: creation failed at step 'exchange_handles' (rank " +
+                              std::to_string(r) + "): " + why + " | cause: " + why);
+  }
+  char dir_template[] = "/tmp/railyard-sockets-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  ::setenv("RAILYARD_FD_SOCKET_DIR", dir_template, 1);
+  const std::vector<std::string> types = buffer_handle_types(own_namespace);
+  ::unsetenv("RAILYARD_FD_SOCKET_DIR");
+  EXPECT_EQ(types, (std::vector<std::string>{"PosixFd", "PosixFd"}));
+  EXPECT_TRUE(std::filesystem::is_empty(dir_template)) << "socket files left in " << dir_template;
+  std::filesystem::remove_all(dir_template);
+}
+
+}  // namespace
+}  // namespace railyard
+
+namespace railyard {
+namespace {
+
+// A device whose block size limit fits the metadata kernel (one warp) but not the
+// dispatch kernel: the launch is refused (LaunchFailed) after the metadata kernel was queued.
+// That kernel still writes into the handle, which the buffer keeps until destroy(), so
+// the stream then finishes without a fault (freeing the handle made the metadata
+// kernel's stores out of bounds).
+TEST(BufferArguments, ADispatchLaunchRefusedAfterTheMetadataKernelFreesNothingInUse) {
+  sim::reset({.seed = 11});
+  sim::DeviceProps props = sim::h100_props();
+  props.sm_count = kSmCount;
+  props.max_threads_per_block = 32;
+  sim::add_device(props);
+  auto group = make_group(1);
+  const ref::World w{1, 1, 4, 128, 16};
+  const auto inputs = test::make_inputs({w, {16}, 2, DType::BF16, test::Routing::Uniform, false, 3});
+  sim::run_ranks(1, [&](int rank) {
+    runtime::gpu::set_current(rank);
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(make_config(1, 128, 16, 4, 2, DType::BF16), *boot, {.dispatch_sms = 1, .combine_sms = 1});
+    const DeviceInputs in = to_device(inputs[0]);
+    DispatchArgs a = fresh_args(in, Case{{16}}, 16);
+    a.max_rows = 16;
+    try {
+      (void)buffer.dispatch(a);
+      ADD_FAILURE() << "the dispatch kernel needs more shared memory than the device allows";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), StatusCode::LaunchFailed);
+      EXPECT_NE(std::string(e.what()).find("railyard Buffer::dispatch: IntranodeDispatch: "), std::string::npos)
+          << e.what();
+    }
+    EXPECT_NO_THROW(buffer.synchronize(sim::default_stream(0)));
+  });
 }
 
 }  // namespace

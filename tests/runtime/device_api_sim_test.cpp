@@ -224,7 +224,7 @@ TEST(SimDeviceApi, MalformedStaleAndForgedHandlesAreClearErrors) {
   EXPECT_HAS(device_error([&] { gpu::import_handle({.bytes = good.bytes}); }), "no live shareable allocation at");
 
   EXPECT_HAS(device_error([] { gpu::shareable_malloc({.bytes = 64, .handle_type = ShareableHandleType::PosixFd}); }),
-             "PosixFd is not available in the simulator");
+             "PosixFd is not offered by the simulated device (gpu::SimHandleSupport)");
   EXPECT_HAS(device_error([] { gpu::shareable_malloc({.bytes = 0}); }), "bytes is 0");
   gpu::free_device(plain);
   EXPECT_EQ(sim::live_allocation_count(), 0u);

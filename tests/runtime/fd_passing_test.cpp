@@ -3,12 +3,15 @@
 #include "railyard/runtime/fd_passing.hpp"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 namespace railyard::runtime {
@@ -92,6 +95,57 @@ TEST(FdPassing, RendezvousByAbstractNameAcrossProcesses) {
   EXPECT_EQ(read_all(got.fd.get(), 14), "from the child");
 }
 
+// One container per GPU puts ranks in different network namespaces. A child in its own
+// (unshare(CLONE_NEWNET), which needs CAP_SYS_ADMIN) cannot reach the parent's abstract
+// name, but reaches a socket file in a directory both see, and its descriptor arrives.
+TEST(FdPassing, ASocketFileCrossesNetworkNamespacesWhereAnAbstractNameDoesNot) {
+  char dir_template[] = "/tmp/railyard-fd-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::string abstract_name = "railyard-fd-netns-test-" + std::to_string(::getpid());
+  const std::string path = dir + "/socket";
+  UniqueFd abstract_listener = listen_unix(abstract_name);
+  UniqueFd path_listener = listen_unix(path);
+  enum : int { kSent = 0, kAbstractReached = 1, kSendFailed = 2, kNoNamespace = 77 };
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    abstract_listener.reset();
+    path_listener.reset();
+    if (::unshare(CLONE_NEWNET) != 0) ::_exit(kNoNamespace);
+    try {
+      connect_unix(abstract_name, 200ms);
+      ::_exit(kAbstractReached);
+    } catch (const std::exception&) {
+    }
+    try {
+      UniqueFd conn = connect_unix(path, 10s);
+      UniqueFd memfd = memfd_with("from another network namespace");
+      send_fd(conn.get(), memfd.get(), as_bytes("rank 1"));
+    } catch (...) {
+      ::_exit(kSendFailed);
+    }
+    ::_exit(kSent);
+  }
+  std::optional<ReceivedFd> got;
+  std::string error;
+  try {
+    UniqueFd conn = accept_unix(path_listener.get(), 10s);
+    got = receive_fd(conn.get(), 10s);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const int code = join(pid);
+  ::unlink(path.c_str());
+  ::rmdir(dir.c_str());
+  if (code == kNoNamespace) GTEST_SKIP() << "unshare(CLONE_NEWNET) is not permitted here (needs CAP_SYS_ADMIN)";
+  ASSERT_EQ(code, kSent) << (code == kAbstractReached ? "the abstract name was reachable from another network namespace"
+                                                       : "the child could not send through the socket file");
+  ASSERT_TRUE(got.has_value()) << error;
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(got->payload.data()), got->payload.size()), "rank 1");
+  EXPECT_EQ(read_all(got->fd.get(), 30), "from another network namespace");
+}
+
 TEST(FdPassing, EmptyPayloadRoundTrips) {
   SocketPair sockets = make_socket_pair();
   UniqueFd memfd = memfd_with("x");
@@ -132,6 +186,8 @@ TEST(FdPassing, MisuseFailsWithClearMessages) {
   }
   EXPECT_NE(error_of([] { connect_unix("railyard-nobody-listens-here", 30ms); }).find("nobody listened"),
             std::string::npos);
+  EXPECT_EQ(error_of([] { listen_unix("/" + std::string(107, 'x')); }),
+            "railyard fd passing: socket path '/" + std::string(107, 'x') + "' is 108 bytes; expected 1..107");
   {
     SocketPair sockets = make_socket_pair();
     const std::string big(kMaxFdPayloadBytes + 1, 'x');

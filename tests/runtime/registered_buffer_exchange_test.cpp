@@ -90,7 +90,7 @@ struct NameRecord {
 // Every rank listens, allgathers (name, token), then exchanges with every other rank.
 std::map<int, UniqueFd> exchange_on(int rank, Bootstrap& boot, int fd, std::chrono::milliseconds timeout,
                                     const std::vector<int>& peers) {
-  detail::FdListener listener = detail::listen_for_fds(rank);
+  detail::FdListener listener = detail::listen_for_fds(rank, "");
   NameRecord mine{};
   std::snprintf(mine.name, sizeof(mine.name), "%s", listener.name.c_str());
   mine.token = listener.token;
@@ -130,7 +130,7 @@ TEST(RegisteredBufferExchange, StrayConnectionIsIgnoredAndSilentPeerTimesOut) {
     if (rank == 1) {
       // Rank 1 listens (so rank 0's send succeeds) but only ever sends a message with
       // the wrong token, as a stranger on the same abstract name would.
-      detail::FdListener listener = detail::listen_for_fds(rank);
+      detail::FdListener listener = detail::listen_for_fds(rank, "");
       NameRecord rec{};
       std::snprintf(rec.name, sizeof(rec.name), "%s", listener.name.c_str());
       rec.token = listener.token;
@@ -155,6 +155,51 @@ TEST(RegisteredBufferExchange, StrayConnectionIsIgnoredAndSilentPeerTimesOut) {
     boot.barrier();
   });
   EXPECT_HAS(error, "railyard fd exchange (rank 0): no descriptor from rank(s) 1 within 300 ms");
+}
+
+}  // namespace
+}  // namespace railyard::runtime
+
+namespace railyard::runtime {
+namespace {
+
+// The socket directory (RegisteredBufferOptions::fd_socket_dir, RAILYARD_FD_SOCKET_DIR):
+// a socket file there, removed with its listener; a relative or too long directory is
+// refused naming both settings.
+TEST(RegisteredBufferExchange, SocketFilesInTheSocketDirectory) {
+  char dir_template[] = "/tmp/railyard-sockets-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  {
+    const detail::FdListener listener = detail::listen_for_fds(3, dir);
+    EXPECT_EQ(listener.name.rfind(dir + "/railyard-rb-", 0), 0u) << listener.name;
+    EXPECT_EQ(::access(listener.name.c_str(), F_OK), 0) << listener.name;
+    const UniqueFd c = connect_unix(listener.name, 1s);
+    EXPECT_TRUE(c.valid());
+  }
+  EXPECT_EQ(::rmdir(dir.c_str()), 0) << "the socket file must be gone with its listener";
+  const auto error = [](const std::string& socket_dir) {
+    try {
+      detail::listen_for_fds(0, socket_dir);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(error("shared/sockets"),
+            "railyard RegisteredBuffer: the fd socket directory 'shared/sockets' (RegisteredBufferOptions::fd_socket_dir "
+            "or RAILYARD_FD_SOCKET_DIR) is not an absolute path; expected one every rank's container sees at the same "
+            "path");
+  const std::string long_dir = "/" + std::string(90, 'd');
+  EXPECT_NE(error(long_dir).find("railyard RegisteredBuffer: the fd socket directory '" + long_dir +
+                                 "' is too long: the socket path '"),
+            std::string::npos);
+  EXPECT_NE(error(long_dir).find("; expected at most 107 (a Unix socket path's limit)"), std::string::npos);
+  ::setenv("RAILYARD_FD_SOCKET_DIR", "/from/the/environment", 1);
+  EXPECT_EQ(detail::fd_socket_dir(""), "/from/the/environment");
+  EXPECT_EQ(detail::fd_socket_dir("/from/the/option"), "/from/the/option");
+  ::unsetenv("RAILYARD_FD_SOCKET_DIR");
+  EXPECT_EQ(detail::fd_socket_dir(""), "");
 }
 
 }  // namespace

@@ -128,6 +128,8 @@ void free_host(void* ptr);
 GpuStream stream_create();  // on the current device
 void stream_destroy(GpuStream stream);
 void stream_synchronize(GpuStream stream);
+// Waits for all work of `device` (every stream), whichever device is current.
+void device_synchronize(int device);
 void memcpy_async(void* dst, const void* src, std::size_t bytes, GpuStream stream);
 void memset_async(void* dst, int value, std::size_t bytes, GpuStream stream);
 

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -50,13 +51,19 @@ struct SocketPair {
 // Two connected SOCK_SEQPACKET Unix sockets (survive fork; one end per process).
 SocketPair make_socket_pair();
 
-// Rendezvous by name in Linux's abstract socket namespace: nothing on the file system
-// to clean up after a crash. Names are exchanged over the bootstrap.
-UniqueFd listen_unix(std::string_view abstract_name);
+// Rendezvous by name, exchanged over the bootstrap. A name is either abstract (Linux's
+// abstract socket namespace: nothing on the file system to clean up after a crash,
+// but visible only within one network namespace) or, when it starts with '/', a
+// filesystem path (visible to every process that sees the directory, across network
+// namespaces: one container per GPU; the listener's owner unlinks it). At most 107 bytes.
+UniqueFd listen_unix(std::string_view name);
 // Waits up to `timeout` for a peer to connect.
 UniqueFd accept_unix(int listener, std::chrono::milliseconds timeout);
 // Retries until the listener exists or `timeout` passes (peers start in any order).
-UniqueFd connect_unix(std::string_view abstract_name, std::chrono::milliseconds timeout);
+UniqueFd connect_unix(std::string_view name, std::chrono::milliseconds timeout);
+
+// This process's network namespace (the inode of /proc/self/ns/net); 0 where unknown.
+uint64_t network_namespace_id();
 
 // Sends one message carrying `fd` (duplicated into the receiver by the kernel) and
 // `payload` (at most kMaxFdPayloadBytes; say what the fd is, e.g. a handle's bytes).

@@ -109,6 +109,12 @@ struct RegisteredBufferOptions {
   // How long a rank waits for a domain peer's file descriptor (PosixFd handles only).
   // Collective rounds are bounded by the bootstrap's own timeout.
   std::chrono::milliseconds fd_timeout = std::chrono::seconds(60);
+  // Where PosixFd handles rendezvous. Empty: the environment's RAILYARD_FD_SOCKET_DIR,
+  // and if that is unset too, abstract Unix sockets, which do not cross network
+  // namespaces. Ranks in different network namespaces (one container per GPU) need a
+  // directory that every rank's container sees at this path (a shared mount); each
+  // rank's socket file there is removed when creation ends.
+  std::string fd_socket_dir;
   // RDMA registrars (see MemoryRegistrar); none within one NVLink domain.
   std::vector<std::shared_ptr<MemoryRegistrar>> registrars;
   // Test hook: called on this rank before each creation step; an exception it throws
