@@ -464,6 +464,10 @@ struct Combine {
             partial[v * kElemsPerVector + 2 * w + 1] += bf16_to_float(bf16{static_cast<uint16_t>(x.word[w] >> 16)});
           }
         }
+        // The Load lane refills this slot with a TMA load (async proxy) once it is
+        // released; the mbarrier orders only the generic proxy, so this thread's
+        // generic reads must be fenced against that later async write (DeepEP #621).
+        arch::fence_proxy_async_shared_cta();
       }
       // The slot's bytes are in registers now: hand it back before anything else.
       __syncwarp();

@@ -79,6 +79,12 @@ RAILYARD_DEVICE void entry_barrier(const DomainParams& p, uint32_t seq RAILYARD_
         {"entry barrier flag of peer rank", peer, static_cast<int64_t>(seq)}, p.wait() RAILYARD_LOC_ARG);
   }
   __syncthreads();
+  // The barrier is acquired with generic loads; what follows touches staging with TMA
+  // (async proxy): peers' rows this rank overwrites, and its own rows peers read last
+  // operation. PTX orders the two proxies only through a proxy fence, so every thread
+  // that may issue a bulk copy fences here (formally required; no failure is known
+  // without it, the async proxy's reads of the previous operation having completed).
+  arch::fence_proxy_async_global(RAILYARD_LOC_ONLY_ARG);
 }
 
 }  // namespace railyard::kernels::intranode
