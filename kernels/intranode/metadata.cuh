@@ -164,7 +164,7 @@ struct Metadata {
     for (int src = static_cast<int>(lane); src < R; src += 32) {
       const uint32_t* flag = lay.count_flag(dom.self(), src);
       pipeline::timeout_while([&] { return seq_diff(arch::ld_acquire_sys(flag), seq) < 0; },
-                              {"count row of rank", src, static_cast<int64_t>(seq)}, dom.wait());
+                              {"count row of rank", src, static_cast<int64_t>(seq)}, dom.handshake_wait());
     }
     __syncwarp();
     for (int src = 0; src < R; ++src) {

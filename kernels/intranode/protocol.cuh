@@ -27,7 +27,10 @@ struct DomainParams {
   layout::IntranodeShape shape;
   int rank = 0;  // this rank's index in the domain
   PeerBuffers peers;
+  // Budget of data waits (row headers, FIFO barriers: every rank is in the operation).
   uint64_t timeout_cycles = pipeline::kDefaultTimeoutCycles;
+  // Budget of handshakes (entry barrier, count exchange: a peer may still be late).
+  uint64_t handshake_timeout_cycles = pipeline::kDefaultHandshakeTimeoutCycles;
   // Pinned host memory where the first timed-out wait of the kernel reports itself
   // (pipeline::WaitRecord), or null.
   pipeline::WaitRecord* wait_record = nullptr;
@@ -35,6 +38,10 @@ struct DomainParams {
   RAILYARD_HOST_DEVICE uint8_t* self() const { return peers.ptr[rank]; }
   // The policy every wait of the kernel uses: the budget, the record, this rank.
   RAILYARD_HOST_DEVICE pipeline::WaitPolicy wait() const { return {timeout_cycles, wait_record, rank}; }
+  // The policy of the two handshakes, which wait for peers to enter the operation.
+  RAILYARD_HOST_DEVICE pipeline::WaitPolicy handshake_wait() const {
+    return {handshake_timeout_cycles, wait_record, rank};
+  }
 };
 
 // seq a - seq b as a signed distance: sequence numbers wrap after 2^32 operations.
@@ -76,7 +83,7 @@ RAILYARD_DEVICE void entry_barrier(const DomainParams& p, uint32_t seq RAILYARD_
     const uint32_t* flag = layout.barrier_flag(p.self(), peer);
     pipeline::timeout_while(
         [&] { return seq_diff(arch::ld_acquire_sys(flag RAILYARD_LOC_ARG), seq) < 0; },
-        {"entry barrier flag of peer rank", peer, static_cast<int64_t>(seq)}, p.wait() RAILYARD_LOC_ARG);
+        {"entry barrier flag of peer rank", peer, static_cast<int64_t>(seq)}, p.handshake_wait() RAILYARD_LOC_ARG);
   }
   __syncthreads();
   // The barrier is acquired with generic loads; what follows touches staging with TMA

@@ -681,7 +681,9 @@ TEST(BufferTimeouts, APeerThatNeverDispatchesIsReportedAsATimeout) {
   std::optional<WaitTimeout> seen;
   const std::vector<std::string> errors = errors_on_ranks(n, [&](int rank) {
     auto boot = group->bootstrap(rank);
-    Buffer buffer(make_config(n, H, T, 2, 2, DType::BF16), *boot, {.timeout_cycles = uint64_t{1} << 22});
+    // The missing peer is noticed in the count exchange, a handshake: its budget counts.
+    Buffer buffer(make_config(n, H, T, 2, 2, DType::BF16), *boot,
+                  {.timeout_cycles = uint64_t{1} << 21, .handshake_timeout_cycles = uint64_t{1} << 22});
     if (rank == 1) return;  // never dispatches
     std::vector<bf16> x(static_cast<std::size_t>(T) * H, float_to_bf16(1.0f));
     std::vector<int64_t> idx(static_cast<std::size_t>(T) * 2);

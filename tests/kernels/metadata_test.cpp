@@ -336,7 +336,10 @@ TEST(IntranodeMetadata, AMissingRankIsReportedInTheWaitRecord) {
   auto* record = static_cast<pipeline::WaitRecord*>(sim::malloc_host(sizeof(pipeline::WaitRecord), "wait record"));
   std::memset(record, 0, sizeof *record);
   MetadataArguments a = args_for(w, 0, inputs[0], routing, {}, handle, 8);
-  a.domain.timeout_cycles = uint64_t{1} << 22;  // well before the simulator's own hang limit
+  // The count exchange is a handshake: it waits with the handshake budget, not the
+  // (here shorter) data budget. Both well before the simulator's own hang limit.
+  a.domain.handshake_timeout_cycles = uint64_t{1} << 22;
+  a.domain.timeout_cycles = uint64_t{1} << 21;
   a.domain.wait_record = record;
   try {
     w.run([&](int rank, GpuStream stream) {

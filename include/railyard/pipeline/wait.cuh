@@ -34,8 +34,13 @@ struct WaitTarget {
 };
 
 // 2^34 cycles is about 10 s at 1.7 GHz: far beyond any legitimate wait inside one
-// kernel, short enough that a hung job fails before a watchdog kills it.
+// kernel once every rank is in it, short enough that a hung job fails before a
+// watchdog kills it. Data waits (row headers, FIFO barriers) use it.
 inline constexpr uint64_t kDefaultTimeoutCycles = uint64_t{1} << 34;
+// Handshakes (the entry barrier, the metadata count exchange) wait for ranks that may
+// legitimately be late: a checkpoint, an evaluation, a first-iteration allocation.
+// 2^38 cycles is about 160 s at 1.7 GHz and 139 s at 1.98 GHz (DeepEP: about 100 s).
+inline constexpr uint64_t kDefaultHandshakeTimeoutCycles = uint64_t{1} << 38;
 
 // Where a timed-out wait leaves its report for the host: pinned host memory, because
 // after the trap the device context is gone and only host memory can still be read.
@@ -87,6 +92,8 @@ RAILYARD_DEVICE void fill_record(const WaitPolicy& policy, const WaitTarget& tar
 [[noreturn]] RAILYARD_DEVICE void report_timeout(const WaitTarget& target,
                                                  const WaitPolicy& policy RAILYARD_LOC_PARAM) {
   fill_record(policy, target RAILYARD_LOC_ARG);
+  // The trap ends the context; the record must have left the SM by then.
+  arch::fence_sc_sys(RAILYARD_LOC_ONLY_ARG);
 #if RAILYARD_IS_SIM
   char message[384];
   std::snprintf(message, sizeof(message),
