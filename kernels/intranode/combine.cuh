@@ -204,7 +204,7 @@ struct Combine {
       LoadPipeline::init(storage.load_pipe, /*producer_arrivals=*/1, /*consumer_arrivals=*/kNumReduceWarps);
       StorePipeline::init(storage.store_pipe, /*producer_arrivals=*/kNumReduceWarps, /*consumer_arrivals=*/1);
     }
-    const uint32_t seq = op_begin(dom);
+    const uint64_t seq = op_begin(dom);
     entry_barrier(dom, seq);  // ends with __syncthreads: the pipelines are initialised
 
     LoadPipeline load_pipe(storage.load_pipe, dom.wait());
@@ -277,7 +277,7 @@ struct Combine {
   }
 
   RAILYARD_DEVICE static void run_load(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
-                                       uint32_t seq) {
+                                       uint64_t seq) {
     const DomainParams& dom = p.domain;
     const layout::IntranodeLayout lay(dom.shape);
     const layout::HandleView& h = p.handle;
@@ -346,7 +346,7 @@ struct Combine {
         if (lane != 0) continue;
         // num_entries 0 tells home ranks the row has nothing for them (semantics.md 6:
         // dropped rows contribute nothing).
-        arch::st_global(&header->num_entries, static_cast<int32_t>(kept));
+        arch::st_global(&header->num_entries, static_cast<int16_t>(kept));
         if (num_sources == 0) {
           arch::st_release_sys(&header->seq, seq);
         } else {
@@ -385,7 +385,7 @@ struct Combine {
               uint8_t* peer = dom.peers.ptr[d];
               const layout::RowHeader* header = lay.header(peer, pos);
               pipeline::timeout_while(
-                  [&] { return seq_diff(arch::ld_acquire_sys(&header->seq), seq) < 0; },
+                  [&] { return arch::ld_acquire_sys(&header->seq) < seq; },
                   {"combine: staged row header seq of peer rank (index) at row (value)", d, pos},
                   dom.wait());
               // The acquire (generic proxy) before the TMA reads (async proxy) of the row.
@@ -511,7 +511,7 @@ struct Combine {
 
   // ---- Store -------------------------------------------------------------------------------
 
-  RAILYARD_DEVICE static void run_store(const Params& p, SharedStorage& storage, StorePipeline& pipe, uint32_t seq) {
+  RAILYARD_DEVICE static void run_store(const Params& p, SharedStorage& storage, StorePipeline& pipe, uint64_t seq) {
     // Bulk groups belong to the issuing thread: one lane commits and waits for all.
     if (arch::lane_idx() != 0) return;
     const layout::IntranodeLayout lay(p.domain.shape);

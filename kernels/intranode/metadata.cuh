@@ -88,7 +88,7 @@ struct Metadata {
     const uint32_t lower_lanes = (1u << lane) - 1u;
     const layout::HandleView h = layout::HandleView::carve(lay, p.handle, p.recv_capacity);
     int32_t* row = storage.row;
-    const uint32_t seq = op_begin(dom);
+    const uint64_t seq = op_begin(dom);
 
     for (int i = static_cast<int>(lane); i < row_ints; i += 32) row[i] = 0;
     __syncwarp();
@@ -151,19 +151,19 @@ struct Metadata {
     }
 
     // ---- (2) publish this rank's count row to every rank (itself included) ----------
-    const uint32_t parity = seq & 1u;
+    const auto parity = static_cast<uint32_t>(seq & 1u);
     for (int peer = 0; peer < R; ++peer) {
       int32_t* dst = lay.count_row(dom.peers.ptr[peer], parity, me);
       for (int i = static_cast<int>(lane); i < row_ints; i += 32) arch::st_global(&dst[i], row[i]);
       arch::fence_acq_rel_sys();
       __syncwarp();
-      if (lane == 0) arch::st_release_sys(lay.count_flag(dom.peers.ptr[peer], me), seq);
+      if (lane == 0) arch::st_release_sys(lay.count_flag(dom.peers.ptr[peer], me), flag_of(seq));
     }
 
     // ---- (3) every rank's row: wait, check, copy into the handle -----------------------
     for (int src = static_cast<int>(lane); src < R; src += 32) {
       const uint32_t* flag = lay.count_flag(dom.self(), src);
-      pipeline::timeout_while([&] { return seq_diff(arch::ld_acquire_sys(flag), seq) < 0; },
+      pipeline::timeout_while([&] { return flag_behind(arch::ld_acquire_sys(flag), seq); },
                               {"count row of rank", src, static_cast<int64_t>(seq)}, dom.handshake_wait());
     }
     __syncwarp();

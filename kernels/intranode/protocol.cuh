@@ -44,45 +44,53 @@ struct DomainParams {
   }
 };
 
-// seq a - seq b as a signed distance: sequence numbers wrap after 2^32 operations.
-RAILYARD_HOST_DEVICE int32_t seq_diff(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b); }
+// Sequence numbers are 64-bit and never wrap (2^64 operations). Row headers compare
+// them whole. The count and barrier flags hold the low 32 bits: every operation of
+// every rank rewrites them, so a flag is at most two operations away from the
+// current `seq`, and the signed 32-bit distance below is exact across the wrap of the
+// low half.
+RAILYARD_HOST_DEVICE uint32_t flag_of(uint64_t seq) { return static_cast<uint32_t>(seq); }
+// True while `flag` (a count or barrier flag) is behind operation `seq`.
+RAILYARD_HOST_DEVICE bool flag_behind(uint32_t flag, uint64_t seq) {
+  return static_cast<int32_t>(flag - flag_of(seq)) < 0;
+}
 
 // The sequence number of the operation this kernel performs. Every block reads it at
 // its start; op_end() publishes it once every block is done.
-RAILYARD_DEVICE uint32_t op_begin(const DomainParams& p RAILYARD_LOC_PARAM) {
+RAILYARD_DEVICE uint64_t op_begin(const DomainParams& p RAILYARD_LOC_PARAM) {
   const layout::IntranodeLayout layout(p.shape);
   return arch::ld_relaxed_gpu(layout.local_state(p.self()) RAILYARD_LOC_ARG) + 1u;
 }
 
 // Called by every thread of a block after its last use of `seq`. The last block to
-// finish (counted in local_state[1]) resets the count and stores `seq` as done.
-RAILYARD_DEVICE void op_end(const DomainParams& p, uint32_t seq RAILYARD_LOC_PARAM) {
+// finish (counted in blocks_finished) resets the count and stores `seq` as done.
+RAILYARD_DEVICE void op_end(const DomainParams& p, uint64_t seq RAILYARD_LOC_PARAM) {
   __syncthreads();
   if (threadIdx.x != 0) return;
   const layout::IntranodeLayout layout(p.shape);
-  uint32_t* state = layout.local_state(p.self());
-  const uint32_t finished = arch::atomic_add_release_gpu(&state[1], 1u RAILYARD_LOC_ARG);
+  uint32_t* blocks_finished = layout.blocks_finished(p.self());
+  const uint32_t finished = arch::atomic_add_release_gpu(blocks_finished, 1u RAILYARD_LOC_ARG);
   if (finished + 1 == gridDim.x) {
-    arch::st_relaxed_gpu(&state[1], 0u RAILYARD_LOC_ARG);
-    arch::st_release_gpu(&state[0], seq RAILYARD_LOC_ARG);
+    arch::st_relaxed_gpu(blocks_finished, 0u RAILYARD_LOC_ARG);
+    arch::st_release_gpu(layout.local_state(p.self()), seq RAILYARD_LOC_ARG);
   }
 }
 
 // Entry barrier: block 0 stores `seq` into this rank's flag on every peer; every block
 // then waits until every peer's flag in its own buffer has reached `seq`. Passing it
 // proves every peer finished its previous operation. Uses all threads of the block.
-RAILYARD_DEVICE void entry_barrier(const DomainParams& p, uint32_t seq RAILYARD_LOC_PARAM) {
+RAILYARD_DEVICE void entry_barrier(const DomainParams& p, uint64_t seq RAILYARD_LOC_PARAM) {
   const layout::IntranodeLayout layout(p.shape);
   const int num_ranks = p.shape.num_ranks;
   if (blockIdx.x == 0) {
     for (int peer = static_cast<int>(threadIdx.x); peer < num_ranks; peer += static_cast<int>(blockDim.x)) {
-      arch::st_release_sys(layout.barrier_flag(p.peers.ptr[peer], p.rank), seq RAILYARD_LOC_ARG);
+      arch::st_release_sys(layout.barrier_flag(p.peers.ptr[peer], p.rank), flag_of(seq) RAILYARD_LOC_ARG);
     }
   }
   for (int peer = static_cast<int>(threadIdx.x); peer < num_ranks; peer += static_cast<int>(blockDim.x)) {
     const uint32_t* flag = layout.barrier_flag(p.self(), peer);
     pipeline::timeout_while(
-        [&] { return seq_diff(arch::ld_acquire_sys(flag RAILYARD_LOC_ARG), seq) < 0; },
+        [&] { return flag_behind(arch::ld_acquire_sys(flag RAILYARD_LOC_ARG), seq); },
         {"entry barrier flag of peer rank", peer, static_cast<int64_t>(seq)}, p.handshake_wait() RAILYARD_LOC_ARG);
   }
   __syncthreads();

@@ -215,7 +215,7 @@ TEST(IntranodeDispatch, BackToBackCallsReuseStaging) {
       run_call(w, call);
       check_call(w, call, where);
       // metadata and dispatch per call
-      EXPECT_EQ(*w.layout().local_state(w.registered(0)), static_cast<uint32_t>(2 * call_index + 2)) << where;
+      EXPECT_EQ(*w.layout().local_state(w.registered(0)), static_cast<uint64_t>(2 * call_index + 2)) << where;
       if (HasFailure()) return;
     }
   }

@@ -184,7 +184,7 @@ TEST(IntranodeMetadata, BackToBackCallsUseTheirOwnCounts) {
     std::vector<int> tokens = {M - call_index * 7, call_index * 11, 13 + call_index};
     const auto call = test::reference_call(world, test::make_inputs({world, tokens, K, DType::BF16, Routing::Uniform, false, 40u + call_index}), {});
     run_and_check(w, call, {}, "call " + std::to_string(call_index));
-    EXPECT_EQ(*w.layout().local_state(w.registered(0)), static_cast<uint32_t>(call_index + 1)) << "sequence number";
+    EXPECT_EQ(*w.layout().local_state(w.registered(0)), static_cast<uint64_t>(call_index + 1)) << "sequence number";
   }
 }
 

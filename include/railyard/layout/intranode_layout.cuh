@@ -53,12 +53,16 @@ struct HeaderEntry {
 };
 
 // The fixed part of a staged row's header. `seq` is written last, with a release
-// store, once the row, its scales and its entries are in place.
+// store, once the row, its scales and its entries are in place. It is 64-bit: a row
+// may go unwritten for any number of operations (only skewed batches reach high
+// rows), so its header's distance from the current operation is unbounded, and a
+// 32-bit number would make a header written 2^31 operations ago, or never, look
+// current (docs/design-intranode.md, "Ordering across calls").
 struct RowHeader {
-  uint32_t seq;
+  uint64_t seq;
   int32_t src_token;
-  int32_t num_entries;
-  int32_t src_rank;
+  int16_t num_entries;  // <= max_entries() <= kMaxLocalExperts
+  int16_t src_rank;     // < kMaxRanksPerDomain
 };
 static_assert(sizeof(RowHeader) == 16 && sizeof(HeaderEntry) == 12);
 
@@ -140,9 +144,14 @@ class IntranodeLayout {
   RAILYARD_HOST_DEVICE uint32_t* barrier_flag(uint8_t* base, int src_rank) const {
     return reinterpret_cast<uint32_t*>(base + barrier_flags_offset()) + src_rank;
   }
-  // Word 0: the call sequence number; the rest is reserved for cumulative counters.
-  RAILYARD_HOST_DEVICE uint32_t* local_state(uint8_t* base) const {
-    return reinterpret_cast<uint32_t*>(base + local_state_offset());
+  // The sequence number of the last operation this rank finished (64-bit: it never
+  // wraps); then blocks_finished; the rest is reserved for cumulative counters.
+  RAILYARD_HOST_DEVICE uint64_t* local_state(uint8_t* base) const {
+    return reinterpret_cast<uint64_t*>(base + local_state_offset());
+  }
+  // Blocks of the running kernel that have finished (op_end), in local_state.
+  RAILYARD_HOST_DEVICE uint32_t* blocks_finished(uint8_t* base) const {
+    return reinterpret_cast<uint32_t*>(base + local_state_offset() + 8);
   }
   RAILYARD_HOST_DEVICE RowHeader* header(uint8_t* base, int64_t row) const {
     return reinterpret_cast<RowHeader*>(base + headers_offset() + row * header_bytes());
