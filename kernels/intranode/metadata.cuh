@@ -280,10 +280,10 @@ struct Metadata {
     if (p.topk_idx) {
       for (int k = 0; k < p.num_topk; ++k) {
         const int64_t e = arch::ld_global(&p.topk_idx[int64_t{t} * p.num_topk + k]);
-        if (e < -1 || e >= E) arch::trap_with("topk_idx[%lld][%lld] = %lld is not -1 or an expert id below num_experts", t, k, e);
+        if (e < -1 || e >= E) abort_operation(p.domain, pipeline::AbortReason::ExpertOutOfRange, t, k, e);
         for (int prev = 0; e >= 0 && prev < k; ++prev)
           if (arch::ld_global(&p.topk_idx[int64_t{t} * p.num_topk + prev]) == e)
-            arch::trap_with("topk_idx[%lld] chooses expert %lld twice (slot %lld and a later one)", t, e, prev);
+            abort_operation(p.domain, pipeline::AbortReason::ExpertChosenTwice, t, e, prev);
         if (e >= 0) {
           put(static_cast<int>(e), arch::ld_global(&p.topk_weights[int64_t{t} * p.num_topk + k]));
         } else {
@@ -298,7 +298,7 @@ struct Metadata {
       for (int e = 0; e < E; ++e) {
         if (!arch::ld_global(&p.routing_map[int64_t{t} * E + e])) continue;
         if (filled == K)
-          arch::trap_with("routing_map[%lld] chooses more than max_topk = %lld experts (expert %lld is one too many)", t, K, e);
+          abort_operation(p.domain, pipeline::AbortReason::TooManyExperts, t, K, e);
         put(e, arch::ld_global(&p.probs[int64_t{t} * E + e]));
       }
     }

@@ -37,12 +37,30 @@ struct DomainParams {
 
   RAILYARD_HOST_DEVICE uint8_t* self() const { return peers.ptr[rank]; }
   // The policy every wait of the kernel uses: the budget, the record, this rank.
-  RAILYARD_HOST_DEVICE pipeline::WaitPolicy wait() const { return {timeout_cycles, wait_record, rank}; }
+  // Both watch this rank's abort record.
+  RAILYARD_HOST_DEVICE pipeline::WaitPolicy wait() const {
+    return {timeout_cycles, wait_record, rank, abort_record()};
+  }
   // The policy of the two handshakes, which wait for peers to enter the operation.
   RAILYARD_HOST_DEVICE pipeline::WaitPolicy handshake_wait() const {
-    return {handshake_timeout_cycles, wait_record, rank};
+    return {handshake_timeout_cycles, wait_record, rank, abort_record()};
+  }
+  RAILYARD_HOST_DEVICE pipeline::AbortRecord* abort_record() const {
+    return layout::IntranodeLayout(shape).abort_record(self());
   }
 };
+
+// Gives up the operation on every rank: reports (reason, a, b, c) into every rank's
+// abort record, this one's included, where their waits see it, then traps with the
+// same report they will give.
+[[noreturn]] RAILYARD_DEVICE void abort_operation(const DomainParams& p, pipeline::AbortReason reason, int64_t a,
+                                                  int64_t b, int64_t c RAILYARD_LOC_PARAM) {
+  const layout::IntranodeLayout layout(p.shape);
+  for (int peer = 0; peer < p.shape.num_ranks; ++peer)
+    pipeline::raise_abort(layout.abort_record(p.peers.ptr[peer]), p.rank, reason, a, b, c RAILYARD_LOC_ARG);
+  arch::fence_sc_sys(RAILYARD_LOC_ONLY_ARG);  // the reports leave the SM before the context dies
+  pipeline::trap_aborted(p.rank, static_cast<int32_t>(reason), a, b, c RAILYARD_LOC_ARG);
+}
 
 // Sequence numbers are 64-bit and never wrap (2^64 operations). Row headers compare
 // them whole. The count and barrier flags hold the low 32 bits: every operation of

@@ -15,6 +15,7 @@
 
 #include "railyard/common/dtypes.cuh"
 #include "railyard/common/macros.cuh"
+#include "railyard/pipeline/abort_record.hpp"
 
 namespace railyard::layout {
 
@@ -152,6 +153,11 @@ class IntranodeLayout {
   // Blocks of the running kernel that have finished (op_end), in local_state.
   RAILYARD_HOST_DEVICE uint32_t* blocks_finished(uint8_t* base) const {
     return reinterpret_cast<uint32_t*>(base + local_state_offset() + 8);
+  }
+  // Where a rank that gives up an operation reports to this rank, in local_state.
+  RAILYARD_HOST_DEVICE pipeline::AbortRecord* abort_record(uint8_t* base) const {
+    static_assert(16 + sizeof(pipeline::AbortRecord) <= 64, "local_state is 64 bytes");
+    return reinterpret_cast<pipeline::AbortRecord*>(base + local_state_offset() + 16);
   }
   RAILYARD_HOST_DEVICE RowHeader* header(uint8_t* base, int64_t row) const {
     return reinterpret_cast<RowHeader*>(base + headers_offset() + row * header_bytes());

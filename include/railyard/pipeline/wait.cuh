@@ -19,6 +19,7 @@
 #include "railyard/arch/memory.cuh"
 #include "railyard/arch/thread.cuh"
 #include "railyard/common/macros.cuh"
+#include "railyard/pipeline/abort.cuh"
 
 #if RAILYARD_IS_SIM
 #include <cstdio>
@@ -64,10 +65,15 @@ struct WaitPolicy {
   uint64_t timeout_cycles = kDefaultTimeoutCycles;
   WaitRecord* record = nullptr;  // pinned host memory, or null: only the trap message
   int32_t rank = -1;
+  // This rank's abort record (in its registered buffer), or null: a wait also gives
+  // up, with the aborting rank's report, once another rank raised it.
+  const AbortRecord* abort = nullptr;
 
   constexpr WaitPolicy() = default;
   RAILYARD_HOST_DEVICE constexpr WaitPolicy(uint64_t cycles) : timeout_cycles(cycles) {}  // NOLINT: implicit on purpose
-  RAILYARD_HOST_DEVICE constexpr WaitPolicy(uint64_t cycles, WaitRecord* rec, int32_t r) : timeout_cycles(cycles), record(rec), rank(r) {}
+  RAILYARD_HOST_DEVICE constexpr WaitPolicy(uint64_t cycles, WaitRecord* rec, int32_t r,
+                                            const AbortRecord* abort_record = nullptr)
+      : timeout_cycles(cycles), record(rec), rank(r), abort(abort_record) {}
 };
 
 namespace detail {
@@ -119,13 +125,15 @@ RAILYARD_DEVICE void fill_record(const WaitPolicy& policy, const WaitTarget& tar
 
 // Calls `still_waiting()` until it returns false. When that takes more than
 // policy.timeout_cycles cycles: fills policy.record (if any) and traps with a report
-// naming `target`.
+// naming `target`. While it spins it also watches policy.abort (if any) and traps
+// with the aborting rank's report once that is raised.
 template <class StillWaiting>
 RAILYARD_DEVICE void timeout_while(StillWaiting&& still_waiting, const WaitTarget& target,
                                    const WaitPolicy& policy = {} RAILYARD_LOC_PARAM) {
   if (!still_waiting()) return;  // the common case reads no clock
   const uint64_t start = static_cast<uint64_t>(clock64());
   while (still_waiting()) {
+    if (policy.abort != nullptr) trap_if_aborted(policy.abort RAILYARD_LOC_ARG);
     if (static_cast<uint64_t>(clock64()) - start > policy.timeout_cycles) {
       detail::report_timeout(target, policy RAILYARD_LOC_ARG);
     }
