@@ -205,7 +205,9 @@ struct Combine {
       StorePipeline::init(storage.store_pipe, /*producer_arrivals=*/kNumReduceWarps, /*consumer_arrivals=*/1);
     }
     const uint64_t seq = op_begin(dom);
-    entry_barrier(dom, seq);  // ends with __syncthreads: the pipelines are initialised
+    const uint32_t op = operation_id(OpKind::Combine, p.permuted_input, p.input_probs != nullptr,
+                                     arch::ld_global(p.handle.made_by_op));
+    entry_barrier(dom, seq, op);  // ends with __syncthreads: the pipelines are initialised
 
     LoadPipeline load_pipe(storage.load_pipe, dom.wait());
     StorePipeline store_pipe(storage.store_pipe, dom.wait());

@@ -170,7 +170,9 @@ struct Dispatch {
     // Ends with __syncthreads: barrier inits, bounds and the zero slot are visible to
     // every warp, and every peer has finished its previous operation (so its copy-out
     // of our earlier rows is done and its staging may be overwritten).
-    entry_barrier(params.domain, seq);
+    const uint32_t op = operation_id(OpKind::Dispatch, ctx.grouped, /*probs=*/false,
+                                     arch::ld_global(params.handle.made_by_op));
+    entry_barrier(params.domain, seq, op);
 
     const auto role = static_cast<WarpRole>(arch::warp_idx());
     switch (role) {

@@ -93,6 +93,7 @@ struct Metadata {
     for (int i = static_cast<int>(lane); i < row_ints; i += 32) row[i] = 0;
     __syncwarp();
     if (lane == 0) {
+      arch::st_global(h.made_by_op, seq);  // the handle's identity (entry_barrier)
       row[static_cast<int>(layout::CountRow::NumTokens)] = T;
       row[static_cast<int>(layout::CountRow::MaxRecvRows)] = p.max_recv_rows;
       row[static_cast<int>(layout::CountRow::MaxPermutedRows)] = p.max_permuted_rows;

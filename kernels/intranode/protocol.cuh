@@ -63,10 +63,10 @@ struct DomainParams {
 }
 
 // Sequence numbers are 64-bit and never wrap (2^64 operations). Row headers compare
-// them whole. The count and barrier flags hold the low 32 bits: every operation of
-// every rank rewrites them, so a flag is at most two operations away from the
-// current `seq`, and the signed 32-bit distance below is exact across the wrap of the
-// low half.
+// them whole. The count flags hold the low 32 bits: every operation of every rank
+// rewrites them, so a flag is at most two operations away from the current `seq`,
+// and the signed 32-bit distance below is exact across the wrap of the low half. The
+// barrier flags hold 16 bits of it (barrier_word, below).
 RAILYARD_HOST_DEVICE uint32_t flag_of(uint64_t seq) { return static_cast<uint32_t>(seq); }
 // True while `flag` (a count or barrier flag) is behind operation `seq`.
 RAILYARD_HOST_DEVICE bool flag_behind(uint32_t flag, uint64_t seq) {
@@ -94,23 +94,99 @@ RAILYARD_DEVICE void op_end(const DomainParams& p, uint64_t seq RAILYARD_LOC_PAR
   }
 }
 
-// Entry barrier: block 0 stores `seq` into this rank's flag on every peer; every block
-// then waits until every peer's flag in its own buffer has reached `seq`. Passing it
-// proves every peer finished its previous operation. Uses all threads of the block.
-RAILYARD_DEVICE void entry_barrier(const DomainParams& p, uint64_t seq RAILYARD_LOC_PARAM) {
+// What every rank's dispatch or combine must agree on, 16 bits that travel in the
+// entry barrier's flag word (below): bits 0-1 the kind, bit 2 the layout (expert-grouped
+// / permuted), bit 3 the probs combine, bits 4-15 the low 12 bits of the handle's
+// made_by_op (which metadata operation made it: two dispatches in flight have
+// different handles; handles exactly a multiple of 4096 operations apart look alike).
+enum class OpKind : uint32_t { Dispatch = 1, Combine = 2 };
+RAILYARD_HOST_DEVICE constexpr uint32_t operation_id(OpKind kind, bool grouped, bool probs, uint64_t handle_made_by_op) {
+  return static_cast<uint32_t>(kind) | uint32_t{grouped} << 2 | uint32_t{probs} << 3 |
+         static_cast<uint32_t>(handle_made_by_op & 0xfffu) << 4;
+}
+// An entry-barrier flag word: the low 16 bits of `seq` (high half) and the operation
+// id (low half), one 4-byte store. A rank's barrier flags are rewritten by each of its
+// dispatches and combines, so a flag is a few operations from `seq` at most and the
+// signed 16-bit distance is exact (requirement: fewer than 2^15 metadata-only
+// operations in a row).
+RAILYARD_HOST_DEVICE constexpr uint32_t barrier_word(uint64_t seq, uint32_t op) {
+  return static_cast<uint32_t>(seq & 0xffffu) << 16 | (op & 0xffffu);
+}
+RAILYARD_HOST_DEVICE constexpr bool barrier_behind(uint32_t word, uint64_t seq) {
+  return static_cast<int16_t>(static_cast<uint16_t>(word >> 16) - static_cast<uint16_t>(seq & 0xffffu)) < 0;
+}
+RAILYARD_HOST_DEVICE constexpr bool barrier_at(uint32_t word, uint64_t seq) {
+  return (word >> 16) == (seq & 0xffffu);
+}
+
+// Traps with the first field in which rank `rank`'s operation id differs from rank 0's.
+[[noreturn]] RAILYARD_DEVICE void report_different_operations(int rank, uint32_t theirs,
+                                                              uint32_t rank0s RAILYARD_LOC_PARAM) {
+  struct Field {
+    int shift;
+    uint32_t mask;
+    const char* format;
+  };
+  constexpr Field kFields[] = {
+      {0, 3u, "the ranks run different operations: rank %lld runs kind %lld, rank 0 kind %lld (1: dispatch, 2: combine)"},
+      {4, 0xfffu,
+       "the ranks use different handles: rank %lld's was made by operation %lld, rank 0's by operation %lld (low 12 "
+       "bits; every rank must pass the handle of the same dispatch)"},
+      {2, 1u, "the ranks use different layouts: rank %lld's is %lld, rank 0's is %lld (0: received, 1: expert-grouped)"},
+      {3, 1u, "combine: probs passed on rank %lld: %lld, on rank 0: %lld (1: yes, 0: no; every rank passes probs or "
+              "none does)"}};
+  for (const Field& f : kFields) {
+    const uint32_t a = (theirs >> f.shift) & f.mask, b = (rank0s >> f.shift) & f.mask;
+    if (a != b) arch::trap_with(f.format, rank, a, b RAILYARD_LOC_ARG);
+  }
+  arch::trap_with("the ranks run different operations: rank %lld's id is %lld, rank 0's is %lld", rank, theirs,
+                  rank0s RAILYARD_LOC_ARG);
+}
+
+// Run by one warp of block 0 after the entry barrier of operation `seq`: every rank's operation id
+// must equal rank 0's, and the first rank that differs is reported, so every rank
+// reports the same disagreement. A flag already past `seq` belongs to a peer that
+// passed this check itself, which it cannot while any two ids differ; so then all agree.
+RAILYARD_DEVICE void check_same_operation(const DomainParams& p, uint64_t seq RAILYARD_LOC_PARAM) {
+  const layout::IntranodeLayout layout(p.shape);
+  const uint32_t word0 = arch::ld_relaxed_sys(layout.barrier_flag(p.self(), 0) RAILYARD_LOC_ARG);
+  if (!barrier_at(word0, seq)) return;
+  for (int base = 0; base < p.shape.num_ranks; base += static_cast<int>(arch::kWarpSize)) {
+    const int r = base + static_cast<int>(arch::lane_idx());
+    const uint32_t word = r < p.shape.num_ranks ? arch::ld_relaxed_sys(layout.barrier_flag(p.self(), r) RAILYARD_LOC_ARG)
+                                                : word0;
+    const uint32_t differs = __ballot_sync(arch::kFullWarpMask, barrier_at(word, seq) && word != word0);
+    if (differs != 0u) {
+      const int first = __ffs(static_cast<int>(differs)) - 1;
+      const uint32_t first_word = __shfl_sync(arch::kFullWarpMask, word, first);
+      report_different_operations(base + first, first_word & 0xffffu, word0 & 0xffffu RAILYARD_LOC_ARG);
+    }
+  }
+}
+
+// Entry barrier: block 0 stores this rank's word (low bits of `seq`, operation id `op`)
+// into its flag on every peer; every block then waits until every peer's flag in its
+// own buffer has reached `seq`. Passing it proves every peer finished its previous
+// operation; then every rank's operation id must be rank 0's (a mismatched collective
+// traps with the same report on every rank). Uses all threads of the block.
+RAILYARD_DEVICE void entry_barrier(const DomainParams& p, uint64_t seq, uint32_t op RAILYARD_LOC_PARAM) {
   const layout::IntranodeLayout layout(p.shape);
   const int num_ranks = p.shape.num_ranks;
   if (blockIdx.x == 0) {
     for (int peer = static_cast<int>(threadIdx.x); peer < num_ranks; peer += static_cast<int>(blockDim.x)) {
-      arch::st_release_sys(layout.barrier_flag(p.peers.ptr[peer], p.rank), flag_of(seq) RAILYARD_LOC_ARG);
+      arch::st_release_sys(layout.barrier_flag(p.peers.ptr[peer], p.rank), barrier_word(seq, op) RAILYARD_LOC_ARG);
     }
   }
   for (int peer = static_cast<int>(threadIdx.x); peer < num_ranks; peer += static_cast<int>(blockDim.x)) {
     const uint32_t* flag = layout.barrier_flag(p.self(), peer);
     pipeline::timeout_while(
-        [&] { return flag_behind(arch::ld_acquire_sys(flag RAILYARD_LOC_ARG), seq); },
+        [&] { return barrier_behind(arch::ld_acquire_sys(flag RAILYARD_LOC_ARG), seq); },
         {"entry barrier flag of peer rank", peer, static_cast<int64_t>(seq)}, p.handshake_wait() RAILYARD_LOC_ARG);
   }
+  __syncthreads();  // every peer's id is acquired by some thread of the block
+  // In block 0 only: its threads have stored this rank's flags on every peer before
+  // the barrier above, so the trap cannot keep a peer from passing and reporting too.
+  if (blockIdx.x == 0 && arch::warp_idx() == 0) check_same_operation(p, seq RAILYARD_LOC_ARG);
   __syncthreads();
   // The barrier is acquired with generic loads; what follows touches staging with TMA
   // (async proxy): peers' rows this rank overwrites, and its own rows peers read last

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/intranode/combine.hpp"
+#include "kernels/intranode/protocol.cuh"
 #include "tests/kernels/intranode_call.hpp"
 
 namespace railyard {
@@ -174,10 +175,11 @@ void run_near_the_wrap(uint64_t first_done, DType dtype, test::DispatchOutput ou
     uint8_t* base = w.registered(r);
     std::memcpy(L.local_state(base), &first_done, sizeof first_done);
     // The flags hold what the last operation stored in them.
-    const auto low = static_cast<uint32_t>(first_done);
+    const uint32_t count_flag = kernels::intranode::flag_of(first_done);
+    const uint32_t barrier_flag = kernels::intranode::barrier_word(first_done, 0);
     for (int peer = 0; peer < R; ++peer) {
-      std::memcpy(L.barrier_flag(base, peer), &low, sizeof low);
-      std::memcpy(L.count_flag(base, peer), &low, sizeof low);
+      std::memcpy(L.barrier_flag(base, peer), &barrier_flag, sizeof barrier_flag);
+      std::memcpy(L.count_flag(base, peer), &count_flag, sizeof count_flag);
     }
   }
   // 8 calls of 3 operations each: past the wrap whichever way it is counted.

@@ -182,6 +182,8 @@ class IntranodeLayout {
   //   recv_src     int32 [cap][2]          (source rank, source token)
   //   recv_entries RecvEntry [cap][Kl]     Kl = max_entries()
   //   recv_num_entries int32 [cap]
+  //   made_by_op   uint64                 the sequence number of the metadata operation
+  //                that filled the handle: the handle's identity for the entry barrier
   // Counts:
   //   count_matrix int32 [R][count_row_ints]  every rank's count row, as exchanged
   //   totals       int64 [4 + 2 E_local]      num_recv, num_permuted, overflow_recv,
@@ -213,9 +215,12 @@ class IntranodeLayout {
     return recv_entries_offset(recv_capacity) +
            round_up(recv_capacity * max_entries() * int64_t{sizeof(RecvEntry)}, 16);
   }
+  RAILYARD_HOST_DEVICE int64_t made_by_op_offset(int64_t recv_capacity) const {
+    return recv_num_entries_offset(recv_capacity) + round_up(recv_capacity * 4, 16);
+  }
   // recv_capacity: received rows the handle can describe (at most stage_capacity_rows()).
   RAILYARD_HOST_DEVICE int64_t handle_bytes(int64_t recv_capacity) const {
-    return recv_num_entries_offset(recv_capacity) + round_up(recv_capacity * 4, 16);
+    return made_by_op_offset(recv_capacity) + 16;
   }
 
  private:
@@ -236,6 +241,7 @@ struct HandleView {
   int32_t* recv_src = nullptr;
   RecvEntry* recv_entries = nullptr;
   int32_t* recv_num_entries = nullptr;
+  uint64_t* made_by_op = nullptr;
   int64_t recv_capacity = 0;
 
   RAILYARD_HOST_DEVICE static HandleView carve(const IntranodeLayout& layout, uint8_t* base, int64_t recv_capacity) {
@@ -249,6 +255,7 @@ struct HandleView {
     v.recv_src = reinterpret_cast<int32_t*>(base + layout.recv_src_offset());
     v.recv_entries = reinterpret_cast<RecvEntry*>(base + layout.recv_entries_offset(recv_capacity));
     v.recv_num_entries = reinterpret_cast<int32_t*>(base + layout.recv_num_entries_offset(recv_capacity));
+    v.made_by_op = reinterpret_cast<uint64_t*>(base + layout.made_by_op_offset(recv_capacity));
     v.recv_capacity = recv_capacity;
     return v;
   }
