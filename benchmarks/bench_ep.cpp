@@ -150,12 +150,12 @@ void print_links(const OpResult& dispatch, const OpResult& combine, const PairCo
       if (s == d) continue;
       const uint64_t dw = dispatch.traffic.written[s][d], dm = dispatch.minimum.written[s][d];
       const uint64_t cr = combine.traffic.read[s][d], cm = combine.minimum.read[s][d];
-      const bool ok = dw == dm && dispatch.traffic.read[s][d] == 0 && cr >= cm && (cr - cm) % 4 == 0 &&
+      const bool ok = dw == dm && dispatch.traffic.read[s][d] == 0 && cr >= cm && (cr - cm) % 8 == 0 &&
                       combine.traffic.written[s][d] == combine.minimum.written[s][d];
       std::printf("  %2d -> %-2d %7llu %14s %14s %14s %14s %6llu%s\n", s, d,
                   static_cast<unsigned long long>(pairs.pair_tokens(s, d)), with_commas(dw).c_str(),
                   with_commas(dm).c_str(), with_commas(cr).c_str(), with_commas(cm).c_str(),
-                  static_cast<unsigned long long>(cr >= cm ? (cr - cm) / 4 : 0), ok ? "" : "  <-- not the minimum");
+                  static_cast<unsigned long long>(cr >= cm ? (cr - cm) / 8 : 0), ok ? "" : "  <-- not the minimum");
     }
   }
 }
@@ -319,7 +319,7 @@ int main(int argc, char** argv) {
       const uint64_t moved = matrix_sum(op.traffic.written) + matrix_sum(op.traffic.read);
       const uint64_t minimum = matrix_sum(op.minimum.written) + matrix_sum(op.minimum.read);
       ok &= op.bad_pairs == 0;
-      std::printf("  NVLink bytes (all %d links, simulator count): %s; minimum %s; excess %.4f%% (%s 4-byte header "
+      std::printf("  NVLink bytes (all %d links, simulator count): %s; minimum %s; excess %.4f%% (%s 8-byte header "
                   "re-polls); links off their minimum: %d%s\n",
                   p.ranks * (p.ranks - 1), with_commas(moved).c_str(), with_commas(minimum).c_str(),
                   minimum ? 100.0 * static_cast<double>(moved - std::min(moved, minimum)) / static_cast<double>(minimum) : 0.0,

@@ -368,9 +368,9 @@ def run_simulator(p):
                     continue
                 w_, r_, mw, mr = written[x][y], read[x][y], minimum.written[x][y], minimum.read[x][y]
                 # Dispatch writes exactly its minimum and reads nothing remote; combine reads its
-                # minimum plus 4-byte re-polls of headers not ready yet, and writes only flags.
-                ok = w_ == mw and (r_ == 0 if op == "dispatch" else r_ >= mr and (r_ - mr) % 4 == 0)
-                polls += (r_ - mr) // 4 if op == "combine" and r_ >= mr else 0
+                # minimum plus 8-byte re-polls of headers not ready yet, and writes only flags.
+                ok = w_ == mw and (r_ == 0 if op == "dispatch" else r_ >= mr and (r_ - mr) % 8 == 0)
+                polls += (r_ - mr) // 8 if op == "combine" and r_ >= mr else 0
                 bad += not ok
         ops.append({"name": names[k], "op": op, "layout": layout, "modelled": k != 0, "counted": counted[op],
                     "mismatches": sum(m[i] for m in per_rank), "what": checked_what(p, op, layout),
@@ -439,7 +439,7 @@ def report_simulator(p, run_tokens, pairs, ops, doc):
         ok &= o["bad_pairs"] == 0
         excess = 100.0 * max(moved - minimum, 0) / minimum if minimum else 0.0
         print(f"  NVLink bytes (all {R * (R - 1)} links, railyard.sim.traffic()): {rb.with_commas(moved)}; minimum "
-              f"{rb.with_commas(minimum)}; excess {excess:.4f}% ({rb.with_commas(o['polls'])} 4-byte header "
+              f"{rb.with_commas(minimum)}; excess {excess:.4f}% ({rb.with_commas(o['polls'])} 8-byte header "
               f"re-polls); links off their minimum: {o['bad_pairs']}{'  <-- FAIL' if o['bad_pairs'] else ' (OK)'}")
         print(f"  simulator: {o['sim_seconds']:.2f} s CPU wall time (NOT GPU time)")
         entry = {"op": o["name"], "layout": o["layout"], "dtype": dtype, "modelled": o["modelled"],
@@ -485,10 +485,10 @@ def print_links(dispatch, combine, pairs, R):
                 continue
             dw, dm = dispatch["written"][s][d], dispatch["min_written"][s][d]
             cr, cm = combine["read"][s][d], combine["min_read"][s][d]
-            ok = dw == dm and dispatch["read"][s][d] == 0 and cr >= cm and (cr - cm) % 4 == 0 and \
+            ok = dw == dm and dispatch["read"][s][d] == 0 and cr >= cm and (cr - cm) % 8 == 0 and \
                 combine["written"][s][d] == combine["min_written"][s][d]
             print(f"  {s:2d} -> {d:<2d} {pairs.pair_tokens(s, d):7d} {rb.with_commas(dw):>14} {rb.with_commas(dm):>14} "
-                  f"{rb.with_commas(cr):>14} {rb.with_commas(cm):>14} {(cr - cm) // 4 if cr >= cm else 0:6d}"
+                  f"{rb.with_commas(cr):>14} {rb.with_commas(cm):>14} {(cr - cm) // 8 if cr >= cm else 0:6d}"
                   f"{'' if ok else '  <-- not the minimum'}")
 
 

@@ -73,8 +73,8 @@ def test_minimum_and_model():
     first = rb.minimum_matrices(p, pairs, "dispatch", True, 52)
     expect_eq(first.written[0][2], 288 + 52 + 4, "first call: + count row and its flag")
     c = rb.minimum_matrices(p, pairs, "combine", False, 52)
-    # home s reads from d: tokens(s -> d) x (256 + 8); every rank writes a 4-byte flag to each peer
-    expect_eq(c.read, [[0, 0, 264], [264, 0, 264], [0, 264, 0]], "combine minimum reads")
+    # home s reads from d: tokens(s -> d) x (256 + 10); every rank writes a 4-byte flag to each peer
+    expect_eq(c.read, [[0, 0, 266], [266, 0, 266], [0, 266, 0]], "combine minimum reads")
     expect_eq(c.written, [[0, 4, 4], [4, 0, 4], [4, 4, 0]], "combine flags")
     # Model, H100: busiest direction 576 B (rank 1 out, rank 2 in) / 450 GB/s = 0.00128 us;
     # 1 SM: rank 1 issues 576 B / 56.25 GB/s = 0.01024 us -> algbw 768 B / 0.01024 us = 75 GB/s.

@@ -110,11 +110,11 @@ TEST(BenchWorkload, MinimumBytes) {
   // count row (say 40 B) and its flag: 1096 + 44 = 1140.
   EXPECT_EQ(dispatch_minimum(p, c, 0, 1, false, 40), 1096u);
   EXPECT_EQ(dispatch_minimum(p, c, 0, 1, true, 40), 1140u);
-  // combine, home 1 reads from 0: 1 token x (512 + 8) = 520.
-  EXPECT_EQ(combine_minimum(p, c, 1, 0), 520u);
+  // combine, home 1 reads from 0: 1 token x (512 + 10) = 522.
+  EXPECT_EQ(combine_minimum(p, c, 1, 0), 522u);
   const PairMatrices m = minimum_matrices(p, c, Op::Combine, false, 0);
-  EXPECT_EQ(m.read[1][0], 520u);
-  EXPECT_EQ(m.read[0][1], 2u * 520);
+  EXPECT_EQ(m.read[1][0], 522u);
+  EXPECT_EQ(m.read[0][1], 2u * 522);
   EXPECT_EQ(m.written[0][1], 4u);  // the entry barrier's flag
   EXPECT_EQ(m.read[0][0], 0u);
 }

@@ -32,7 +32,7 @@ struct OpResult {
   std::string checked_what;
   bool has_traffic = false;
   PairMatrices traffic, minimum;  // [x][y], x != y
-  uint64_t polls = 0;             // extra 4-byte header re-reads (combine)
+  uint64_t polls = 0;             // extra 8-byte header (seq) re-reads (combine)
   int bad_pairs = 0;              // pairs off their minimum (other than polls)
   double sim_seconds = 0;
   uint64_t sim_steps = 0;

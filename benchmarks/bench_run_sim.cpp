@@ -125,7 +125,7 @@ void fill_traffic(OpResult* op, const Sample& before, const Sample& after, int R
   op->sim_seconds = std::chrono::duration<double>(after.time - before.time).count();
   op->sim_steps = after.stats.scheduler_steps - before.stats.scheduler_steps;
   // Dispatch writes exactly its minimum and reads nothing remote; combine reads its
-  // minimum plus 4-byte re-polls of headers that were not ready yet, and writes only
+  // minimum plus 8-byte re-polls of headers that were not ready yet, and writes only
   // the barrier flags.
   for (int x = 0; x < R; ++x) {
     for (int y = 0; y < R; ++y) {
@@ -136,8 +136,8 @@ void fill_traffic(OpResult* op, const Sample& before, const Sample& after, int R
       if (op->op == Op::Dispatch) {
         ok = ok && r == 0;
       } else {
-        ok = ok && r >= mr && (r - mr) % 4 == 0;
-        if (r >= mr) op->polls += (r - mr) / 4;
+        ok = ok && r >= mr && (r - mr) % 8 == 0;
+        if (r >= mr) op->polls += (r - mr) / 8;
       }
       op->bad_pairs += !ok;
     }

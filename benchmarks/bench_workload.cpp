@@ -121,7 +121,8 @@ uint64_t dispatch_minimum(const Params& p, const PairCounts& pairs, int s, int d
 }
 
 uint64_t combine_minimum(const Params& p, const PairCounts& pairs, int s, int d) {
-  return pairs.pair_tokens(s, d) * (static_cast<uint64_t>(p.combine_row_bytes()) + 8);
+  // + the staged row header's seq (8 bytes) and num_entries (2)
+  return pairs.pair_tokens(s, d) * (static_cast<uint64_t>(p.combine_row_bytes()) + 10);
 }
 
 PairMatrices minimum_matrices(const Params& p, const PairCounts& pairs, Op op, bool metadata,

@@ -56,9 +56,15 @@ struct BufferOptions {
   // chunk (docs/tuning.md). Results do not depend on it.
   int dispatch_chunk_rows = 0;
   int combine_chunk_rows = 0;
-  // Budget of every spin-wait in the kernels, in clock cycles; 0: the kernels'
-  // default (2^34, about 10 s). A wait past it traps with a report naming the peer.
+  // Budget of the kernels' data waits (row headers, pipeline barriers), in clock
+  // cycles; 0: the kernels' default (2^34, about 10 s). A wait past it traps with a
+  // report naming the peer.
   uint64_t timeout_cycles = 0;
+  // Budget of the handshakes that wait for peers to enter an operation (the entry
+  // barrier of dispatch and combine, the metadata count exchange), in clock cycles;
+  // 0: the kernels' default (2^38, about 140-160 s), so a rank late by a checkpoint
+  // does not kill the job.
+  uint64_t handshake_timeout_cycles = 0;
 };
 
 // Rows a caller provides for a dispatch's outputs instead of the allocator's.

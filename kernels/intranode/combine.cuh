@@ -204,8 +204,10 @@ struct Combine {
       LoadPipeline::init(storage.load_pipe, /*producer_arrivals=*/1, /*consumer_arrivals=*/kNumReduceWarps);
       StorePipeline::init(storage.store_pipe, /*producer_arrivals=*/kNumReduceWarps, /*consumer_arrivals=*/1);
     }
-    const uint32_t seq = op_begin(dom);
-    entry_barrier(dom, seq);  // ends with __syncthreads: the pipelines are initialised
+    const uint64_t seq = op_begin(dom);
+    const uint32_t op = operation_id(OpKind::Combine, p.permuted_input, p.input_probs != nullptr,
+                                     arch::ld_global(p.handle.made_by_op));
+    entry_barrier(dom, seq, op);  // ends with __syncthreads: the pipelines are initialised
 
     LoadPipeline load_pipe(storage.load_pipe, dom.wait());
     StorePipeline store_pipe(storage.store_pipe, dom.wait());
@@ -277,7 +279,7 @@ struct Combine {
   }
 
   RAILYARD_DEVICE static void run_load(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
-                                       uint32_t seq) {
+                                       uint64_t seq) {
     const DomainParams& dom = p.domain;
     const layout::IntranodeLayout lay(dom.shape);
     const layout::HandleView& h = p.handle;
@@ -346,7 +348,7 @@ struct Combine {
         if (lane != 0) continue;
         // num_entries 0 tells home ranks the row has nothing for them (semantics.md 6:
         // dropped rows contribute nothing).
-        arch::st_global(&header->num_entries, static_cast<int32_t>(kept));
+        arch::st_global(&header->num_entries, static_cast<int16_t>(kept));
         if (num_sources == 0) {
           arch::st_release_sys(&header->seq, seq);
         } else {
@@ -385,7 +387,7 @@ struct Combine {
               uint8_t* peer = dom.peers.ptr[d];
               const layout::RowHeader* header = lay.header(peer, pos);
               pipeline::timeout_while(
-                  [&] { return seq_diff(arch::ld_acquire_sys(&header->seq), seq) < 0; },
+                  [&] { return arch::ld_acquire_sys(&header->seq) < seq; },
                   {"combine: staged row header seq of peer rank (index) at row (value)", d, pos},
                   dom.wait());
               // The acquire (generic proxy) before the TMA reads (async proxy) of the row.
@@ -464,6 +466,10 @@ struct Combine {
             partial[v * kElemsPerVector + 2 * w + 1] += bf16_to_float(bf16{static_cast<uint16_t>(x.word[w] >> 16)});
           }
         }
+        // The Load lane refills this slot with a TMA load (async proxy) once it is
+        // released; the mbarrier orders only the generic proxy, so this thread's
+        // generic reads must be fenced against that later async write (DeepEP #621).
+        arch::fence_proxy_async_shared_cta();
       }
       // The slot's bytes are in registers now: hand it back before anything else.
       __syncwarp();
@@ -507,7 +513,7 @@ struct Combine {
 
   // ---- Store -------------------------------------------------------------------------------
 
-  RAILYARD_DEVICE static void run_store(const Params& p, SharedStorage& storage, StorePipeline& pipe, uint32_t seq) {
+  RAILYARD_DEVICE static void run_store(const Params& p, SharedStorage& storage, StorePipeline& pipe, uint64_t seq) {
     // Bulk groups belong to the issuing thread: one lane commits and waits for all.
     if (arch::lane_idx() != 0) return;
     const layout::IntranodeLayout lay(p.domain.shape);

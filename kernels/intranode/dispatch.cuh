@@ -150,7 +150,7 @@ struct Dispatch {
   }
 
   RAILYARD_DEVICE void operator()(const Params& params, SharedStorage& storage) const {
-    const uint32_t seq = op_begin(params.domain);
+    const uint64_t seq = op_begin(params.domain);
     const uint32_t thread = arch::linear_thread_idx();
     if (thread == 0) {
       Pipeline::init(storage.send_pipe, /*producer_arrivals=*/1, /*consumer_arrivals=*/1);
@@ -170,7 +170,9 @@ struct Dispatch {
     // Ends with __syncthreads: barrier inits, bounds and the zero slot are visible to
     // every warp, and every peer has finished its previous operation (so its copy-out
     // of our earlier rows is done and its staging may be overwritten).
-    entry_barrier(params.domain, seq);
+    const uint32_t op = operation_id(OpKind::Dispatch, ctx.grouped, /*probs=*/false,
+                                     arch::ld_global(params.handle.made_by_op));
+    entry_barrier(params.domain, seq, op);
 
     const auto role = static_cast<WarpRole>(arch::warp_idx());
     switch (role) {
@@ -277,7 +279,7 @@ struct Dispatch {
     });
   }
 
-  RAILYARD_DEVICE static void send_store(const Params& p, const Context& c, SharedStorage& s, uint32_t seq) {
+  RAILYARD_DEVICE static void send_store(const Params& p, const Context& c, SharedStorage& s, uint64_t seq) {
     const bool leader = arch::elect_one_sync();
     const int lane = static_cast<int>(arch::lane_idx());
     const int R = c.num_ranks, K = c.max_topk, El = c.num_local_experts;
@@ -341,8 +343,8 @@ struct Dispatch {
         }
         layout::RowHeader* header = c.layout.header(p.domain.peers.ptr[d], pos);
         arch::st_global(&header->src_token, static_cast<int32_t>(t));
-        arch::st_global(&header->num_entries, num_entries);
-        arch::st_global(&header->src_rank, static_cast<int32_t>(rank));
+        arch::st_global(&header->num_entries, static_cast<int16_t>(num_entries));
+        arch::st_global(&header->src_rank, static_cast<int16_t>(rank));
       }
       for (int k = lane; k < K; k += static_cast<int>(arch::kWarpSize)) {
         const int32_t e = arch::ld_global(slot_expert + k);
@@ -391,14 +393,14 @@ struct Dispatch {
     return false;
   }
 
-  RAILYARD_DEVICE static void copy_out_load(const Params& p, const Context& c, SharedStorage& s, uint32_t seq) {
+  RAILYARD_DEVICE static void copy_out_load(const Params& p, const Context& c, SharedStorage& s, uint64_t seq) {
     if (!arch::elect_one_sync()) return;
     uint8_t* self = p.domain.self();
     Pipeline pipe(s.copy_pipe, p.domain.wait());
     PipelineState state;
     for_each_in_my_chunks(c.copy_rows, p.chunk_rows, [&](int64_t r) {
-      const uint32_t* row_seq = &c.layout.header(self, r)->seq;
-      pipeline::timeout_while([&] { return seq_diff(arch::ld_acquire_sys(row_seq), seq) < 0; },
+      const uint64_t* row_seq = &c.layout.header(self, r)->seq;
+      pipeline::timeout_while([&] { return arch::ld_acquire_sys(row_seq) < seq; },
                               {"dispatch: row header seq of received row", r, static_cast<int64_t>(seq)},
                               p.domain.wait());
       // The row was written by TMA and is read by TMA; the acquire above is generic.
@@ -467,7 +469,7 @@ struct Dispatch {
       // and scales, and the handle's expert side.
       if (r < c.recv_keep) {
         if (lane == 0) {
-          if (p.out_src_rank != nullptr) arch::st_global(p.out_src_rank + r, header.src_rank);
+          if (p.out_src_rank != nullptr) arch::st_global(p.out_src_rank + r, static_cast<int32_t>(header.src_rank));
           if (p.out_src_token != nullptr) arch::st_global(p.out_src_token + r, header.src_token);
         }
         const bool received_probs = !c.grouped && p.out_probs != nullptr;
@@ -494,9 +496,9 @@ struct Dispatch {
       }
       if (r < c.handle_rows) {
         if (lane == 0) {
-          arch::st_global(p.handle.recv_src + 2 * r, header.src_rank);
+          arch::st_global(p.handle.recv_src + 2 * r, static_cast<int32_t>(header.src_rank));
           arch::st_global(p.handle.recv_src + 2 * r + 1, header.src_token);
-          arch::st_global(p.handle.recv_num_entries + r, header.num_entries);
+          arch::st_global(p.handle.recv_num_entries + r, static_cast<int32_t>(header.num_entries));
         }
         for (int e = lane; e < header.num_entries; e += static_cast<int>(arch::kWarpSize)) {
           const layout::RecvEntry entry{arch::ld_global(&entries[e].local_expert),

@@ -88,11 +88,12 @@ struct Metadata {
     const uint32_t lower_lanes = (1u << lane) - 1u;
     const layout::HandleView h = layout::HandleView::carve(lay, p.handle, p.recv_capacity);
     int32_t* row = storage.row;
-    const uint32_t seq = op_begin(dom);
+    const uint64_t seq = op_begin(dom);
 
     for (int i = static_cast<int>(lane); i < row_ints; i += 32) row[i] = 0;
     __syncwarp();
     if (lane == 0) {
+      arch::st_global(h.made_by_op, seq);  // the handle's identity (entry_barrier)
       row[static_cast<int>(layout::CountRow::NumTokens)] = T;
       row[static_cast<int>(layout::CountRow::MaxRecvRows)] = p.max_recv_rows;
       row[static_cast<int>(layout::CountRow::MaxPermutedRows)] = p.max_permuted_rows;
@@ -151,20 +152,20 @@ struct Metadata {
     }
 
     // ---- (2) publish this rank's count row to every rank (itself included) ----------
-    const uint32_t parity = seq & 1u;
+    const auto parity = static_cast<uint32_t>(seq & 1u);
     for (int peer = 0; peer < R; ++peer) {
       int32_t* dst = lay.count_row(dom.peers.ptr[peer], parity, me);
       for (int i = static_cast<int>(lane); i < row_ints; i += 32) arch::st_global(&dst[i], row[i]);
       arch::fence_acq_rel_sys();
       __syncwarp();
-      if (lane == 0) arch::st_release_sys(lay.count_flag(dom.peers.ptr[peer], me), seq);
+      if (lane == 0) arch::st_release_sys(lay.count_flag(dom.peers.ptr[peer], me), flag_of(seq));
     }
 
     // ---- (3) every rank's row: wait, check, copy into the handle -----------------------
     for (int src = static_cast<int>(lane); src < R; src += 32) {
       const uint32_t* flag = lay.count_flag(dom.self(), src);
-      pipeline::timeout_while([&] { return seq_diff(arch::ld_acquire_sys(flag), seq) < 0; },
-                              {"count row of rank", src, static_cast<int64_t>(seq)}, dom.wait());
+      pipeline::timeout_while([&] { return flag_behind(arch::ld_acquire_sys(flag), seq); },
+                              {"count row of rank", src, static_cast<int64_t>(seq)}, dom.handshake_wait());
     }
     __syncwarp();
     for (int src = 0; src < R; ++src) {
@@ -280,10 +281,10 @@ struct Metadata {
     if (p.topk_idx) {
       for (int k = 0; k < p.num_topk; ++k) {
         const int64_t e = arch::ld_global(&p.topk_idx[int64_t{t} * p.num_topk + k]);
-        if (e < -1 || e >= E) arch::trap_with("topk_idx[%lld][%lld] = %lld is not -1 or an expert id below num_experts", t, k, e);
+        if (e < -1 || e >= E) abort_operation(p.domain, pipeline::AbortReason::ExpertOutOfRange, t, k, e);
         for (int prev = 0; e >= 0 && prev < k; ++prev)
           if (arch::ld_global(&p.topk_idx[int64_t{t} * p.num_topk + prev]) == e)
-            arch::trap_with("topk_idx[%lld] chooses expert %lld twice (slot %lld and a later one)", t, e, prev);
+            abort_operation(p.domain, pipeline::AbortReason::ExpertChosenTwice, t, e, prev);
         if (e >= 0) {
           put(static_cast<int>(e), arch::ld_global(&p.topk_weights[int64_t{t} * p.num_topk + k]));
         } else {
@@ -298,7 +299,7 @@ struct Metadata {
       for (int e = 0; e < E; ++e) {
         if (!arch::ld_global(&p.routing_map[int64_t{t} * E + e])) continue;
         if (filled == K)
-          arch::trap_with("routing_map[%lld] chooses more than max_topk = %lld experts (expert %lld is one too many)", t, K, e);
+          abort_operation(p.domain, pipeline::AbortReason::TooManyExperts, t, K, e);
         put(e, arch::ld_global(&p.probs[int64_t{t} * E + e]));
       }
     }

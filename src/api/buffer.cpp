@@ -103,6 +103,7 @@ struct Buffer::State {
     const auto peers = registered.domain_ptrs();
     for (std::size_t r = 0; r < peers.size(); ++r) domain.peers.ptr[r] = peers[r];
     if (options.timeout_cycles > 0) domain.timeout_cycles = options.timeout_cycles;
+    if (options.handshake_timeout_cycles > 0) domain.handshake_timeout_cycles = options.handshake_timeout_cycles;
     // Pinned host memory: still readable after a kernel trapped on a timed-out wait.
     wait_record = static_cast<pipeline::WaitRecord*>(runtime::gpu::malloc_host(sizeof(pipeline::WaitRecord), "wait record"));
     std::memset(wait_record, 0, sizeof(pipeline::WaitRecord));

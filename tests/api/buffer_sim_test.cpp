@@ -693,7 +693,9 @@ TEST(BufferTimeouts, APeerThatNeverDispatchesIsReportedAsATimeout) {
   std::optional<WaitTimeout> seen;
   const std::vector<std::string> errors = errors_on_ranks(n, [&](int rank) {
     auto boot = group->bootstrap(rank);
-    Buffer buffer(make_config(n, H, T, 2, 2, DType::BF16), *boot, {.timeout_cycles = uint64_t{1} << 22});
+    // The missing peer is noticed in the count exchange, a handshake: its budget counts.
+    Buffer buffer(make_config(n, H, T, 2, 2, DType::BF16), *boot,
+                  {.timeout_cycles = uint64_t{1} << 21, .handshake_timeout_cycles = uint64_t{1} << 22});
     if (rank == 1) return;  // never dispatches
     std::vector<bf16> x(static_cast<std::size_t>(T) * H, float_to_bf16(1.0f));
     std::vector<int64_t> idx(static_cast<std::size_t>(T) * 2);
@@ -717,6 +719,92 @@ TEST(BufferTimeouts, APeerThatNeverDispatchesIsReportedAsATimeout) {
   EXPECT_EQ(seen->rank, 0);
   EXPECT_EQ(seen->what, "count row of rank");
   EXPECT_EQ(seen->index, 1);
+}
+
+// Bad routing on one rank only: that rank's metadata kernel gives up the operation and
+// tells every peer, whose waits watch for it, so every rank's dispatch fails at once
+// with the same message naming the rank, the token and the expert (with the default
+// budgets a waiting rank would otherwise end in the simulator's hang report).
+TEST(BufferAbort, BadRoutingOnOneRankFailsEveryRankWithItsReport) {
+  const int n = 4, T = 4, H = 128;
+  struct Bad {
+    int64_t slot1;  // topk_idx[2][1] on rank 1
+    std::string report;
+  };
+  for (const Bad& bad : {Bad{99, "rank 1 gave up the operation: topk_idx[2][1] = 99 is not -1 or an expert id below "
+                                 "num_experts"},
+                         Bad{5, "rank 1 gave up the operation: topk_idx[2] chooses expert 5 twice (slot 0 and a later "
+                                "one)"}}) {
+    SCOPED_TRACE(bad.report);
+    reset_sim(n);
+    auto group = make_group(n);
+    const std::vector<std::string> errors = errors_on_ranks(n, [&](int rank) {
+      auto boot = group->bootstrap(rank);
+      Buffer buffer(make_config(n, H, T, 2, 2, DType::BF16), *boot);
+      std::vector<bf16> x(static_cast<std::size_t>(T) * H, float_to_bf16(1.0f));
+      std::vector<int64_t> idx(static_cast<std::size_t>(T) * 2);
+      for (int t = 0; t < T; ++t) idx[2 * t] = 5, idx[2 * t + 1] = (t + 2 * rank) % 5;  // 8 experts
+      if (rank == 1) idx[2 * 2 + 1] = bad.slot1;
+      std::vector<float> w(idx.size(), 0.5f);
+      DeviceAllocation dx = to_device<bf16>(x), didx = to_device<int64_t>(idx), dw = to_device<float>(w);
+      buffer.dispatch({.hidden = dx.get(), .num_tokens = T, .topk_idx = static_cast<const int64_t*>(didx.get()),
+                       .topk_weights = static_cast<const float*>(dw.get()), .num_topk = 2});
+    });
+    for (int rank = 0; rank < n; ++rank) {
+      EXPECT_NE(errors[rank].find(bad.report), std::string::npos) << "rank " << rank << ": " << errors[rank];
+      EXPECT_EQ(errors[rank].find("hang"), std::string::npos) << "rank " << rank << ": " << errors[rank];
+      EXPECT_EQ(errors[rank].find("gave up after"), std::string::npos) << "rank " << rank << ": " << errors[rank];
+    }
+  }
+}
+
+// Mismatched collectives are an error on every rank, the same one: the entry barrier
+// carries what the ranks' operations must agree on (the kind, the handle, the layout,
+// the probs combine), and every rank reports the first rank that differs from rank 0.
+// The data does not matter: every rank fails before any row moves.
+std::vector<std::string> combine_mismatch(int n, const std::function<bool(int rank)>& second_handle,
+                                          const std::function<bool(int rank)>& with_probs) {
+  const int T = 4, H = 128;
+  reset_sim(n);
+  auto group = make_group(n);
+  return errors_on_ranks(n, [&](int rank) {
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(make_config(n, H, T, 2, 2, DType::BF16), *boot);
+    std::vector<bf16> x(static_cast<std::size_t>(T) * H, float_to_bf16(1.0f));
+    std::vector<int64_t> idx(static_cast<std::size_t>(T) * 2);
+    for (int t = 0; t < T; ++t) idx[2 * t] = t % (2 * n), idx[2 * t + 1] = (t + 1) % (2 * n);
+    std::vector<float> w(idx.size(), 0.5f);
+    DeviceAllocation dx = to_device<bf16>(x), didx = to_device<int64_t>(idx), dw = to_device<float>(w);
+    const DispatchArgs args{.hidden = dx.get(), .num_tokens = T, .topk_idx = static_cast<const int64_t*>(didx.get()),
+                            .topk_weights = static_cast<const float*>(dw.get()), .num_topk = 2};
+    const DispatchResult first = buffer.dispatch(args);
+    const DispatchResult second = buffer.dispatch(args);  // two dispatches in flight
+    const DispatchResult& mine = second_handle(rank) ? second : first;
+    DeviceAllocation y(runtime::default_allocator(), std::max<std::size_t>(mine.hidden.bytes(), 16));
+    std::memset(y.get(), 0, y.bytes());
+    (void)buffer.combine({.handle = &mine.handle, .hidden = y.get(),
+                          .probs = with_probs(rank) ? mine.probs.data() : nullptr});
+    buffer.synchronize();
+  });
+}
+
+TEST(BufferMismatch, RanksCombiningDifferentHandlesFailAlike) {
+  const int n = 3;
+  // Rank 0 combines the first dispatch's handle, the others the second's.
+  const auto errors = combine_mismatch(n, [](int rank) { return rank != 0; }, [](int) { return false; });
+  for (int rank = 0; rank < n; ++rank)
+    EXPECT_NE(errors[rank].find("the ranks use different handles: rank 1's was made by operation 3, rank 0's by "
+                                "operation 1"),
+              std::string::npos)
+        << "rank " << rank << ": " << errors[rank];
+}
+
+TEST(BufferMismatch, OnlySomeRanksPassingProbsFailAlike) {
+  const int n = 3;
+  const auto errors = combine_mismatch(n, [](int) { return false; }, [](int rank) { return rank == 2; });
+  for (int rank = 0; rank < n; ++rank)
+    EXPECT_NE(errors[rank].find("combine: probs passed on rank 2: 1, on rank 0: 0"), std::string::npos)
+        << "rank " << rank << ": " << errors[rank];
 }
 
 }  // namespace

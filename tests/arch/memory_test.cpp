@@ -79,6 +79,7 @@ TEST(Memory, OrderedLoadsAndStoresMoveTheirValue) {
     arch::st_relaxed_gpu(w + 3, arch::ld_acquire_sys(w + 2) + arch::ld_relaxed_sys(w32 + 1));
     arch::fence_acq_rel_gpu();
     arch::fence_acq_rel_sys();
+    arch::fence_sc_sys();
     // float through the 4-byte path: bits preserved.
     auto* f = reinterpret_cast<float*>(w + 4);
     arch::st_release_gpu(f, -1.5f);

@@ -57,6 +57,7 @@ __global__ void ptx_wrappers_check(uint32_t* g32, uint64_t* g64, int32_t* gs32, 
   st_global(g32 + 2, ld_volatile_shared(&s.word) + static_cast<uint32_t>(ld_volatile_shared(&s.dword)));
   fence_acq_rel_gpu();
   fence_acq_rel_sys();
+  fence_sc_sys();
 
   mbarrier_expect_tx(&s.bar, 256);
   uint64_t token = mbarrier_arrive_expect_tx(&s.bar, 0);

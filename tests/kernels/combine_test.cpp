@@ -470,7 +470,8 @@ TEST(IntranodeCombine, NvlinkTrafficIsThePairMinimum) {
         const int live = live_entries(d, i);
         const std::size_t k = static_cast<std::size_t>(s) * R + d;
         rows_part[k] += live > 0 ? row_bytes : 0;
-        minimum[k] += (live > 0 ? row_bytes : 0) + 8 + (c.probs ? uint64_t{8} * live : 0);
+        // 10 header bytes: seq (8) and num_entries (2).
+        minimum[k] += (live > 0 ? row_bytes : 0) + 10 + (c.probs ? uint64_t{8} * live : 0);
       }
     }
     layout::IntranodeShape shape{R, El, p.world.max_tokens, c.hidden, c.topk, DType::BF16};
@@ -491,13 +492,13 @@ TEST(IntranodeCombine, NvlinkTrafficIsThePairMinimum) {
         total_read += read;
         total_min += minimum[k];
         EXPECT_GE(read, minimum[k]) << "home " << s << " peer " << d;
-        EXPECT_EQ((read - minimum[k]) % 4, 0u) << "home " << s << " peer " << d << ": only 4-byte polls may add";
+        EXPECT_EQ((read - minimum[k]) % 8, 0u) << "home " << s << " peer " << d << ": only 8-byte seq polls may add";
         EXPECT_EQ(traffic.written(s, d), 4u) << "home " << s << " peer " << d << ": only the entry-barrier flag";
         if (R <= 4) {
           std::printf("  %d <- %d: %8llu = %8llu [%8llu] + %llu polls\n", s, d,
                       static_cast<unsigned long long>(read), static_cast<unsigned long long>(minimum[k]),
                       static_cast<unsigned long long>(rows_part[k]),
-                      static_cast<unsigned long long>((read - minimum[k]) / 4));
+                      static_cast<unsigned long long>((read - minimum[k]) / 8));
         }
       }
     }

@@ -215,7 +215,7 @@ TEST(IntranodeDispatch, BackToBackCallsReuseStaging) {
       run_call(w, call);
       check_call(w, call, where);
       // metadata and dispatch per call
-      EXPECT_EQ(*w.layout().local_state(w.registered(0)), static_cast<uint32_t>(2 * call_index + 2)) << where;
+      EXPECT_EQ(*w.layout().local_state(w.registered(0)), static_cast<uint64_t>(2 * call_index + 2)) << where;
       if (HasFailure()) return;
     }
   }
@@ -289,12 +289,59 @@ TEST(IntranodeDispatch, AMissingHeaderTimesOutWithAReport) {
   // Rank 1 believes its tokens go nowhere: rank 0 or 1 then waits for rows never sent.
   for (int t = 0; t < 5 * 2; ++t) layout::HandleView::carve(w.layout(), call.ranks[1].handle, call.capacity).recv_pos[t] = -1;
   for (int t = 0; t < 5; ++t) layout::HandleView::carve(w.layout(), call.ranks[1].handle, call.capacity).slot_pos[t] = -1;
+  // A data wait: it gives up after the data budget, although the handshake budget
+  // (entry barrier) is longer.
+  std::vector<pipeline::WaitRecord*> records;
+  for (int rank = 0; rank < 2; ++rank) {
+    records.push_back(static_cast<pipeline::WaitRecord*>(sim::malloc_host(sizeof(pipeline::WaitRecord), "wait record")));
+    std::memset(records.back(), 0, sizeof(pipeline::WaitRecord));
+  }
   const std::string report = test::expect_sim_error(sim::ErrorKind::Trap, [&] {
     w.run([&](int rank, GpuStream stream) {
-      ASSERT_TRUE(launch_dispatch(dispatch_args(w, call, rank, /*timeout_cycles=*/uint64_t{1} << 24), stream).ok());
+      DispatchArguments a = dispatch_args(w, call, rank, /*timeout_cycles=*/uint64_t{1} << 22);
+      a.domain.handshake_timeout_cycles = uint64_t{1} << 24;
+      a.domain.wait_record = records[rank];
+      ASSERT_TRUE(launch_dispatch(a, stream).ok());
     });
   });
   EXPECT_NE(report.find("row header seq of received row"), std::string::npos) << report;
+  int timed_out = 0;
+  for (const pipeline::WaitRecord* r : records) {
+    if (r->timed_out == 0) continue;
+    ++timed_out;
+    EXPECT_STREQ(r->what, "dispatch: row header seq of received row");
+    EXPECT_EQ(r->cycles, uint64_t{1} << 22);
+  }
+  EXPECT_GE(timed_out, 1);
+  for (pipeline::WaitRecord* r : records) sim::free(r);
+}
+
+// A rank that never starts its dispatch: its peer waits at the entry barrier, a
+// handshake, and gives up after the handshake budget, not the (shorter) data budget.
+TEST(IntranodeDispatch, TheEntryBarrierWaitsWithTheHandshakeBudget) {
+  Case c{2, {5, 5}, 16, 1, 1};
+  c.source = HandleSource::Reference;
+  layout::IntranodeShape shape{2, 1, 5, 16, 1, DType::BF16};
+  IntranodeWorld w(shape, 1);
+  const Call call = prepare(w, c, 1);
+  auto* record = static_cast<pipeline::WaitRecord*>(sim::malloc_host(sizeof(pipeline::WaitRecord), "wait record"));
+  std::memset(record, 0, sizeof *record);
+  const std::string report = test::expect_sim_error(sim::ErrorKind::Trap, [&] {
+    w.run([&](int rank, GpuStream stream) {
+      if (rank == 1) return;  // never dispatches
+      DispatchArguments a = dispatch_args(w, call, rank, /*timeout_cycles=*/uint64_t{1} << 21);
+      a.domain.handshake_timeout_cycles = uint64_t{1} << 23;
+      a.domain.wait_record = record;
+      ASSERT_TRUE(launch_dispatch(a, stream).ok());
+    });
+  });
+  EXPECT_NE(report.find("entry barrier flag of peer rank (index 1"), std::string::npos) << report;
+  EXPECT_EQ(record->timed_out, 1u);
+  EXPECT_EQ(record->rank, 0);
+  EXPECT_EQ(record->index, 1);
+  EXPECT_EQ(record->cycles, uint64_t{1} << 23);
+  EXPECT_STREQ(record->what, "entry barrier flag of peer rank");
+  sim::free(record);
 }
 
 TEST(IntranodeDispatch, RefusesArgumentsItCannotHandle) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/intranode/combine.hpp"
+#include "kernels/intranode/protocol.cuh"
 #include "tests/kernels/intranode_call.hpp"
 
 namespace railyard {
@@ -62,10 +63,9 @@ ref::HiddenRows device_rows(const Call& call, const IntranodeWorld& w, int rank)
   return rows;
 }
 
-void run_end_to_end(const Case& c, uint64_t seed) {
+// One call (metadata, dispatch, combine) on `w`, whose shape fits `c`.
+void run_end_to_end_in(IntranodeWorld& w, const Case& c, uint64_t seed) {
   SCOPED_TRACE(test::describe(c) + " seed " + std::to_string(seed));
-  layout::IntranodeShape shape{c.num_ranks, c.local_experts, test::max_of(c.tokens), c.hidden, c.topk, c.dtype};
-  IntranodeWorld w(shape, seed);
   const Call call = test::prepare(w, c, seed);
   test::run_call(w, call);
   if (::testing::Test::HasFatalFailure()) return;
@@ -131,6 +131,12 @@ void run_end_to_end(const Case& c, uint64_t seed) {
   }
 }
 
+void run_end_to_end(const Case& c, uint64_t seed) {
+  layout::IntranodeShape shape{c.num_ranks, c.local_experts, test::max_of(c.tokens), c.hidden, c.topk, c.dtype};
+  IntranodeWorld w(shape, seed);
+  run_end_to_end_in(w, c, seed);
+}
+
 TEST(IntranodeEndToEnd, MetadataDispatchCombineMatchTheReference) {
   std::vector<Case> cases;
   // ranks, tokens, hidden, topk, experts/rank, dtype, routing, output, blocks
@@ -151,6 +157,48 @@ TEST(IntranodeEndToEnd, MetadataDispatchCombineMatchTheReference) {
       run_end_to_end(c, seed);
       if (HasFatalFailure()) return;
     }
+}
+
+// A long-lived buffer: the operation counter starts at `first_done` (the sequence
+// number of the last operation done) on every rank, as after that many operations,
+// with every row header still zero (never written). Small uniform calls then cross
+// 2^31 and 2^32 operations, and a skewed call sends every token to rank 0's rows
+// above any earlier call's: rows never written before, whose zero headers must not
+// count as arrived. Every call is compared with the reference.
+void run_near_the_wrap(uint64_t first_done, DType dtype, test::DispatchOutput output) {
+  SCOPED_TRACE("operations done before: " + std::to_string(first_done));
+  const int R = 3, M = 24;
+  layout::IntranodeShape shape{R, 2, M, 128, 2, dtype};
+  IntranodeWorld w(shape, 7);
+  const layout::IntranodeLayout& L = w.layout();
+  for (int r = 0; r < R; ++r) {
+    uint8_t* base = w.registered(r);
+    std::memcpy(L.local_state(base), &first_done, sizeof first_done);
+    // The flags hold what the last operation stored in them.
+    const uint32_t count_flag = kernels::intranode::flag_of(first_done);
+    const uint32_t barrier_flag = kernels::intranode::barrier_word(first_done, 0);
+    for (int peer = 0; peer < R; ++peer) {
+      std::memcpy(L.barrier_flag(base, peer), &barrier_flag, sizeof barrier_flag);
+      std::memcpy(L.count_flag(base, peer), &count_flag, sizeof count_flag);
+    }
+  }
+  // 8 calls of 3 operations each: past the wrap whichever way it is counted.
+  for (int call = 0; call < 8; ++call) {
+    const bool last = call == 7;
+    Case c{R, last ? std::vector<int>{M, M, M} : std::vector<int>{2, 1, 2}, 128, 2, 2, dtype,
+           last ? Routing::Skewed : Routing::Uniform, output, {2}};
+    run_end_to_end_in(w, c, 100 + call);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+TEST(IntranodeEndToEnd, SequenceNumbersDoNotWrap) {
+  for (uint64_t first_done : {(uint64_t{1} << 31) - 16, (uint64_t{1} << 32) - 16}) {
+    run_near_the_wrap(first_done, DType::BF16, test::DispatchOutput::Received);
+    if (HasFatalFailure()) return;
+    run_near_the_wrap(first_done, DType::FP8_E4M3, test::DispatchOutput::ExpertGrouped);
+    if (HasFatalFailure()) return;
+  }
 }
 
 // The limits the launchers accept: a full GB200 NVL72 domain (72 ranks), 256 experts

@@ -184,7 +184,7 @@ TEST(IntranodeMetadata, BackToBackCallsUseTheirOwnCounts) {
     std::vector<int> tokens = {M - call_index * 7, call_index * 11, 13 + call_index};
     const auto call = test::reference_call(world, test::make_inputs({world, tokens, K, DType::BF16, Routing::Uniform, false, 40u + call_index}), {});
     run_and_check(w, call, {}, "call " + std::to_string(call_index));
-    EXPECT_EQ(*w.layout().local_state(w.registered(0)), static_cast<uint32_t>(call_index + 1)) << "sequence number";
+    EXPECT_EQ(*w.layout().local_state(w.registered(0)), static_cast<uint64_t>(call_index + 1)) << "sequence number";
   }
 }
 
@@ -336,7 +336,10 @@ TEST(IntranodeMetadata, AMissingRankIsReportedInTheWaitRecord) {
   auto* record = static_cast<pipeline::WaitRecord*>(sim::malloc_host(sizeof(pipeline::WaitRecord), "wait record"));
   std::memset(record, 0, sizeof *record);
   MetadataArguments a = args_for(w, 0, inputs[0], routing, {}, handle, 8);
-  a.domain.timeout_cycles = uint64_t{1} << 22;  // well before the simulator's own hang limit
+  // The count exchange is a handshake: it waits with the handshake budget, not the
+  // (here shorter) data budget. Both well before the simulator's own hang limit.
+  a.domain.handshake_timeout_cycles = uint64_t{1} << 22;
+  a.domain.timeout_cycles = uint64_t{1} << 21;
   a.domain.wait_record = record;
   try {
     w.run([&](int rank, GpuStream stream) {

@@ -42,4 +42,25 @@ namespace railyard::arch {
 #endif
 }
 
+// trap_with() for an error found by another rank: the message starts with
+// "rank <rank> gave up the operation: ", so every rank reports it alike.
+[[noreturn]] RAILYARD_DEVICE void trap_from_rank(int64_t rank, const char* format, int64_t a, int64_t b,
+                                                 int64_t c RAILYARD_LOC_PARAM) {
+#if RAILYARD_IS_SIM
+  char reason[224];
+  std::snprintf(reason, sizeof reason, format, static_cast<long long>(a), static_cast<long long>(b),
+                static_cast<long long>(c));
+  char why[288];
+  std::snprintf(why, sizeof why, "rank %lld gave up the operation: %s", static_cast<long long>(rank), reason);
+  ::railyard::sim::device::trap(why, railyard_loc);
+#else
+  printf("railyard: device trap in block (%u,%u,%u) thread (%u,%u,%u): rank %lld gave up the operation: ",
+         blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z, static_cast<long long>(rank));
+  printf(format, static_cast<long long>(a), static_cast<long long>(b), static_cast<long long>(c));
+  printf("\n");
+  __trap();
+  __builtin_unreachable();
+#endif
+}
+
 }  // namespace railyard::arch

@@ -308,6 +308,17 @@ RAILYARD_DEVICE void fence_acq_rel_sys(RAILYARD_LOC_ONLY_PARAM) {
 #endif
 }
 
+// __threadfence_system(): every earlier access of this thread is visible to every
+// device and the host before any later one. Used before a trap, so that a report left
+// in pinned host memory is out of the SM before the context dies.
+RAILYARD_DEVICE void fence_sc_sys(RAILYARD_LOC_ONLY_PARAM) {
+#if RAILYARD_IS_SIM
+  ::railyard::sim::device::fence("fence.sc.sys", railyard_loc);
+#else
+  asm volatile("fence.sc.sys;" ::: "memory");
+#endif
+}
+
 // Orders this thread's generic-proxy shared-memory writes before later async-proxy
 // (TMA) operations on them: needed before bulk_copy_s2g of data written with st.shared.
 RAILYARD_DEVICE void fence_proxy_async_shared_cta(RAILYARD_LOC_ONLY_PARAM) {

@@ -15,6 +15,7 @@
 
 #include "railyard/common/dtypes.cuh"
 #include "railyard/common/macros.cuh"
+#include "railyard/pipeline/abort_record.hpp"
 
 namespace railyard::layout {
 
@@ -53,12 +54,16 @@ struct HeaderEntry {
 };
 
 // The fixed part of a staged row's header. `seq` is written last, with a release
-// store, once the row, its scales and its entries are in place.
+// store, once the row, its scales and its entries are in place. It is 64-bit: a row
+// may go unwritten for any number of operations (only skewed batches reach high
+// rows), so its header's distance from the current operation is unbounded, and a
+// 32-bit number would make a header written 2^31 operations ago, or never, look
+// current (docs/design-intranode.md, "Ordering across calls").
 struct RowHeader {
-  uint32_t seq;
+  uint64_t seq;
   int32_t src_token;
-  int32_t num_entries;
-  int32_t src_rank;
+  int16_t num_entries;  // <= max_entries() <= kMaxLocalExperts
+  int16_t src_rank;     // < kMaxRanksPerDomain
 };
 static_assert(sizeof(RowHeader) == 16 && sizeof(HeaderEntry) == 12);
 
@@ -140,9 +145,19 @@ class IntranodeLayout {
   RAILYARD_HOST_DEVICE uint32_t* barrier_flag(uint8_t* base, int src_rank) const {
     return reinterpret_cast<uint32_t*>(base + barrier_flags_offset()) + src_rank;
   }
-  // Word 0: the call sequence number; the rest is reserved for cumulative counters.
-  RAILYARD_HOST_DEVICE uint32_t* local_state(uint8_t* base) const {
-    return reinterpret_cast<uint32_t*>(base + local_state_offset());
+  // The sequence number of the last operation this rank finished (64-bit: it never
+  // wraps); then blocks_finished; the rest is reserved for cumulative counters.
+  RAILYARD_HOST_DEVICE uint64_t* local_state(uint8_t* base) const {
+    return reinterpret_cast<uint64_t*>(base + local_state_offset());
+  }
+  // Blocks of the running kernel that have finished (op_end), in local_state.
+  RAILYARD_HOST_DEVICE uint32_t* blocks_finished(uint8_t* base) const {
+    return reinterpret_cast<uint32_t*>(base + local_state_offset() + 8);
+  }
+  // Where a rank that gives up an operation reports to this rank, in local_state.
+  RAILYARD_HOST_DEVICE pipeline::AbortRecord* abort_record(uint8_t* base) const {
+    static_assert(16 + sizeof(pipeline::AbortRecord) <= 64, "local_state is 64 bytes");
+    return reinterpret_cast<pipeline::AbortRecord*>(base + local_state_offset() + 16);
   }
   RAILYARD_HOST_DEVICE RowHeader* header(uint8_t* base, int64_t row) const {
     return reinterpret_cast<RowHeader*>(base + headers_offset() + row * header_bytes());
@@ -167,6 +182,8 @@ class IntranodeLayout {
   //   recv_src     int32 [cap][2]          (source rank, source token)
   //   recv_entries RecvEntry [cap][Kl]     Kl = max_entries()
   //   recv_num_entries int32 [cap]
+  //   made_by_op   uint64                 the sequence number of the metadata operation
+  //                that filled the handle: the handle's identity for the entry barrier
   // Counts:
   //   count_matrix int32 [R][count_row_ints]  every rank's count row, as exchanged
   //   totals       int64 [4 + 2 E_local]      num_recv, num_permuted, overflow_recv,
@@ -198,9 +215,12 @@ class IntranodeLayout {
     return recv_entries_offset(recv_capacity) +
            round_up(recv_capacity * max_entries() * int64_t{sizeof(RecvEntry)}, 16);
   }
+  RAILYARD_HOST_DEVICE int64_t made_by_op_offset(int64_t recv_capacity) const {
+    return recv_num_entries_offset(recv_capacity) + round_up(recv_capacity * 4, 16);
+  }
   // recv_capacity: received rows the handle can describe (at most stage_capacity_rows()).
   RAILYARD_HOST_DEVICE int64_t handle_bytes(int64_t recv_capacity) const {
-    return recv_num_entries_offset(recv_capacity) + round_up(recv_capacity * 4, 16);
+    return made_by_op_offset(recv_capacity) + 16;
   }
 
  private:
@@ -221,6 +241,7 @@ struct HandleView {
   int32_t* recv_src = nullptr;
   RecvEntry* recv_entries = nullptr;
   int32_t* recv_num_entries = nullptr;
+  uint64_t* made_by_op = nullptr;
   int64_t recv_capacity = 0;
 
   RAILYARD_HOST_DEVICE static HandleView carve(const IntranodeLayout& layout, uint8_t* base, int64_t recv_capacity) {
@@ -234,6 +255,7 @@ struct HandleView {
     v.recv_src = reinterpret_cast<int32_t*>(base + layout.recv_src_offset());
     v.recv_entries = reinterpret_cast<RecvEntry*>(base + layout.recv_entries_offset(recv_capacity));
     v.recv_num_entries = reinterpret_cast<int32_t*>(base + layout.recv_num_entries_offset(recv_capacity));
+    v.made_by_op = reinterpret_cast<uint64_t*>(base + layout.made_by_op_offset(recv_capacity));
     v.recv_capacity = recv_capacity;
     return v;
   }

@@ -19,6 +19,7 @@
 #include "railyard/arch/memory.cuh"
 #include "railyard/arch/thread.cuh"
 #include "railyard/common/macros.cuh"
+#include "railyard/pipeline/abort.cuh"
 
 #if RAILYARD_IS_SIM
 #include <cstdio>
@@ -34,8 +35,13 @@ struct WaitTarget {
 };
 
 // 2^34 cycles is about 10 s at 1.7 GHz: far beyond any legitimate wait inside one
-// kernel, short enough that a hung job fails before a watchdog kills it.
+// kernel once every rank is in it, short enough that a hung job fails before a
+// watchdog kills it. Data waits (row headers, FIFO barriers) use it.
 inline constexpr uint64_t kDefaultTimeoutCycles = uint64_t{1} << 34;
+// Handshakes (the entry barrier, the metadata count exchange) wait for ranks that may
+// legitimately be late: a checkpoint, an evaluation, a first-iteration allocation.
+// 2^38 cycles is about 160 s at 1.7 GHz and 139 s at 1.98 GHz (DeepEP: about 100 s).
+inline constexpr uint64_t kDefaultHandshakeTimeoutCycles = uint64_t{1} << 38;
 
 // Where a timed-out wait leaves its report for the host: pinned host memory, because
 // after the trap the device context is gone and only host memory can still be read.
@@ -59,10 +65,15 @@ struct WaitPolicy {
   uint64_t timeout_cycles = kDefaultTimeoutCycles;
   WaitRecord* record = nullptr;  // pinned host memory, or null: only the trap message
   int32_t rank = -1;
+  // This rank's abort record (in its registered buffer), or null: a wait also gives
+  // up, with the aborting rank's report, once another rank raised it.
+  const AbortRecord* abort = nullptr;
 
   constexpr WaitPolicy() = default;
   RAILYARD_HOST_DEVICE constexpr WaitPolicy(uint64_t cycles) : timeout_cycles(cycles) {}  // NOLINT: implicit on purpose
-  RAILYARD_HOST_DEVICE constexpr WaitPolicy(uint64_t cycles, WaitRecord* rec, int32_t r) : timeout_cycles(cycles), record(rec), rank(r) {}
+  RAILYARD_HOST_DEVICE constexpr WaitPolicy(uint64_t cycles, WaitRecord* rec, int32_t r,
+                                            const AbortRecord* abort_record = nullptr)
+      : timeout_cycles(cycles), record(rec), rank(r), abort(abort_record) {}
 };
 
 namespace detail {
@@ -87,6 +98,8 @@ RAILYARD_DEVICE void fill_record(const WaitPolicy& policy, const WaitTarget& tar
 [[noreturn]] RAILYARD_DEVICE void report_timeout(const WaitTarget& target,
                                                  const WaitPolicy& policy RAILYARD_LOC_PARAM) {
   fill_record(policy, target RAILYARD_LOC_ARG);
+  // The trap ends the context; the record must have left the SM by then.
+  arch::fence_sc_sys(RAILYARD_LOC_ONLY_ARG);
 #if RAILYARD_IS_SIM
   char message[384];
   std::snprintf(message, sizeof(message),
@@ -112,13 +125,15 @@ RAILYARD_DEVICE void fill_record(const WaitPolicy& policy, const WaitTarget& tar
 
 // Calls `still_waiting()` until it returns false. When that takes more than
 // policy.timeout_cycles cycles: fills policy.record (if any) and traps with a report
-// naming `target`.
+// naming `target`. While it spins it also watches policy.abort (if any) and traps
+// with the aborting rank's report once that is raised.
 template <class StillWaiting>
 RAILYARD_DEVICE void timeout_while(StillWaiting&& still_waiting, const WaitTarget& target,
                                    const WaitPolicy& policy = {} RAILYARD_LOC_PARAM) {
   if (!still_waiting()) return;  // the common case reads no clock
   const uint64_t start = static_cast<uint64_t>(clock64());
   while (still_waiting()) {
+    if (policy.abort != nullptr) trap_if_aborted(policy.abort RAILYARD_LOC_ARG);
     if (static_cast<uint64_t>(clock64()) - start > policy.timeout_cycles) {
       detail::report_timeout(target, policy RAILYARD_LOC_ARG);
     }
