@@ -43,6 +43,7 @@ from reference import (
     combine_probs_permuted_ref,
     combine_with_unpermute_ref,
     dispatch_ref,
+    kept_tokens_per_expert,
     normalize_routing,
     permute_ref,
 )
@@ -134,7 +135,8 @@ def check_rank(d, got, perm, combined, xgrad, pgrad, bound=None):
     P = pm.num_rows
     kept = P if bound is None else min(P, bound)
     assert got["rows"] == (P if bound is None else bound), f"rank {d}: rows"
-    assert torch.equal(got["tokens_per_expert"], pm.tokens_per_expert), f"rank {d}: tokens_per_expert"
+    # the rows kept per expert (with a bound that dropped rows, fewer than the true counts)
+    assert torch.equal(got["tokens_per_expert"], kept_tokens_per_expert(pm, bound)), f"rank {d}: tokens_per_expert"
     assert got["tokens_per_expert"].dtype == torch.int64
     assert torch.equal(got["hidden"][:kept], pm.hidden[:kept]), f"rank {d}: dispatched hidden"
     assert got["probs"].dtype == torch.float32
