@@ -56,3 +56,38 @@ target_include_directories(railyard_torch SYSTEM INTERFACE ${RAILYARD_TORCH_INCL
 target_compile_definitions(railyard_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=${_railyard_torch_abi})
 target_link_directories(railyard_torch INTERFACE ${RAILYARD_TORCH_LIBRARY_DIR})
 target_link_libraries(railyard_torch INTERFACE torch_cpu c10)
+
+# A second interpreter, for the tests under the newest megatron-core (it needs Python
+# >= 3.12; scripts/setup.sh makes its venv): python/CMakeLists.txt builds _schema and
+# _C_sim for it as well (targets *_latest), when it imports torch and pybind11 and its
+# torch has the first one's C++ ABI (the static libraries are shared).
+set(RAILYARD_PYTHON_LATEST "$ENV{HOME}/.cache/railyard/venv-megatron-latest/bin/python" CACHE FILEPATH
+    "Interpreter of the venv with the newest megatron-core tested (empty: none)")
+set(RAILYARD_PYTHON_LATEST_OK OFF)
+if(RAILYARD_BUILD_TESTS AND RAILYARD_PYTHON_LATEST AND EXISTS "${RAILYARD_PYTHON_LATEST}")
+  execute_process(
+    COMMAND ${RAILYARD_PYTHON_LATEST} -c
+      "import sysconfig, torch, pybind11, torch.utils.cpp_extension as c; print(','.join(c.include_paths() + [pybind11.get_include(), sysconfig.get_paths()['include']])); print(c.library_paths()[0]); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.__version__); print(sysconfig.get_config_var('EXT_SUFFIX'))"
+    OUTPUT_VARIABLE _latest_out ERROR_QUIET RESULT_VARIABLE _latest_rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(_latest_rc EQUAL 0)
+    string(REPLACE "\n" ";" _latest_lines "${_latest_out}")
+    list(GET _latest_lines 0 _latest_includes)
+    string(REPLACE "," ";" _latest_includes "${_latest_includes}")
+    list(GET _latest_lines 1 _latest_libdir)
+    list(GET _latest_lines 2 _latest_abi)
+    list(GET _latest_lines 3 _latest_version)
+    list(GET _latest_lines 4 RAILYARD_PYTHON_LATEST_SUFFIX)
+    if(_latest_abi STREQUAL _railyard_torch_abi)
+      add_library(railyard_torch_latest INTERFACE)
+      target_include_directories(railyard_torch_latest SYSTEM INTERFACE ${_latest_includes})
+      target_compile_definitions(railyard_torch_latest INTERFACE _GLIBCXX_USE_CXX11_ABI=${_latest_abi})
+      target_link_directories(railyard_torch_latest INTERFACE ${_latest_libdir})
+      target_link_libraries(railyard_torch_latest INTERFACE torch_cpu c10)
+      set(RAILYARD_PYTHON_LATEST_OK ON)
+      message(STATUS "railyard: extension also built for ${RAILYARD_PYTHON_LATEST} (torch ${_latest_version})")
+    else()
+      message(STATUS "railyard: ${RAILYARD_PYTHON_LATEST}'s torch has another C++ ABI: "
+                     "python.megatron_latest will be skipped")
+    endif()
+  endif()
+endif()

@@ -105,3 +105,33 @@ else
   "$venv/bin/python" -c "import $python_modules" ||
     { echo "setup: the Python venv $venv cannot import: $python_modules"; exit 1; }
 fi
+
+# A second venv for the newest megatron-core Railyard's Megatron drop-in is tested with
+# (ctest python.megatron_latest): it needs Python >= 3.12. Made once per machine, like
+# the first; pinned, so that a new release is a deliberate update.
+megatron_latest=0.19.2
+venv_latest=${RAILYARD_VENV_MEGATRON_LATEST:-$HOME/.cache/railyard/venv-megatron-latest}
+latest_modules="torch, numpy, pytest, pybind11, megatron.core"
+if [[ -x $venv_latest/bin/python ]] && "$venv_latest/bin/python" -c "import $latest_modules, sys;
+import megatron.core as m; sys.exit(m.__version__ != '$megatron_latest')" >/dev/null 2>&1; then
+  echo "setup: Python venv for megatron-core $megatron_latest present ($venv_latest)"
+else
+  python312=""
+  for candidate in python3.12 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12.*/bin/python3 python3.13; do
+    if command -v "$candidate" >/dev/null 2>&1 &&
+      "$candidate" -c "import sys; sys.exit(sys.version_info < (3, 12))" 2>/dev/null; then
+      python312=$(command -v "$candidate")
+      break
+    fi
+  done
+  if [[ -z $python312 ]]; then
+    echo "setup: WARNING: no Python >= 3.12: the test python.megatron_latest will be skipped"
+  else
+    echo "setup: making the venv $venv_latest (Python $("$python312" -c 'import platform; print(platform.python_version())'), megatron-core $megatron_latest)"
+    "$python312" -m venv "$venv_latest"
+    "$venv_latest/bin/python" -m pip install --quiet --disable-pip-version-check torch numpy pytest pybind11 \
+      "megatron-core==$megatron_latest" </dev/null
+    "$venv_latest/bin/python" -c "import $latest_modules" ||
+      { echo "setup: the venv $venv_latest cannot import: $latest_modules"; exit 1; }
+  fi
+fi

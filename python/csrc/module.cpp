@@ -14,6 +14,8 @@
 #if RAILYARD_IS_SIM
 #include <railyard/runtime/sim_bootstrap.hpp>
 #include <railyard/sim/sim.hpp>
+
+#include "sim_rendezvous.hpp"
 #endif
 
 namespace py = pybind11;
@@ -126,12 +128,27 @@ void synchronize_buffer(int64_t id) {
 }
 
 #if RAILYARD_IS_SIM
-// One rank of a simulator run: its group's bootstrap and coordinates.
+// One rank of a simulator run: its coordinates and the run's rendezvous (the
+// bootstraps of its Buffers, railyard.sim's barrier and collectives).
 struct SimRank {
-  std::shared_ptr<runtime::InProcessGroup> group;
+  std::shared_ptr<SimRendezvous> rendezvous;
   int rank = 0;
   int size = 1;
 };
+
+// One round of the rendezvous: every rank's bytes in rank order. Waits without the
+// GIL (the other rank threads need it to arrive).
+py::list sim_exchange(SimRank& r, py::bytes mine, const std::string& what) {
+  const std::string s = mine;
+  std::vector<std::vector<std::byte>> all;
+  {
+    py::gil_scoped_release nogil;
+    all = r.rendezvous->exchange(r.rank, std::as_bytes(std::span<const char>(s.data(), s.size())), what.c_str());
+  }
+  py::list out;
+  for (const auto& part : all) out.append(py::bytes(reinterpret_cast<const char*>(part.data()), part.size()));
+  return out;
+}
 
 // Resets the simulator, makes `world_size` simulated GPUs in domains of
 // `ranks_per_domain`, and runs fn(SimRank) on one thread per rank (each with its device
@@ -155,16 +172,13 @@ void sim_run(int world_size, int ranks_per_domain, uint64_t seed, const std::str
     props.nvlink_domain = r / ranks_per_domain;
     sim::add_device(props);
   }
-  runtime::InProcessGroup::Options o;
-  o.num_ranks = world_size;
-  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
-  o.blocking_wait = runtime::sim_blocking_wait();
-  auto group = runtime::InProcessGroup::create(o);
+  auto rendezvous = std::make_shared<SimRendezvous>(
+      world_size, std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000)));
   py::gil_scoped_release nogil;
   sim::run_ranks(world_size, [&](int rank) {
     runtime::gpu::set_current(rank);
     py::gil_scoped_acquire gil;
-    fn(SimRank{group, rank, world_size});
+    fn(SimRank{rendezvous, rank, world_size});
   });
 }
 
@@ -214,7 +228,9 @@ PYBIND11_MODULE(RAILYARD_MODULE_NAME, m) {
   py::class_<SimRank>(m, "SimRank")
       .def_readonly("rank", &SimRank::rank)
       .def_readonly("size", &SimRank::size)
-      .def("bootstrap", [](SimRank& r) { return PyBootstrap{r.group->bootstrap(r.rank)}; });
+      .def("bootstrap", [](SimRank& r) { return PyBootstrap{r.rendezvous->bootstrap(r.rendezvous, r.rank)}; })
+      .def("exchange", &sim_exchange, py::arg("mine"), py::arg("what"))
+      .def("abort", [](SimRank& r, const std::string& why) { r.rendezvous->abort(r.rank, why); }, py::arg("why"));
   m.def("sim_run", &sim_run, py::arg("world_size"), py::arg("ranks_per_domain"), py::arg("seed"), py::arg("device"),
         py::arg("preemption"), py::arg("timeout_seconds"), py::arg("sm_count"), py::arg("fn"));
   m.def("sim_traffic", &sim_traffic);

@@ -34,6 +34,9 @@ class Handle(NamedTuple):
     `token` carries the C++ handle (its storage keeps it alive); `totals` is an int64
     device view of its counts: received rows, permuted rows, the two overflow flags,
     then the padded and unpadded tokens per local expert.
+
+    The last element is the overflow flag (``handle[-1]``, an int64 device scalar,
+    nonzero when a bound dropped rows), where Megatron Core >= 0.18 reads it.
     """
 
     token: torch.Tensor
@@ -45,11 +48,34 @@ class Handle(NamedTuple):
     num_rows: int  # rows of the dispatch's outputs (the bound when bounded)
     bounded: bool
     num_local_experts: int
+    overflow_flag: torch.Tensor  # last: handle[-1] is the overflow flag
 
     @property
     def tokens_per_expert(self) -> torch.Tensor:
-        """int64 [E_local] on the device: rows per local expert, padded."""
+        """int64 [E_local] on the device: the true rows per local expert, padded
+        (whether or not a bound dropped rows; see kept_tokens_per_expert)."""
         return self.totals[4 : 4 + self.num_local_experts]
+
+    @property
+    def kept_tokens_per_expert(self) -> torch.Tensor:
+        """int64 [E_local] on the device: the expert-grouped rows actually written per
+        local expert (padding included); sums to min(num_permuted_tokens, num_rows).
+        Equal to tokens_per_expert unless a bound dropped rows. Computed on the device
+        (no host sync). For the received layout see DispatchResult.tokens_per_expert."""
+        if self.layout != "expert_grouped":
+            raise ValueError("railyard.Handle.kept_tokens_per_expert: the handle is of dispatch (received "
+                             "layout); expected one of dispatch_with_permute")
+        padded = self.tokens_per_expert
+        if not self.bounded:
+            return padded
+        starts = torch.cumsum(padded, 0) - padded
+        return torch.minimum((self.num_rows - starts).clamp(min=0), padded)
+
+    @property
+    def required_rows(self) -> torch.Tensor:
+        """int64 device scalar: the rows this dispatch needed (the capacity a bound
+        must have for nothing to be dropped), whether or not it was bounded."""
+        return self.totals[0] if self.layout == "received" else self.totals[1]
 
     @property
     def unpadded_tokens_per_expert(self) -> torch.Tensor:
@@ -66,8 +92,8 @@ class Handle(NamedTuple):
     @property
     def overflow(self) -> torch.Tensor:
         """int64 scalar on the device: nonzero when the bound dropped rows (0 in
-        blocking mode, where nothing is dropped)."""
-        return self.totals[2] if self.layout == "received" else self.totals[3]
+        blocking mode, where nothing is dropped). The same tensor as handle[-1]."""
+        return self.overflow_flag
 
 
 class DispatchResult(NamedTuple):
@@ -110,8 +136,16 @@ def _check_devices(op, device, tensors):
     # The C++ ops check every tensor's device, but the dispatcher routes a call with
     # any meta tensor to the fake implementation, which cannot: check here first.
     for name, t in tensors:
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"railyard.{op}: {name} is a {type(t).__name__}; expected a torch.Tensor")
         if t is not None and t.device != device:
             raise ValueError(f"railyard.{op}: {name} is on {t.device}; expected {device} (the buffer's device)")
+
+
+def _check_group(group):
+    if not (callable(getattr(group, "size", None)) and callable(getattr(group, "rank", None))):
+        raise TypeError(f"railyard.Buffer: group is a {type(group).__name__}; expected a "
+                        "torch.distributed.ProcessGroup or the railyard.sim group a rank function receives")
 
 
 def _reraise(error: RuntimeError):
@@ -226,6 +260,7 @@ class Buffer:
         self._combine_sms = _optional_positive("num_sms_combine", num_sms_combine)
         chunks = (_optional_positive("dispatch_chunk_rows", dispatch_chunk_rows),
                   _optional_positive("combine_chunk_rows", combine_chunk_rows))
+        _check_group(group)
         world_size = group.size()
         num_experts = world_size * num_local_experts
         if max_top_k is None:
@@ -340,7 +375,8 @@ class Buffer:
         new_handle = Handle(token=outs[8], totals=outs[7], buffer_id=self._id, layout=_LAYOUT_NAMES[layout],
                             num_tokens=hidden.shape[0], pad_multiple=pad_multiple,
                             num_rows=outs[0].shape[0] if max_rows is None else max_rows,
-                            bounded=max_rows is not None, num_local_experts=self.num_local_experts)
+                            bounded=max_rows is not None, num_local_experts=self.num_local_experts,
+                            overflow_flag=outs[7][2] if layout == RECEIVED else outs[7][3])
         return outs, new_handle, weights_given
 
     def dispatch(self, hidden, routing_map=None, probs=None, topk_idx=None, topk_weights=None, scaling_factor=None,
@@ -351,9 +387,13 @@ class Buffer:
             _positive("num_recv_tokens", num_recv_tokens, minimum=0)
         outs, h, weights_given = self._dispatch(RECEIVED, hidden, routing_map, probs, topk_idx, topk_weights,
                                                    scaling_factor, handle, num_recv_tokens, 1, num_sms)
+        tokens_per_expert = h.tokens_per_expert
+        if h.bounded:  # count the rows written: rows past the true count hold nothing
+            written = torch.arange(h.num_rows, device=outs[3].device) < h.num_recv_tokens
+            tokens_per_expert = (outs[3] & written[:, None]).sum(0, dtype=torch.int64)
         return DispatchResult(hidden=outs[0], probs=outs[2] if weights_given else None,
                               scaling_factor=outs[1] if self.use_fp8 else None, routing_map=outs[3],
-                              src_rank=outs[4], src_token=outs[5], tokens_per_expert=h.tokens_per_expert, handle=h)
+                              src_rank=outs[4], src_token=outs[5], tokens_per_expert=tokens_per_expert, handle=h)
 
     def dispatch_with_permute(self, hidden, routing_map=None, probs=None, scaling_factor=None, topk_idx=None,
                               topk_weights=None, num_of_experts_per_rank=None, pad_multiple=None,
@@ -382,7 +422,7 @@ class Buffer:
                                                    scaling_factor, handle, max_rows, pad, num_sms)
         return PermutedDispatchResult(hidden=outs[0], probs=outs[2] if weights_given else None,
                                       scaling_factor=outs[1] if self.use_fp8 else None,
-                                      tokens_per_expert=h.tokens_per_expert, handle=h)
+                                      tokens_per_expert=h.kept_tokens_per_expert, handle=h)
 
     # ---- combine ------------------------------------------------------------------------
     def _combine(self, hidden, probs, handle, num_sms):

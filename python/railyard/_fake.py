@@ -36,3 +36,26 @@ def _combine_fake(buffer, handle, hidden, probs, num_tokens, num_sms):
     dev = hidden.device
     return (_empty((num_tokens, H), torch.bfloat16, dev),
             _empty((num_tokens, E) if probs is not None else (0,), torch.float32, dev))
+
+
+def _mark_collectives_effectful():
+    """dispatch and combine are collectives: every rank must run each call, even when a
+    graph leaves its outputs unused. An op with a registered effect is kept by FX's
+    dead-code elimination and by inductor (torch.fx.node / torch._library.utils.is_impure
+    test for it) and keeps its order among effectful ops (AOTAutograd threads a token
+    through them)."""
+    try:
+        from torch._library.effects import EffectType
+    except ImportError:  # torch < 2.6
+        from torch._higher_order_ops.effects import _EffectType as EffectType
+    register = getattr(torch.library, "_register_effectful_op", None)
+    for op in (torch.ops.railyard.dispatch.default, torch.ops.railyard.combine.default):
+        if register is not None:
+            register(op, EffectType.ORDERED)
+        else:
+            from torch._higher_order_ops.effects import _register_effectful_op
+
+            _register_effectful_op(op, EffectType.ORDERED)
+
+
+_mark_collectives_effectful()

@@ -16,9 +16,11 @@ of Megatron's own ``HybridEPDispatch.apply`` / ``HybridEPCombine.apply``. Megatr
 autograd functions, its module-global buffer and its dispatcher then run unchanged; only
 the buffer object is Railyard's. ``uninstall()`` puts every patched name back.
 
-:class:`HybridEPBuffer` has DeepEP's ``HybridEPBuffer`` constructor and its
-``dispatch_with_permute`` / ``combine_with_unpermute`` keyword signatures, and delegates
-to :class:`railyard.Buffer`'s methods of the same names.
+:class:`HybridEPBuffer` has DeepEP's ``HybridEPBuffer`` constructor, attributes and
+methods (``dispatch`` / ``combine``, ``dispatch_with_permute`` /
+``combine_with_unpermute``) with their return tuples, and delegates to
+:class:`railyard.Buffer`'s methods of the same names. Its token capacity is DeepEP's (at
+least 512, a multiple of 64) and grows when a batch needs more (docs/megatron.md).
 
 One Railyard buffer per rank. Megatron keeps one module-global buffer per process.
 On GPUs a process is a rank, so that is one :class:`railyard.Buffer`. Under
@@ -77,7 +79,8 @@ def _current_sim_group():
 # preprocessing, permute or unpermute kernels, and derives the expert count from the
 # group (world size x num_local_experts).
 _IGNORED_INIT_OPTIONS = ("num_sms_preprocessing_api", "num_blocks_permute", "num_blocks_unpermute",
-                         "num_of_experts")
+                         "num_of_experts", "load_cached_kernels", "use_shared_buffer", "enable_custom_allgather",
+                         "num_of_hybrid_ep_ranks_per_nvlink_domain", "use_mnnvl")
 # Keyword arguments passed through to railyard.Buffer unchanged.
 _BUFFER_OPTIONS = ("max_top_k", "ranks_per_domain", "timeout_cycles")
 
@@ -101,6 +104,22 @@ def _int_or_none(value, name):
 
 _warned = set()
 
+# DeepEP's sizing of the token capacity (its Configurer): at least 512, a multiple of 64
+# (its combine chunk). Megatron's moe_hybridep_pad_uneven_dispatch_inputs pads token
+# counts to a multiple of 64 (HYBRIDEP_TOKEN_ALIGNMENT), so the padding of a batch that
+# fitted before rounding fits after it.
+_MIN_TOKENS = 512
+_TOKEN_ALIGNMENT = 64
+
+
+def _capacity_for(num_tokens: int) -> int:
+    return max(_MIN_TOKENS, -(-int(num_tokens) // _TOKEN_ALIGNMENT) * _TOKEN_ALIGNMENT)
+
+
+def _as_fp8(hidden):
+    """DeepEP takes FP8 tokens as torch.uint8 bytes too: view them as float8_e4m3fn."""
+    return hidden.view(torch.float8_e4m3fn) if hidden.dtype == torch.uint8 else hidden
+
 
 def _warn_unknown(method, kwargs):
     for name in kwargs:
@@ -118,8 +137,10 @@ class HybridEPBuffer:
     * ``group``, ``hidden_dim``, ``num_local_experts``, ``use_fp8``: the same arguments
       of :class:`railyard.Buffer` (under ``railyard.sim`` each rank uses its own group);
     * ``max_num_of_tokens_per_rank``: the same, raised to
-      ``install(max_num_of_tokens_per_rank=...)`` when that is larger; every rank must
-      end up with the same value (Railyard checks it at creation);
+      ``install(max_num_of_tokens_per_rank=...)`` when that is larger, then to DeepEP's
+      size (at least 512, a multiple of 64); every rank must end up with the same value
+      (Railyard checks it at creation). A larger batch grows it, on every rank in the
+      same call;
     * ``num_sms_dispatch_api`` / ``num_sms_combine_api``: ``num_sms_dispatch`` /
       ``num_sms_combine`` (None: Railyard's default);
     * ``nvlink_domain_size``: ``ranks_per_domain``; ``max_top_k``, ``ranks_per_domain``,
@@ -153,7 +174,7 @@ class HybridEPBuffer:
         extra = tuple(sorted((k, repr(v)) for k, v in kwargs.items()))
         opts = tuple(sorted((k, repr(v)) for k, v in _install_options.items()))
         if max_tokens is not None:  # the capacity the buffer will have (install()'s floor applied)
-            max_tokens = max(int(max_tokens), int(_install_options.get("max_num_of_tokens_per_rank") or 0))
+            max_tokens = _capacity_for(max(int(max_tokens), int(_install_options.get("max_num_of_tokens_per_rank") or 0)))
         return (hidden_dim, max_tokens, num_local_experts, bool(use_fp8),
                 sms_dispatch, sms_combine, extra, opts)
 
@@ -177,7 +198,7 @@ class HybridEPBuffer:
         self.num_blocks_unpermute = num_blocks_unpermute
 
         floor = _install_options.get("max_num_of_tokens_per_rank")
-        self.max_num_of_tokens_per_rank = max(int(max_num_of_tokens_per_rank), int(floor or 0))
+        self._max_tokens = _capacity_for(max(int(max_num_of_tokens_per_rank), int(floor or 0)))
 
         options: Dict[str, Any] = {}
         for name, value in kwargs.items():
@@ -204,6 +225,8 @@ class HybridEPBuffer:
         # One railyard.Buffer per rank: key id(group) -> (group, Buffer). The group is
         # held so that its id is not reused while the entry lives.
         self._buffers: Dict[int, Tuple[Any, Any]] = {}
+        # Buffers replaced by a larger one (growth), per group: their handles stay valid.
+        self._retired: Dict[int, list] = {}
         self._lock = threading.Lock()
         self._initialised = True
 
@@ -226,10 +249,14 @@ class HybridEPBuffer:
             raise RuntimeError(
                 "railyard.megatron.HybridEPBuffer: this rank has no Railyard buffer yet "
                 "(combine_with_unpermute, or dispatch_with_permute with a handle, before any dispatch)")
+        return self._create(group, self._max_tokens)
+
+    def _create(self, group, max_tokens):
+        """Collective: the rank's railyard.Buffer with `max_tokens` of capacity."""
         buf = _railyard().Buffer(
             group,
             hidden_dim=self.hidden_dim,
-            max_num_of_tokens_per_rank=self.max_num_of_tokens_per_rank,
+            max_num_of_tokens_per_rank=max_tokens,
             num_local_experts=self.num_local_experts,
             use_fp8=self.use_fp8,
             num_sms_dispatch=self.num_sms_dispatch_api,
@@ -239,6 +266,46 @@ class HybridEPBuffer:
         with self._lock:
             self._buffers[id(group)] = (group, buf)
         return buf
+
+    def _buffer_for(self, num_tokens: int, handle):
+        """The rank's buffer for a call: the one that made `handle`, or one with room
+        for `num_tokens` (grown collectively, as DeepEP's update_template_config: the
+        capacity only grows)."""
+        if handle is not None:
+            return self._buffer_of_handle(handle)
+        group = self._rank_group()
+        entry = self._buffers.get(id(group))
+        if entry is None:  # the first dispatch: room for its batch from the start
+            return self._create(group, max(self._max_tokens, _capacity_for(num_tokens)))
+        buf = entry[1]
+        if num_tokens <= buf.max_num_of_tokens_per_rank:
+            return buf
+        # Every rank must grow in the same call: under Megatron's padding of uneven
+        # inputs every rank has the same token count. A new buffer's creation checks
+        # that the ranks agree on its capacity (an error on every rank otherwise).
+        with self._lock:  # handles of the old buffer stay valid: keep it until destroy()
+            self._retired.setdefault(id(group), []).append(buf)
+        return self._create(group, _capacity_for(num_tokens))
+
+    def _buffer_of_handle(self, handle):
+        if not isinstance(handle, _railyard().Handle):
+            raise TypeError(f"railyard.megatron.HybridEPBuffer: handle is a {type(handle).__name__}; expected "
+                            "the railyard.Handle a dispatch returned")
+        group = self._rank_group()
+        current = self._get_buffer(create=False)
+        for buf in [current] + self._retired.get(id(group), []):
+            if buf.id == handle.buffer_id:
+                return buf
+        raise ValueError("railyard.megatron.HybridEPBuffer: handle belongs to a buffer this rank has destroyed; "
+                         "expected the handle of a dispatch of this buffer")
+
+    @property
+    def max_num_of_tokens_per_rank(self) -> int:
+        """The calling rank's token capacity: its buffer's (grown, if a batch needed
+        more), else what the buffer will be created with."""
+        group = self._rank_group() if (self.group is not None or _current_sim_group() is not None) else None
+        entry = self._buffers.get(id(group)) if group is not None else None
+        return entry[1].max_num_of_tokens_per_rank if entry is not None else self._max_tokens
 
     @property
     def buffer(self):
@@ -250,26 +317,128 @@ class HybridEPBuffer:
         group = self._rank_group()
         with self._lock:
             entry = self._buffers.pop(id(group), None)
-        if entry is not None:
-            entry[1].destroy()
+            retired = self._retired.pop(id(group), [])
+        for buf in retired + ([entry[1]] if entry is not None else []):
+            buf.destroy()
+
+    # -- Megatron's calls ----------------------------------------------------------
+
+    # -- DeepEP's attributes (of the calling rank) ------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self._rank_group().rank()
+
+    @property
+    def group_size(self) -> int:
+        return self._rank_group().size()
+
+    @property
+    def num_of_hybrid_ep_ranks_per_nvlink_domain(self) -> int:
+        """Ranks per NVLink domain: ``nvlink_domain_size`` / ``ranks_per_domain`` when
+        given, else the whole group (Railyard's default on one node)."""
+        return int(self._buffer_options.get("ranks_per_domain") or self.group_size)
+
+    @property
+    def local_rank(self) -> int:
+        return self.rank % self.num_of_hybrid_ep_ranks_per_nvlink_domain
+
+    @property
+    def node_rank(self) -> int:
+        return self.rank // self.num_of_hybrid_ep_ranks_per_nvlink_domain
+
+    @property
+    def num_of_nodes(self) -> int:
+        return self.group_size // self.num_of_hybrid_ep_ranks_per_nvlink_domain
+
+    # -- DeepEP's calls ----------------------------------------------------------------
+
+    def _tokens(self, hidden, scaling_factor, use_fp8=None):
+        """DeepEP's token forms: uint8 bytes for FP8, scaling_factor ignored with BF16."""
+        if not isinstance(hidden, torch.Tensor):
+            raise TypeError(f"railyard.megatron.HybridEPBuffer: hidden is a {type(hidden).__name__}; "
+                            "expected a torch.Tensor")
+        if use_fp8 is not None and bool(use_fp8) != self.use_fp8:
+            raise ValueError(f"railyard.megatron.HybridEPBuffer: use_fp8 is {use_fp8}; expected {self.use_fp8} "
+                             "(the buffer's, fixed at creation)")
+        if self.use_fp8:
+            hidden = _as_fp8(hidden)
+        elif hidden.dtype == torch.bfloat16:
+            scaling_factor = None  # DeepEP ignores it for BF16 tokens
+        scaling_factor = scaling_factor.contiguous() if scaling_factor is not None else None
+        return hidden.contiguous(), scaling_factor
+
+    def _check_num_of_experts(self, num_of_experts):
+        expected = self.num_local_experts * self.group_size
+        if num_of_experts is not None and int(num_of_experts) != expected:
+            raise ValueError(f"railyard.megatron.HybridEPBuffer: num_of_experts is {num_of_experts}; expected "
+                             f"{expected} (num_local_experts x the group's ranks)")
+
+    def dispatch(self, hidden, scaling_factor=None, topk_idx=None, topk_weights=None, num_of_experts=None,
+                 probs=None, routing_map=None, num_dispatched_tokens_tensor=None, num_dispatched_tokens=None,
+                 handle=None, **kwargs):
+        """DeepEP's non-permuted dispatch: ``railyard.Buffer.dispatch``.
+
+        Returns DeepEP's ``(hidden [N, H], probs fp32 [N, E_local x ranks per domain] or
+        None, scaling_factor or None, handle)``: the probs columns of this rank's
+        experts, ``[local_rank x E_local, (local_rank + 1) x E_local)``, hold its
+        experts' probabilities; the other columns are 0. FP8 tokens may be uint8
+        (returned as uint8). ``num_dispatched_tokens`` bounds the rows (no host sync);
+        ``num_dispatched_tokens_tensor`` is not read.
+        """
+        _warn_unknown("dispatch", kwargs)
+        self._check_num_of_experts(num_of_experts)
+        tokens, scaling_factor = self._tokens(hidden, scaling_factor)
+        buf = self._buffer_for(tokens.shape[0], handle)
+        r = buf.dispatch(tokens, routing_map=routing_map.contiguous() if routing_map is not None else None,
+                         probs=probs.contiguous() if probs is not None else None, topk_idx=topk_idx,
+                         topk_weights=topk_weights, scaling_factor=scaling_factor, handle=handle,
+                         num_recv_tokens=_int_or_none(num_dispatched_tokens, "num_dispatched_tokens"))
+        out = r.hidden.view(torch.uint8) if hidden.dtype == torch.uint8 else r.hidden
+        domain_probs = None
+        if r.probs is not None:
+            El, lr = self.num_local_experts, self.local_rank
+            domain_probs = r.probs.new_zeros(r.probs.shape[0], El * self.num_of_hybrid_ep_ranks_per_nvlink_domain)
+            domain_probs[:, lr * El:(lr + 1) * El] = r.probs
+        return out, domain_probs, r.scaling_factor, r.handle
+
+    def combine(self, hidden, probs=None, handle=None, **kwargs):
+        """DeepEP's non-permuted combine: ``railyard.Buffer.combine``. ``probs`` is
+        ``[N, E_local x ranks per domain]`` (DeepEP's layout; this rank's columns are
+        read). Returns ``(combined [T, H], combined_probs fp32 [T, E] or None)``."""
+        _warn_unknown("combine", kwargs)
+        if handle is None:
+            raise ValueError("railyard.megatron.HybridEPBuffer.combine: handle is required (the handle of the dispatch)")
+        buf = self._buffer_of_handle(handle)
+        if probs is not None:
+            El, lr = self.num_local_experts, self.local_rank
+            width = El * self.num_of_hybrid_ep_ranks_per_nvlink_domain
+            if probs.dim() != 2 or probs.shape[1] != width:
+                raise ValueError(f"railyard.megatron.HybridEPBuffer.combine: probs has shape {tuple(probs.shape)}; "
+                                 f"expected [rows, {width}] (experts per rank x ranks per NVLink domain)")
+            probs = probs[:, lr * El:(lr + 1) * El].contiguous()
+        c = buf.combine(hidden.contiguous(), probs=probs, handle=handle)
+        return c.hidden, c.probs
 
     # -- Megatron's calls ----------------------------------------------------------
 
     def dispatch_with_permute(self, *, hidden, topk_idx=None, topk_weights=None, routing_map=None, probs=None,
-                              scaling_factor=None, num_of_experts_per_rank=None, pad_multiple=None,
-                              num_permuted_tokens=None, non_blocking=False, fuse_permute_dispatch=True,
-                              handle=None, num_dispatched_tokens=None, use_host_meta=None, num_sms=None,
-                              **kwargs):
+                              scaling_factor=None, num_of_experts_per_rank=None, num_of_experts=None,
+                              use_fp8=None, pad_multiple=None, num_permuted_tokens=None, non_blocking=False,
+                              fuse_permute_dispatch=True, handle=None, num_dispatched_tokens=None,
+                              use_host_meta=None, num_sms=None, **kwargs):
         """Dispatch with the expert-grouped layout: ``railyard.Buffer.dispatch_with_permute``.
 
         Returns ``(hidden [P, H], probs fp32 [P], scaling_factor, tokens_per_expert int64
-        [E_local] (padded), handle)``. With ``handle`` (the backward of Megatron's
-        ``HybridEPCombine``) the handle fixes the layout and the row count, and
-        ``num_permuted_tokens`` is not needed (Megatron passes it, sometimes as a
-        device tensor; it is not read then). ``num_dispatched_tokens`` and
-        ``use_host_meta`` (DeepEP) have no effect.
+        [E_local] (padded; when a bound dropped rows, the rows kept), handle)``. With
+        ``handle`` (the backward of Megatron's ``HybridEPCombine``) the handle fixes the
+        layout and the row count, and ``num_permuted_tokens`` is not needed (Megatron
+        passes it, sometimes as a device tensor; it is not read then).
+        ``num_dispatched_tokens`` and ``use_host_meta`` (DeepEP) have no effect.
         """
-        buf = self._get_buffer(create=handle is None)
+        self._check_num_of_experts(num_of_experts)
+        tokens, scaling_factor = self._tokens(hidden, scaling_factor, use_fp8)
+        buf = self._buffer_for(tokens.shape[0], handle)
         if handle is not None:
             num_permuted_tokens = None
             non_blocking = False
@@ -279,16 +448,13 @@ class HybridEPBuffer:
                 # DeepEP sizes its outputs with num_permuted_tokens and skips the host
                 # read whenever it is given; that is Railyard's bounded mode.
                 non_blocking = True
-        hidden = hidden.contiguous()
         if probs is not None:
             probs = probs.contiguous()
         if routing_map is not None:
             routing_map = routing_map.contiguous()
-        if scaling_factor is not None:
-            scaling_factor = scaling_factor.contiguous()
         _warn_unknown("dispatch_with_permute", kwargs)
-        return buf.dispatch_with_permute(
-            hidden,
+        r = buf.dispatch_with_permute(
+            tokens,
             routing_map=routing_map,
             probs=probs,
             scaling_factor=scaling_factor,
@@ -302,6 +468,9 @@ class HybridEPBuffer:
             handle=handle,
             num_sms=num_sms,
         )
+        if hidden.dtype == torch.uint8:
+            r = r._replace(hidden=r.hidden.view(torch.uint8))
+        return r
 
     def combine_with_unpermute(self, *, hidden, probs=None, handle=None, pad_multiple=None,
                                fuse_unpermute_combine=True, num_dispatched_tokens=None, num_sms=None, **kwargs):
@@ -313,7 +482,7 @@ class HybridEPBuffer:
         if handle is None:
             raise ValueError("combine_with_unpermute: handle is required (the handle of the dispatch)")
         _warn_unknown("combine_with_unpermute", kwargs)
-        buf = self._get_buffer(create=False)
+        buf = self._buffer_of_handle(handle)
         hidden = hidden.contiguous()
         if probs is not None:
             probs = probs.contiguous()

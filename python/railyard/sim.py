@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional, Sequence
+
+import torch
 
 from . import _flavours
 
@@ -25,10 +27,18 @@ _local = threading.local()
 
 class SimGroup:
     """The process group of one simulated rank: rank() and size() as in
-    torch.distributed; railyard.Buffer takes it as its group."""
+    torch.distributed; railyard.Buffer takes it as its group.
 
-    def __init__(self, sim_rank):
+    barrier(), all_gather(), all_to_all() and all_gather_object() are host-side
+    collectives for the rank threads. Use them, not a threading.Barrier: the simulated
+    GPUs run only while every rank thread waits in a simulator call, and these waits are
+    such calls. They raise at once on every rank when a rank's fn raised (the group is
+    then broken), and after run(timeout=) seconds when a rank never arrives.
+    """
+
+    def __init__(self, sim_rank, slots):
         self._sim_rank = sim_rank
+        self._slots = slots  # one per rank, shared by the run's groups
         self._buffers = []
 
     def rank(self) -> int:
@@ -36,6 +46,37 @@ class SimGroup:
 
     def size(self) -> int:
         return self._sim_rank.size
+
+    def barrier(self) -> None:
+        """Returns once every rank has called barrier()."""
+        self._sim_rank.exchange(b"", "barrier")
+
+    def all_gather_object(self, obj: Any) -> List[Any]:
+        """Every rank's obj, in rank order (the objects themselves: threads share them)."""
+        rank = self.rank()
+        self._slots[rank] = obj
+        self._sim_rank.exchange(b"", "all_gather_object")
+        out = list(self._slots)
+        self._sim_rank.exchange(b"", "all_gather_object")  # every rank has read the slots
+        self._slots[rank] = None
+        return out
+
+    def all_gather(self, tensor: torch.Tensor) -> List[torch.Tensor]:
+        """Every rank's CPU tensor (copies), in rank order; shapes may differ by rank."""
+        _check_cpu_tensor("all_gather", "tensor", tensor)
+        return [t.clone() for t in self.all_gather_object(tensor)]
+
+    def all_to_all(self, tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+        """tensors[j] (a CPU tensor) goes to rank j; returns what each rank sent this one,
+        in rank order (copies)."""
+        if not isinstance(tensors, (list, tuple)) or len(tensors) != self.size():
+            raise ValueError(f"railyard.sim all_to_all: tensors is {type(tensors).__name__} of "
+                             f"{len(tensors) if hasattr(tensors, '__len__') else '?'}; expected a list of "
+                             f"{self.size()} tensors (one per rank)")
+        for j, t in enumerate(tensors):
+            _check_cpu_tensor("all_to_all", f"tensors[{j}]", t)
+        rows = self.all_gather_object(list(tensors))
+        return [rows[src][self.rank()].clone() for src in range(self.size())]
 
     def _railyard_bootstrap(self):
         return self._sim_rank.bootstrap()
@@ -53,6 +94,13 @@ class SimGroup:
         return f"railyard.sim.SimGroup(rank={self.rank()}, size={self.size()})"
 
 
+def _check_cpu_tensor(op, name, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"railyard.sim {op}: {name} is a {type(t).__name__}; expected a torch.Tensor")
+    if t.device.type != "cpu":
+        raise ValueError(f"railyard.sim {op}: {name} is on {t.device}; expected a CPU tensor")
+
+
 def current_group() -> Optional[SimGroup]:
     """The calling rank thread's group inside run(), else None."""
     return getattr(_local, "group", None)
@@ -62,27 +110,32 @@ def run(world_size: int, fn: Callable[[SimGroup], Any], ranks_per_domain: Option
         device: str = "h100", preemption: float = 1.0, timeout: float = 120.0, sm_count: int = 0) -> list:
     """Runs fn(group) on `world_size` simulated GPUs, one thread per rank, and returns
     the ranks' results in rank order. Re-raises the first exception a rank raised
-    (first in time: a failing rank's peers fail later, waiting for it).
+    (first in time). A rank that raises breaks the group: its peers' collectives
+    (Buffer creation and destruction, SimGroup.barrier and the others) raise at once,
+    naming it. Peers waiting for it inside a kernel fail at the kernel's budget.
 
     ranks_per_domain: ranks per NVLink domain (default: all); device: "h100" or
     "b200"; preemption: the scheduler's preemption probability in (0, 1] (lower runs
     faster, still seeded); timeout: seconds a rank waits for the others in a
-    bootstrap collective; sm_count: SMs per simulated GPU (0: the device's).
+    collective (Buffer creation, SimGroup.barrier, ...); sm_count: SMs per simulated GPU (0: the device's).
     Buffers still alive when fn returns are destroyed (collectively) after it.
     """
     if _flavours.sim is None:
         raise RuntimeError("railyard.sim: this installation has no simulator flavour (_C_sim)")
     results: list = [None] * world_size
     errors: list = []
+    slots: list = [None] * world_size
 
     def rank_main(sim_rank):
-        group = SimGroup(sim_rank)
+        group = SimGroup(sim_rank, slots)
         _local.group = group
         try:
             results[sim_rank.rank] = fn(group)
             group._destroy_buffers()
         except BaseException as error:  # reported below, on the caller's thread
             errors.append((time.monotonic(), sim_rank.rank, error))
+            # Peers waiting in (or later entering) a collective raise now, not at the timeout.
+            sim_rank.abort(f"{type(error).__name__}: {error}")
         finally:
             _local.group = None
 

@@ -274,6 +274,8 @@ def snap_handle(h) -> Dict[str, Any]:
         "num_rows": scalar(h.num_rows),
         "bounded": bool(h.bounded),
         "overflow": scalar(h.overflow),
+        "last": scalar(h[-1]),
+        "required_rows": scalar(h.required_rows),
         "tokens_per_expert": clone(h.tokens_per_expert),
     }
     if h.layout == "received":
@@ -319,7 +321,8 @@ def check_received(case: Case, d: int, got: Dict[str, Any], bound: Optional[int]
     assert_bits(got["routing_map"][:kept], rc.routing_map[:kept], f"{w} routing_map")
     assert_bits(got["src_rank"][:kept], rc.src_rank[:kept], f"{w} src_rank")
     assert_bits(got["src_token"][:kept], rc.src_token[:kept], f"{w} src_token")
-    assert_bits(got["tokens_per_expert"], rc.tokens_per_expert, f"{w} tokens_per_expert")
+    # The result counts the rows written; the handle keeps the true counts.
+    assert_bits(got["tokens_per_expert"], ref.kept_tokens_per_expert(rc, bound), f"{w} tokens_per_expert (kept)")
     h = got["handle"]
     assert_bits(h["tokens_per_expert"], rc.tokens_per_expert, f"{w} handle.tokens_per_expert")
     assert h["layout"] == "received"
@@ -328,6 +331,8 @@ def check_received(case: Case, d: int, got: Dict[str, Any], bound: Optional[int]
     assert h["bounded"] == (bound is not None)
     assert h["count"] == N, f"{w}: num_recv_tokens {h['count']}, expected the true count {N}"
     assert (h["overflow"] != 0) == (bound is not None and N > bound), f"{w}: overflow {h['overflow']} with {N} rows, bound {bound}"
+    assert h["last"] == h["overflow"], f"{w}: handle[-1] is {h['last']}, expected the overflow flag"
+    assert h["required_rows"] == N
 
 
 def check_permuted(case: Case, d: int, got: Dict[str, Any], bound: Optional[int] = None) -> None:
@@ -349,7 +354,9 @@ def check_permuted(case: Case, d: int, got: Dict[str, Any], bound: Optional[int]
         assert_bits(got["probs"][:kept], pm.probs[:kept], f"{w} probs")
     else:
         assert got["probs"] is None
-    assert_bits(got["tokens_per_expert"], pm.tokens_per_expert, f"{w} tokens_per_expert (padded)")
+    kept_per_expert = ref.kept_tokens_per_expert(pm, bound)
+    assert_bits(got["tokens_per_expert"], kept_per_expert, f"{w} tokens_per_expert (padded, kept)")
+    assert int(kept_per_expert.sum()) == kept, f"{w}: kept tokens_per_expert do not sum to the rows written"
     h = got["handle"]
     assert_bits(h["tokens_per_expert"], pm.tokens_per_expert, f"{w} handle.tokens_per_expert")
     assert h["layout"] == "expert_grouped"
@@ -359,6 +366,8 @@ def check_permuted(case: Case, d: int, got: Dict[str, Any], bound: Optional[int]
     assert h["bounded"] == (bound is not None)
     assert h["count"] == P, f"{w}: num_permuted_tokens {h['count']}, expected the true count {P}"
     assert (h["overflow"] != 0) == (bound is not None and P > bound), f"{w}: overflow {h['overflow']} with {P} rows, bound {bound}"
+    assert h["last"] == h["overflow"], f"{w}: handle[-1] is {h['last']}, expected the overflow flag"
+    assert h["required_rows"] == P
 
 
 def exact_row_sums(case: Case, zs: Sequence[torch.Tensor], layout: str, bound: Optional[int] = None):

@@ -156,6 +156,17 @@ def kept_rows(count: int, bound: Optional[int]) -> int:
     return count if bound is None else min(count, bound)
 
 
+def kept_tokens_per_expert(layout, bound: Optional[int]) -> torch.Tensor:
+    """Rows per local expert among the rows a bound keeps (section 6): counted from the
+    kept rows of the reference layout (a Received's routing map, a Permuted's groups)."""
+    if isinstance(layout, Permuted):
+        kept = kept_rows(layout.num_rows, bound)
+        El = layout.tokens_per_expert.numel()
+        return torch.bincount(layout.local_expert[:kept], minlength=El).to(torch.int64)
+    kept = kept_rows(layout.routing_map.shape[0], bound)
+    return layout.routing_map[:kept].sum(dim=0, dtype=torch.int64)
+
+
 def dispatch_ref(
     hiddens: Sequence[torch.Tensor],
     routings: Sequence[Routing],

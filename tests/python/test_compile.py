@@ -82,3 +82,54 @@ def test_compiled_module_equals_eager_and_reference(railyard, backward):
         for i, name in enumerate(["hidden", "probs", "x.grad", "probs.grad"][: len(eager)]):
             assert_bits(comp[i], eager[i], f"rank {d} compiled {name} vs eager")
             assert_bits(comp2[i], eager[i], f"rank {d} compiled (second call) {name} vs eager")
+
+
+def _bytes_written_by(railyard, device):
+    t = railyard.sim.traffic()
+    n = t["num_devices"] + 1
+    return sum(t["write_bytes"][device * n: (device + 1) * n])
+
+
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+@pytest.mark.parametrize("unused", ["dispatch", "combine"])
+def test_collective_with_unused_outputs_still_runs(railyard, backend, unused):
+    """A dispatch (or combine) whose outputs the graph never uses is a collective all the
+    same: compiled with fullgraph=True it must still run on every rank and move the
+    same bytes as in eager mode (were it dropped, 0 bytes would move, and a rank that
+    kept it would wait for the others)."""
+    torch._dynamo.reset()
+    case = make_case(2, seed=101, pad_multiple=PAD, tokens=[9, 6], max_tokens=16)
+    bound = max(pm.num_rows for pm in case.permuted) + 1
+
+    def fn(group):
+        d = group.rank()
+        buf = make_buffer(group, case)
+        kw = case.dispatch_kwargs(d)
+
+        def step(x, routing_map, probs):
+            r = buf.dispatch_with_permute(x, routing_map=routing_map, probs=probs, pad_multiple=PAD,
+                                          num_permuted_tokens=bound, non_blocking=True)
+            if unused == "dispatch":
+                return x * 2
+            buf.combine_with_unpermute(r.hidden, handle=r.handle, pad_multiple=PAD)
+            return r.hidden * 2
+
+        compiled = torch.compile(step, backend=backend, fullgraph=True)
+        moved = []
+        for f in (step, compiled, compiled):
+            group.barrier()
+            before = _bytes_written_by(railyard, d)
+            out = f(case.hidden[d], kw["routing_map"], kw["probs"])
+            moved.append(_bytes_written_by(railyard, d) - before)
+            group.barrier()
+        buf.destroy()
+        return moved, out
+
+    for d, (moved, out) in enumerate(run_ranks(2, fn)):
+        eager, first, second = moved
+        assert eager > 0, f"rank {d}: the eager step moved no bytes"
+        assert first == eager and second == eager, f"rank {d}: compiled steps moved {first}, {second} bytes; eager {eager}"
+        if unused == "dispatch":
+            assert_bits(out, case.hidden[d] * 2, f"rank {d} output")
+        else:
+            assert_bits(out[: case.permuted[d].num_rows], case.permuted[d].hidden * 2, f"rank {d} output")

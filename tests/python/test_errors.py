@@ -90,6 +90,10 @@ CASES = {
     "combine_without_handle": (lambda b, f, s: b.combine(bf16(s["rows"], H)), ["handle"]),
     "unpermute_probs_shape": (lambda b, f, s: b.combine_with_unpermute(bf16(s["prows"], H), probs=torch.rand(s["prows"], 2),
                                                                        handle=s["phandle"]), ["probs"]),
+    "hidden_list": (lambda b, f, s: b.dispatch(bf16(T, H).tolist(), routing_map=good_map()), ["hidden"]),
+    "routing_map_list": (lambda b, f, s: b.dispatch(bf16(T, H), routing_map=good_map().tolist()), ["routing_map"]),
+    "permute_hidden_list": (lambda b, f, s: b.dispatch_with_permute(bf16(T, H).tolist(), routing_map=good_map()), ["hidden"]),
+    "combine_hidden_list": (lambda b, f, s: b.combine(bf16(s["rows"], H).tolist(), handle=s["handle"]), ["hidden"]),
     "unpermute_hidden_dtype": (lambda b, f, s: b.combine_with_unpermute(torch.zeros(s["prows"], H), handle=s["phandle"]), ["hidden"]),
 }
 
@@ -136,6 +140,20 @@ def test_bad_argument_is_named(outcomes, name):
         typ, msg = res
         assert issubclass(typ, (ValueError, TypeError)), f"rank {d}: {name} raised {typ.__name__}: {msg}"
         assert any(n in msg for n in names), f"rank {d}: {name}: message does not name {names[0]!r}: {msg}"
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n.endswith("_list")])
+def test_non_tensor_is_a_type_error(outcomes, name):
+    """A list where a tensor belongs: TypeError naming the argument and torch.Tensor."""
+    for d, (got, _) in enumerate(outcomes[1]):
+        typ, msg = got[name]
+        assert typ is TypeError and "torch.Tensor" in msg and "list" in msg, f"rank {d}: {name}: {typ.__name__}: {msg}"
+
+
+@pytest.mark.parametrize("group", [object(), None, 4])
+def test_buffer_group_of_wrong_type(railyard, group):
+    with pytest.raises(TypeError, match=r"group is a .*; expected a torch\.distributed\.ProcessGroup"):
+        railyard.Buffer(group, hidden_dim=H, max_num_of_tokens_per_rank=MAXT, num_local_experts=EL)
 
 
 def test_buffer_still_works_after_errors(outcomes):

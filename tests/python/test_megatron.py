@@ -43,6 +43,7 @@ from reference import (
     combine_probs_permuted_ref,
     combine_with_unpermute_ref,
     dispatch_ref,
+    kept_tokens_per_expert,
     normalize_routing,
     permute_ref,
 )
@@ -134,7 +135,8 @@ def check_rank(d, got, perm, combined, xgrad, pgrad, bound=None):
     P = pm.num_rows
     kept = P if bound is None else min(P, bound)
     assert got["rows"] == (P if bound is None else bound), f"rank {d}: rows"
-    assert torch.equal(got["tokens_per_expert"], pm.tokens_per_expert), f"rank {d}: tokens_per_expert"
+    # the rows kept per expert (with a bound that dropped rows, fewer than the true counts)
+    assert torch.equal(got["tokens_per_expert"], kept_tokens_per_expert(pm, bound)), f"rank {d}: tokens_per_expert"
     assert got["tokens_per_expert"].dtype == torch.int64
     assert torch.equal(got["hidden"][:kept], pm.hidden[:kept]), f"rank {d}: dispatched hidden"
     assert got["probs"].dtype == torch.float32
@@ -165,6 +167,18 @@ def moe_layer(rank, x, dispatched, dispatched_probs, tokens_per_expert, combine)
 # --------------------------------------------------------------------------- Megatron's autograd functions
 
 
+def dispatch_apply(*args, **kwargs):
+    """HybridEPDispatch.apply with keyword arguments: its positional order changed
+    (0.19 inserts num_blocks_permute, num_blocks_unpermute and fused before
+    num_permuted_tokens), so bind them to the installed version's forward()."""
+    import inspect
+
+    params = list(inspect.signature(fused_a2a.HybridEPDispatch.forward).parameters.values())[1:]  # drop ctx
+    bound = inspect.Signature(params).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return fused_a2a.HybridEPDispatch.apply(*bound.args)
+
+
 def run_autograd_functions(world, counts, seed, pad_multiple=None, bound=None):
     xs, maps, probs = make_rank_inputs(world, counts, seed)
 
@@ -173,8 +187,9 @@ def run_autograd_functions(world, counts, seed, pad_multiple=None, bound=None):
         assert group.size() == world
         x = xs[r].clone().requires_grad_()
         p = probs[r].clone().requires_grad_()
-        hid, dprobs, scales, tpe, handle = fused_a2a.HybridEPDispatch.apply(
-            x, maps[r], p, group, EL, SMS, SMS, bound, pad_multiple)
+        hid, dprobs, scales, tpe, handle = dispatch_apply(
+            x, maps[r], p, group, EL, num_sms_dispatch_api=SMS, num_sms_combine_api=SMS,
+            num_permuted_tokens=bound, pad_multiple=pad_multiple)
         assert scales is None
         combined, n = moe_layer(
             r, x, hid, dprobs, tpe,
@@ -231,8 +246,8 @@ def test_buffer_is_one_per_rank_and_reused():
         r = group.rank()
         seen = []
         for _ in range(2):
-            hid, _, _, tpe, handle = fused_a2a.HybridEPDispatch.apply(
-                xs[r], maps[r], probs[r], group, EL, SMS, SMS, None, None)
+            hid, _, _, tpe, handle = dispatch_apply(
+                xs[r], maps[r], probs[r], group, EL, num_sms_dispatch_api=SMS, num_sms_combine_api=SMS)
             fused_a2a.HybridEPCombine.apply(hid, handle, None, None)
             adapter = fused_a2a._hybrid_ep_buffer
             seen.append((adapter, adapter.buffer))
@@ -258,7 +273,7 @@ def test_adapters_with_the_same_settings_are_one_under_the_simulator():
         b = railyard.megatron.HybridEPBuffer(group, H, 16, EL, num_sms_dispatch_api=SMS)
         c = railyard.megatron.HybridEPBuffer(group, H, 16, EL, num_sms_dispatch_api=SMS + 1)
         assert a is b and a is not c
-        assert a.max_num_of_tokens_per_rank == MAX_TOKENS
+        assert a.max_num_of_tokens_per_rank == 512  # DeepEP's sizing: >= 512, a multiple of 64
         return a  # kept alive by the results list, as Megatron's global keeps it
 
     adapters = railyard.sim.run(world_size=2, fn=fn, ranks_per_domain=2, seed=3)
@@ -269,9 +284,14 @@ def test_adapters_with_the_same_settings_are_one_under_the_simulator():
 
 
 def manager_config(**overrides):
-    """The TransformerConfig fields _HybridEPManager reads."""
+    """The TransformerConfig fields _HybridEPManager reads (0.16.1 and 0.19.2: the
+    later names too; each version reads its own)."""
     cfg = dict(moe_permute_fusion=False, moe_expert_capacity_factor=None, moe_pad_expert_input_to_capacity=False,
-               moe_router_topk=K, fp8=None, fp4=None, moe_hybridep_num_sms=SMS)
+               moe_router_topk=K, fp8=None, fp4=None, moe_hybridep_num_sms=SMS, moe_flex_dispatcher_num_sms=SMS,
+               moe_expert_rank_capacity_factor=None, moe_hybridep_pad_uneven_dispatch_inputs=False,
+               moe_hybridep_num_blocks_permute=None, moe_hybridep_num_blocks_unpermute=None,
+               moe_permute_fusion_into_hybridep=False, moe_hybridep_num_sms_preprocessing=None,
+               use_transformer_engine_op_fuser=False)
     cfg.update(overrides)
     return types.SimpleNamespace(**cfg)
 
@@ -304,6 +324,113 @@ class RecordingManager(token_dispatcher._HybridEPManager):
         return out
 
 
+class _CudaTensorsOnCpu(torch.overrides.TorchFunctionMode):
+    """Megatron >= 0.18's _HybridEPManager makes its over_budget flag with
+    device='cuda'; on this CPU-only machine make it a CPU tensor."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if str(kwargs.get("device", "")).startswith("cuda"):
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+def make_manager(group, world, cfg, cls=None):
+    with _CudaTensorsOnCpu():
+        return (cls or RecordingManager)(group, num_local_experts=EL, num_experts=world * EL, config=cfg)
+
+
+def _reads_handle_overflow():
+    import inspect
+
+    return "handle[-1]" in inspect.getsource(token_dispatcher._HybridEPManager.dispatch)
+
+
+def skewed_routing(T, E):
+    """Every token to experts 0 and 1 (both on rank 0): rank 0 receives 2 rows per token
+    of every rank, rank 1 none."""
+    m = torch.zeros(T, E, dtype=torch.bool)
+    m[:, :2] = True
+    return m
+
+
+@pytest.mark.skipif(not _reads_handle_overflow(), reason="this megatron-core predates moe_expert_rank_capacity_factor")
+@pytest.mark.parametrize("factor", [1.0, 2.5], ids=["overflow_on_rank0", "within_budget"])
+def test_hybridep_manager_rank_capacity_factor(factor):
+    """moe_expert_rank_capacity_factor (Megatron >= 0.18): a static budget, bounded
+    dispatch; Megatron ORs handle[-1] into over_budget. It must be set exactly on the rank
+    that dropped rows, and the tokens_per_expert handed to the grouped GEMM must count
+    the rows kept (their sum is the rows written)."""
+    world, T = 2, 100
+    counts = [T] * world
+    xs, _, probs = make_rank_inputs(world, counts, 70)
+    maps = [skewed_routing(T, world * EL) for _ in range(world)]
+    # the budget rounds up to the alignment: 256 with the TE op fuser
+    cfg = manager_config(moe_expert_rank_capacity_factor=factor, use_transformer_engine_op_fuser=True)
+    budget = -(-int(T * K * factor) // 256) * 256
+
+    def fn(group):
+        r = group.rank()
+        mgr = make_manager(group, world, cfg)
+        res = run_manager_step(mgr, r, world, xs[r], maps[r], probs[r])
+        assert mgr.num_permuted_tokens is None  # released by combine (not drop-and-pad)
+        res["over_budget"] = bool(mgr.over_budget.any())
+        return res
+
+    got = railyard.sim.run(world_size=world, fn=fn, ranks_per_domain=world, seed=7)
+    perm, combined, xgrad, pgrad = expected(world, counts, xs, maps, probs, bound=budget)
+    for d in range(world):
+        P = perm[d].num_rows
+        g = got[d]
+        assert g["over_budget"] == (P > budget), f"rank {d}: over_budget {g['over_budget']} with {P} rows, budget {budget}"
+        assert g["overflow"] == int(P > budget)
+        kept = kept_tokens_per_expert(perm[d], budget)
+        assert torch.equal(g["tokens_per_expert"], kept), f"rank {d}: tokens_per_expert {g['tokens_per_expert']}, kept {kept}"
+        assert int(g["tokens_per_expert"].sum()) == min(P, budget)
+        n = min(P, budget)
+        assert g["rows"] == budget
+        assert torch.equal(g["hidden"][:n], perm[d].hidden[:n]), f"rank {d}: dispatched rows"
+        assert torch.equal(g["combined"], combined[d]), f"rank {d}: combined"
+        assert torch.equal(g["xgrad"], xgrad[d]), f"rank {d}: grad of x"
+        assert torch.equal(g["pgrad"], pgrad[d]), f"rank {d}: grad of probs"
+    assert perm[0].num_rows > budget if factor == 1.0 else perm[0].num_rows <= budget  # the case is what it says
+
+
+def _sim_all_reduce(tensor, op=None, group=None, async_op=False):
+    """torch.distributed.all_reduce(MAX) over a railyard.sim group, for Megatron's
+    padding of uneven inputs (the simulator's group is not a torch.distributed one)."""
+    assert op == torch.distributed.ReduceOp.MAX and isinstance(group, railyard.sim.SimGroup)
+    tensor.copy_(torch.stack(group.all_gather(tensor)).amax(dim=0))
+
+
+@pytest.mark.skipif(not _reads_handle_overflow(), reason="this megatron-core has no moe_hybridep_pad_uneven_dispatch_inputs")
+@pytest.mark.parametrize("counts", [[12, 16], [530, 300]], ids=["fits", "grows_past_512"])
+def test_hybridep_manager_pad_uneven_inputs(counts, monkeypatch):
+    """moe_hybridep_pad_uneven_dispatch_inputs: Megatron pads every rank's tokens to the
+    group's largest count rounded up to 64 (576 for 530: past the buffer's 512, so the
+    buffer grows on every rank in the same call); results match the unpadded reference."""
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "all_reduce", _sim_all_reduce)
+    world = 2
+    xs, maps, probs = make_rank_inputs(world, counts, 80)
+    cfg = manager_config(moe_hybridep_pad_uneven_dispatch_inputs=True)
+
+    def fn(group):
+        r = group.rank()
+        mgr = make_manager(group, world, cfg)
+        res = run_manager_step(mgr, r, world, xs[r], maps[r], probs[r])
+        res["capacity"] = fused_a2a._hybrid_ep_buffer.max_num_of_tokens_per_rank
+        return res
+
+    got = railyard.sim.run(world_size=world, fn=fn, ranks_per_domain=world, seed=8)
+    perm, combined, xgrad, pgrad = expected(world, counts, xs, maps, probs)
+    padded = -(-max(counts) // 64) * 64
+    for d in range(world):
+        check_rank(d, got[d], perm, combined, xgrad, pgrad)
+        assert got[d]["capacity"] == max(512, padded)
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_hybridep_manager(world):
     """_HybridEPManager without capacity: blocking dispatch, two steps in a row."""
@@ -312,7 +439,7 @@ def test_hybridep_manager(world):
 
     def fn(group):
         r = group.rank()
-        mgr = RecordingManager(group, num_local_experts=EL, num_experts=world * EL, config=manager_config())
+        mgr = make_manager(group, world, manager_config())
         out = []
         for xs, maps, probs in steps:
             out.append(run_manager_step(mgr, r, world, xs[r], maps[r], probs[r]))
@@ -350,7 +477,7 @@ def test_hybridep_manager_drop_and_pad(world):
 
     def fn(group):
         r = group.rank()
-        mgr = RecordingManager(group, num_local_experts=EL, num_experts=world * EL, config=cfg)
+        mgr = make_manager(group, world, cfg)
         res = run_manager_step(mgr, r, world, xs[r], maps[r], probs[r])
         assert mgr.num_permuted_tokens == capacity * world * EL
         return res
@@ -430,8 +557,9 @@ def test_flex_token_dispatcher(world, tp, torch_distributed_initialised):
         r = group.rank()
         pgs = types.SimpleNamespace(ep=None, expt_tp=_SubGroup(r % tp, tp), tp_ep=group)
         pgs.ep = _SubGroup(r // tp, ep)
-        disp = token_dispatcher.MoEFlexTokenDispatcher(
-            EL, [(r // tp) * EL + j for j in range(EL)], cfg, pg_collection=pgs)
+        with _CudaTensorsOnCpu():
+            disp = token_dispatcher.MoEFlexTokenDispatcher(
+                EL, [(r // tp) * EL + j for j in range(EL)], cfg, pg_collection=pgs)
         T = counts[r]
         x = xs[r].reshape(T, 1, H).clone().requires_grad_()
         p = probs[r].clone().requires_grad_()
@@ -546,7 +674,11 @@ def test_adapter_argument_mapping():
         group=None, hidden_dim=H, max_num_of_tokens_per_rank=8, num_local_experts=EL, use_fp8=False,
         num_sms_dispatch_api=3, num_sms_combine_api=4, num_sms_preprocessing_api=108,
         num_blocks_permute=5, num_blocks_unpermute=6, nvlink_domain_size=8)
-    assert buf.max_num_of_tokens_per_rank == MAX_TOKENS  # raised to install()'s floor
+    assert buf.max_num_of_tokens_per_rank == 512  # install()'s floor, then DeepEP's sizing (>= 512)
+    railyard.megatron.install(max_num_of_tokens_per_rank=1000)
+    big = railyard.megatron.HybridEPBuffer(group=None, hidden_dim=H, max_num_of_tokens_per_rank=8, num_local_experts=EL)
+    assert big.max_num_of_tokens_per_rank == 1024  # a multiple of 64
+    railyard.megatron.install(max_num_of_tokens_per_rank=MAX_TOKENS)
     assert (buf.num_sms_dispatch_api, buf.num_sms_combine_api) == (3, 4)
     assert buf._buffer_options == {"ranks_per_domain": 8}
     with pytest.warns(UserWarning, match="no_such_option"):
