@@ -244,7 +244,8 @@ void Engine::reset(const Config& config) {
   config_ = config;
   rng_ = Rng(config.seed);
   epoch_ = 1;
-  unpark_epoch_ = warp_epoch_ = idle_rounds_ = 0;
+  unpark_epoch_ = warp_epoch_ = idle_rounds_ = rounds_without_clock_ = 0;
+  clock_reads_ = warp_clock_reads_ = 0;
   next_launch_id_ = 0;
   quiescent_ = false;
   traffic_write_.clear();
@@ -441,27 +442,30 @@ void Engine::yield_runnable() {
 
 void Engine::yield_parked(const WaitInfo& wait) {
   Fiber* f = current_;
+  f->woken_by_warp = false;
   f->wait = wait;
   f->state = FiberState::Parked;
   switch_to_scheduler(f);
-  f->wait.kind = WaitInfo::Kind::None;
+  if (!f->woken_by_warp) f->wait.kind = WaitInfo::Kind::None;
 }
 
 void Engine::yield_blocked(const WaitInfo& wait) {
   Fiber* f = current_;
+  f->woken_by_warp = false;
   f->wait = wait;
   f->state = FiberState::Blocked;
   switch_to_scheduler(f);
-  f->wait.kind = WaitInfo::Kind::None;
+  if (!f->woken_by_warp) f->wait.kind = WaitInfo::Kind::None;
 }
 
 bool Engine::yield_timed(const WaitInfo& wait) {
   Fiber* f = current_;
+  f->woken_by_warp = false;
   f->wait = wait;
   f->state = FiberState::TimedWait;
   f->timed_out = false;
   switch_to_scheduler(f);
-  f->wait.kind = WaitInfo::Kind::None;
+  if (!f->woken_by_warp) f->wait.kind = WaitInfo::Kind::None;
   return !f->timed_out;
 }
 
@@ -732,6 +736,11 @@ void Engine::fault(ErrorKind kind, const std::string& message, Loc loc) {
   std::ostringstream os;
   os << "railyard simulator: " << to_string(kind) << " in " << where(current_) << " at " << format_loc(loc)
      << " (" << loc.function_name() << "): " << message << " [seed " << config_.seed << "]";
+  // A wait that gave up because the clock warped: say what every other thread waited
+  // on at that moment, so a deadlock reads the same whichever budget ran out first.
+  if (kind == ErrorKind::Trap && current_->woken_by_warp)
+    os << "\nThe virtual clock had jumped because no thread could make progress; at that point:\n"
+       << waits_report();
   if (!pending_fault_.set) {
     pending_fault_.set = true;
     pending_fault_.kind = kind;
@@ -779,52 +788,97 @@ void Engine::destroy_kernel(KernelRun& k) {
 namespace {
 // Far longer than a woken thread takes to run (microseconds), even on a loaded machine.
 constexpr auto kHostScopeGrace = std::chrono::seconds(2);
+// The virtual clock never warps past this (about 86 years at 1.7 GHz): a fiber that
+// still polls by then waits on something no cycle budget bounds.
+constexpr uint64_t kMaxVirtualCycles = uint64_t{1} << 62;
 }  // namespace
 
+// No fiber can make progress. Either pause (a host thread asked for quiescence), or
+// warp the virtual clock so that polling waiters run again and their cycle budgets can
+// expire, or report a hang.
 void Engine::warp_or_hang() {
-  // A host thread asked to run until nothing more can happen on its own
-  // (stream_query): stop here instead of warping the clock. quiescent_ stays set, so
-  // the engine idles, until the next host call.
+  if (pause_for_quiescence()) return;
+  if (epoch_ != warp_epoch_) {
+    idle_rounds_ = rounds_without_clock_ = 0;
+    warp_cycles_ = std::max<uint64_t>(config_.idle_warp_cycles, 1);
+  }
+  if (idle_rounds_ == 0 && wait_for_returning_host_threads()) return;
+  if (may_warp()) {
+    warp_clock();
+    return;
+  }
+  report_hang();
+}
+
+// A host thread asked to run until nothing more can happen on its own (stream_query):
+// stop here instead of warping the clock. quiescent_ stays set, so the engine idles,
+// until the next host call.
+bool Engine::pause_for_quiescence() {
   bool wants_quiescence = false;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     for (const HostWaiter* w : host_waiters_) wants_quiescence |= w->wants_quiescence;
   }
-  if (wants_quiescence) {
-    quiescent_ = true;
-    check_host_waiters();
-    return;
-  }
-  if (epoch_ != warp_epoch_) idle_rounds_ = 0;
-  if (idle_rounds_ == 0) {
-    // A host thread woken from a HostWaitScope (by another host thread, say the last
-    // rank to reach a bootstrap barrier) counts as blocked until its own thread runs
-    // the end of the scope; meanwhile another rank may have blocked in a synchronize
-    // and let the engine run. Before time warps or a hang report, give such threads a
-    // real-time grace to come back: if one does, pause, and the world goes on as if
-    // the hand-off had been immediate.
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (host_scopes_ > 0 &&
-        cv_.wait_for(lock, kHostScopeGrace, [&] { return active_.load() > 0; })) {
-      return;
+  if (!wants_quiescence) return false;
+  quiescent_ = true;
+  check_host_waiters();
+  return true;
+}
+
+// A host thread woken from a HostWaitScope (by another host thread, say the last rank
+// to reach a bootstrap barrier) counts as blocked until its own thread runs the end of
+// the scope; meanwhile another rank may have blocked in a synchronize and let the
+// engine run. Before time warps or a hang report, give such threads a real-time grace
+// to come back: if one does (true), pause, and the world goes on as if the hand-off
+// had been immediate.
+bool Engine::wait_for_returning_host_threads() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return host_scopes_ > 0 && cv_.wait_for(lock, kHostScopeGrace, [&] { return active_.load() > 0; });
+}
+
+// Whether the clock may warp once more. A waiter that reads clock64() between two
+// warps is timing its wait against a cycle budget (pipeline::timeout_while): the jumps
+// double, so any budget up to kMaxVirtualCycles expires after a few dozen rounds, and
+// such rounds do not count towards Config::max_idle_rounds. A waiter that polls
+// without reading the clock can only be released by another thread, which none is:
+// after max_idle_rounds such rounds it is a hang.
+bool Engine::may_warp() {
+  if (parked_.empty() && timed_.empty()) return false;  // every fiber is blocked for good
+  if (idle_rounds_ > 0) {
+    if (clock_reads_ == warp_clock_reads_) {
+      ++rounds_without_clock_;
+    } else if (warp_cycles_ <= kMaxVirtualCycles / 2) {
+      warp_cycles_ *= 2;
     }
   }
-  const bool waiters = !parked_.empty() || !timed_.empty();
-  if (waiters && idle_rounds_ < config_.max_idle_rounds) {
-    ++idle_rounds_;
-    stats_.virtual_cycles += config_.idle_warp_cycles;
-    for (Fiber* f : parked_) make_runnable(f);
-    parked_.clear();
-    for (Fiber* f : timed_) {
-      f->timed_out = true;
-      make_runnable(f);
-    }
-    timed_.clear();
-    unpark_epoch_ = epoch_;
-    warp_epoch_ = epoch_;
-    return;
+  return rounds_without_clock_ < config_.max_idle_rounds &&
+         stats_.virtual_cycles <= kMaxVirtualCycles - std::min(warp_cycles_, kMaxVirtualCycles);
+}
+
+void Engine::warp_clock() {
+  ++idle_rounds_;
+  stats_.virtual_cycles += warp_cycles_;
+  for (Fiber* f : parked_) {
+    f->woken_by_warp = true;
+    make_runnable(f);
   }
-  const std::string report = hang_report();
+  parked_.clear();
+  for (Fiber* f : timed_) {
+    f->timed_out = f->woken_by_warp = true;
+    make_runnable(f);
+  }
+  timed_.clear();
+  unpark_epoch_ = epoch_;
+  warp_epoch_ = epoch_;
+  warp_clock_reads_ = clock_reads_;
+}
+
+// Faults every device with a kernel or a pending stream operation with the hang report.
+void Engine::report_hang() {
+  std::string report = hang_report();
+  if (rounds_without_clock_ < config_.max_idle_rounds && (!parked_.empty() || !timed_.empty()))
+    report += "the virtual clock reached its limit of 2^62 cycles while the waits above still read it: "
+              "no cycle budget bounds them\n";
   std::vector<int> devs;
   for (const auto& k : kernels_) devs.push_back(k->device);
   for (std::size_t s = 0; s < streams_.size(); ++s)
@@ -852,7 +906,15 @@ std::string lanes_string(const std::vector<unsigned>& lanes) {
 std::string Engine::hang_report() const {
   std::ostringstream os;
   os << "railyard simulator: hang: no thread can make progress (seed " << config_.seed << ", "
-     << stats_.scheduler_steps << " steps, virtual clock " << stats_.virtual_cycles << " cycles)\n";
+     << stats_.scheduler_steps << " steps, virtual clock " << stats_.virtual_cycles << " cycles)\n"
+     << waits_report();
+  return os.str();
+}
+
+// Every kernel's blocks and warps, the lanes grouped by what they wait on; stream heads
+// waiting on events, pending bulk copies and agents.
+std::string Engine::waits_report() const {
+  std::ostringstream os;
   for (const auto& kp : kernels_) {
     const KernelRun& k = *kp;
     os << "device " << k.device << " stream " << k.stream << " kernel '" << k.config.name << "' grid "
@@ -869,7 +931,9 @@ std::string Engine::hang_report() const {
           const Fiber& f = *b.fibers[w * 32 + l];
           std::ostringstream d;
           const WaitInfo& wi = f.wait;
-          switch (f.state) {
+          // A fiber woken only by a clock warp is described by the wait it was in.
+          const bool warped = f.state == FiberState::Runnable && f.woken_by_warp && wi.kind != WaitInfo::Kind::None;
+          switch (warped ? FiberState::Blocked : f.state) {
             case FiberState::Done: d << "exited"; break;
             case FiberState::Runnable: d << "runnable"; break;
             default:

@@ -74,6 +74,7 @@ struct Fiber {
   WaitInfo wait;
   uint64_t park_epoch = 0;
   bool timed_out = false;  // set when a clock warp ends a timed wait
+  bool woken_by_warp = false;  // ran again only because the clock warped; cleared when it waits again
   // Idle-poll detection: what this fiber's ordered loads saw since it last changed
   // memory. A load that sees the same value again is an idle poll.
   struct PollRecord {
@@ -278,6 +279,10 @@ class Engine {
   void count_traffic(int device, int owner, std::size_t bytes, bool write);
   void issue_async(const AsyncOp& op);
   uint64_t clock() const { return stats_.virtual_cycles; }
+  uint64_t read_clock() {  // clock64(): a fiber that reads the clock may be timing a wait
+    ++clock_reads_;
+    return stats_.virtual_cycles;
+  }
   Mbarrier* mbarrier(uint64_t* bar, Loc loc, bool must_exist);
   void complete_tx(Mbarrier& bar, uint32_t bytes);
   void arrive(Mbarrier& bar, unsigned count);
@@ -294,7 +299,13 @@ class Engine {
   void retire_finished();
   void complete_async(std::size_t index);
   void warp_or_hang();
+  bool pause_for_quiescence();
+  bool wait_for_returning_host_threads();
+  bool may_warp();
+  void warp_clock();
+  void report_hang();
   std::string hang_report() const;
+  std::string waits_report() const;
   void fault_device(int device, ErrorKind kind, const std::string& report);
   void destroy_kernel(KernelRun& k);
   void finish_head(int stream);
@@ -342,7 +353,11 @@ class Engine {
   uint64_t epoch_ = 1;
   uint64_t unpark_epoch_ = 0;
   uint64_t warp_epoch_ = 0;
-  uint64_t idle_rounds_ = 0;
+  uint64_t idle_rounds_ = 0;         // clock warps since the last progress
+  uint64_t rounds_without_clock_ = 0;  // of those, rounds in which no waiter read the clock
+  uint64_t warp_cycles_ = 0;         // the next warp's jump
+  uint64_t clock_reads_ = 0;         // clock64() calls, ever
+  uint64_t warp_clock_reads_ = 0;    // clock_reads_ at the last warp
   bool admission_dirty_ = false;
   bool quiescent_ = false;
   std::vector<uint64_t> traffic_write_, traffic_read_;

@@ -46,8 +46,11 @@ DeviceProps b200_props();
 struct Config {
   uint64_t seed = 1;
   // When no fiber can make progress but some are polling or in a timed wait, the
-  // virtual clock jumps by idle_warp_cycles and the waiters run again; after
-  // max_idle_rounds consecutive jumps without progress the simulator reports a hang.
+  // virtual clock jumps and the waiters run again, so their cycle budgets can expire.
+  // The first jump is idle_warp_cycles; the next ones double while some waiter reads
+  // clock64() between jumps (it times its wait), up to a clock of 2^62 cycles. After
+  // max_idle_rounds jumps in which no waiter read the clock, or at that limit, the
+  // simulator reports a hang. docs/simulator.md, "Hangs and bounded waits".
   uint64_t idle_warp_cycles = uint64_t{1} << 20;
   uint64_t max_idle_rounds = 64;
   std::size_t fiber_stack_bytes = 256 * 1024;
