@@ -8,6 +8,9 @@
 #include <cstring>
 #include <sstream>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 namespace railyard::sim::detail {
 
 // ---- Rng ------------------------------------------------------------------------------
@@ -62,6 +65,10 @@ struct ThreadRegistration {
   }
 };
 thread_local ThreadRegistration t_registration;
+thread_local HostScope t_scope;
+
+// Far longer than a woken thread takes to run (microseconds), even on a loaded machine.
+constexpr auto kHostScopeGrace = std::chrono::seconds(2);
 
 // Project-relative file name for reports.
 std::string short_file(const char* path) {
@@ -120,6 +127,7 @@ void Engine::block_until(std::unique_lock<std::mutex>& lock, std::function<bool(
   if (ready()) return;
   HostWaiter waiter{std::move(ready), wants_quiescence};
   host_waiters_.push_back(&waiter);
+  ++host_transitions_;
   ++blocked_;
   active_ = participants_ - blocked_;
   cv_.notify_all();
@@ -131,7 +139,13 @@ void Engine::block_until(std::unique_lock<std::mutex>& lock, std::function<bool(
 bool Engine::begin_host_wait(bool counted) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!t_registration.registered) return false;
-  if (counted) ++host_scopes_;
+  ++host_transitions_;
+  if (counted) {
+    ++host_scopes_;
+    t_scope.confirmed_at = host_transitions_;
+    t_scope.tid = static_cast<pid_t>(::syscall(SYS_gettid));
+    scopes_.push_back(&t_scope);
+  }
   ++blocked_;
   active_ = participants_ - blocked_;
   cv_.notify_all();
@@ -141,7 +155,10 @@ bool Engine::begin_host_wait(bool counted) {
 void Engine::end_host_wait(bool counted) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!t_registration.registered) return;
-  if (counted) --host_scopes_;
+  if (counted) {
+    --host_scopes_;
+    std::erase(scopes_, &t_scope);
+  }
   --blocked_;
   cv_.notify_all();  // an engine waiting out its grace (warp_or_hang) may stop now
   active_ = participants_ - blocked_;
@@ -166,6 +183,7 @@ void Engine::adopt_preassigned() {
 void Engine::leave() {
   std::unique_lock<std::mutex> lock(mutex_);
   t_registration.registered = false;
+  ++host_transitions_;
   --participants_;
   active_ = participants_ - blocked_;
   cv_.notify_all();
@@ -184,6 +202,7 @@ void Engine::engine_main() {
   for (;;) {
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait(lock, [&] { return world_ready(); });
+    if (released_host_thread_returned(lock)) continue;
     engine_running_ = true;
     lock.unlock();
     run_until_pause();
@@ -191,6 +210,56 @@ void Engine::engine_main() {
     engine_running_ = false;
     cv_.notify_all();
   }
+}
+
+namespace {
+// The scheduler state of thread `tid` of this process as Linux reports it ('S':
+// sleeping in the kernel, 'R': running or runnable), or '?' where it cannot be read.
+char thread_state(pid_t tid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/task/%d/stat", static_cast<int>(tid));
+  std::FILE* f = std::fopen(path, "r");
+  if (!f) return '?';
+  char buf[512];
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');  // the command name may contain spaces
+  return p && p[1] == ' ' ? p[2] : '?';
+}
+}  // namespace
+
+// A host thread in a HostWaitScope is counted as blocked, but another host thread may
+// already have released it (the last rank to reach a bootstrap barrier wakes the
+// others and goes on); the engine is not told. Starting now would make what runs
+// first depend on how fast the operating system wakes the released thread. So when a
+// thread in a scope may have been released (some host thread acted after it entered
+// the scope or was last confirmed waiting), wait: if it comes back (true), it acts
+// and blocks before the engine starts. It is confirmed waiting for real when the
+// kernel shows it sleeping in three samples a millisecond apart (a released thread is
+// runnable, or sleeps only on a lock another released thread holds), or, where that
+// cannot be read, after kHostScopeGrace.
+bool Engine::released_host_thread_returned(std::unique_lock<std::mutex>& lock) {
+  auto maybe_released = [&](const HostScope* s) { return s->confirmed_at < host_transitions_; };
+  if (std::none_of(scopes_.begin(), scopes_.end(), maybe_released)) return false;
+  const uint64_t transitions = host_transitions_;
+  const auto deadline = std::chrono::steady_clock::now() + kHostScopeGrace;
+  for (int sleeping_samples = 0; sleeping_samples < 3;) {
+    std::vector<pid_t> tids;
+    for (const HostScope* s : scopes_)
+      if (maybe_released(s)) tids.push_back(s->tid);
+    lock.unlock();
+    const bool all_sleeping = std::all_of(tids.begin(), tids.end(), [](pid_t t) { return thread_state(t) == 'S'; });
+    lock.lock();
+    sleeping_samples = all_sleeping ? sleeping_samples + 1 : 0;
+    const auto wait = std::min<std::chrono::steady_clock::duration>(std::chrono::milliseconds(1),
+                                                                    deadline - std::chrono::steady_clock::now());
+    if (cv_.wait_for(lock, wait, [&] { return participants_ != blocked_ || host_transitions_ != transitions; }))
+      return true;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+  }
+  for (HostScope* s : scopes_) s->confirmed_at = host_transitions_;
+  return false;
 }
 
 void Engine::run_until_pause() {
@@ -228,6 +297,7 @@ void Engine::reset(const Config& config) {
   allocations_.clear();
   devices_.clear();
   streams_.clear();
+  admission_order_.clear();
   events_done_.clear();
   event_device_.clear();
   kernels_.clear();
@@ -355,7 +425,15 @@ int Engine::new_stream(int dev) {
   StreamState s;
   s.device = dev;
   streams_.push_back(std::move(s));
-  return static_cast<int>(streams_.size()) - 1;
+  const int id = static_cast<int>(streams_.size()) - 1;
+  // Rank threads create streams in whatever order the operating system runs them, so
+  // ids are not reproducible; the order in which the engine admits their work must
+  // be. Admission goes by device, then by creation on that device (one thread's
+  // program order).
+  const auto after = std::upper_bound(admission_order_.begin(), admission_order_.end(), dev,
+                                      [&](int d, int other) { return d < streams_[other].device; });
+  admission_order_.insert(after, id);
+  return id;
 }
 
 int Engine::new_event(int device) {
@@ -529,13 +607,28 @@ bool Engine::step() {
   ++stats_.virtual_cycles;
   const uint64_t pick = rng_.below(nf + na + agents_.size());
   if (pick < nf) {
+    const Fiber* f = runnable_[pick];
+    const Block* b = f->block;
+    const Dim3 g = b->kernel->config.grid;
+    record_decision(0, static_cast<uint64_t>(b->kernel->device), (b->idx.z * g.y + b->idx.y) * g.x + b->idx.x,
+                    f->tid);
     run_fiber(runnable_[pick]);
   } else if (pick < nf + na) {
+    const AsyncOp& op = async_[pick - nf];
+    record_decision(1, static_cast<uint64_t>(op.block->kernel->device), op.issuer->tid, op.bytes);
     complete_async(pick - nf);
-  } else if (agents_[pick - nf - na]->step()) {
+  } else if (record_decision(2, pick - nf - na, 0, 0), agents_[pick - nf - na]->step()) {
     ++epoch_;
   }
   return true;
+}
+
+// Folds one scheduling decision into Stats::schedule_digest (FNV-1a over the words).
+void Engine::record_decision(uint64_t what, uint64_t a, uint64_t b, uint64_t c) {
+  for (uint64_t word : {what, a, b, c}) {
+    stats_.schedule_digest ^= word;
+    stats_.schedule_digest *= 0x100000001b3ull;
+  }
 }
 
 void Engine::admit() {
@@ -543,7 +636,7 @@ void Engine::admit() {
   bool again = true;
   while (again) {
     again = false;
-    for (std::size_t sid = 0; sid < streams_.size(); ++sid) {
+    for (const int sid : admission_order_) {
       StreamState& s = streams_[sid];
       while (!s.ops.empty() && !s.head_started) {
         StreamOp& op = s.ops.front();
@@ -786,8 +879,6 @@ void Engine::destroy_kernel(KernelRun& k) {
 }
 
 namespace {
-// Far longer than a woken thread takes to run (microseconds), even on a loaded machine.
-constexpr auto kHostScopeGrace = std::chrono::seconds(2);
 // The virtual clock never warps past this (about 86 years at 1.7 GHz): a fiber that
 // still polls by then waits on something no cycle budget bounds.
 constexpr uint64_t kMaxVirtualCycles = uint64_t{1} << 62;
@@ -858,6 +949,7 @@ bool Engine::may_warp() {
 void Engine::warp_clock() {
   ++idle_rounds_;
   stats_.virtual_cycles += warp_cycles_;
+  record_decision(3, warp_cycles_, parked_.size(), timed_.size());
   for (Fiber* f : parked_) {
     f->woken_by_warp = true;
     make_runnable(f);

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <source_location>
+#include <sys/types.h>
 #include <string>
 #include <thread>
 #include <vector>
@@ -197,6 +198,12 @@ struct HostWaiter {
   bool satisfied = false;
 };
 
+// A participating host thread inside a counted HostWaitScope.
+struct HostScope {
+  uint64_t confirmed_at = 0;  // Engine::host_transitions_ when it entered or was last confirmed waiting
+  pid_t tid = 0;              // its kernel thread id
+};
+
 // Guard-paged fiber stacks, kept for reuse: a kernel starts and retires thousands of
 // threads, and mapping and unmapping a stack for each one costs more than running it.
 class StackPool {
@@ -292,12 +299,14 @@ class Engine {
   Engine();
   void engine_main();
   void run_until_pause();
+  bool released_host_thread_returned(std::unique_lock<std::mutex>& lock);
   bool step();  // false when nothing can run without a clock warp
   void run_fiber(Fiber* f);
   void admit();
   void start_block(KernelRun& k);
   void retire_finished();
   void complete_async(std::size_t index);
+  void record_decision(uint64_t what, uint64_t a, uint64_t b, uint64_t c);
   void warp_or_hang();
   bool pause_for_quiescence();
   bool wait_for_returning_host_threads();
@@ -322,6 +331,8 @@ class Engine {
   int blocked_ = 0;
   int preassigned_ = 0;
   int host_scopes_ = 0;  // participants inside a counted HostWaitScope
+  std::vector<HostScope*> scopes_;  // their records
+  uint64_t host_transitions_ = 0;  // times a participating host thread blocked or left
   std::atomic<int> active_{0};  // participants_ - blocked_, read lock-free by the engine
   bool engine_running_ = false;
   std::vector<HostWaiter*> host_waiters_;
@@ -332,6 +343,7 @@ class Engine {
   Rng rng_;
   std::vector<DeviceState> devices_;
   std::vector<StreamState> streams_;
+  std::vector<int> admission_order_;  // stream ids by (device, creation on that device)
   std::vector<bool> events_done_;
   std::vector<int> event_device_;
   std::map<uintptr_t, Allocation> allocations_;

@@ -1,5 +1,9 @@
 // The simulator's promises to programs of several ranks, one host thread each, that
 // meet in the in-process bootstrap and call railyard::Buffer (src/api):
+//  - Replay: the same seed replays the same interleaving (the same scheduler steps and
+//    schedule digest) although the ranks leave each bootstrap barrier in whatever
+//    order the operating system wakes them; combine of the dispatched rows gives each
+//    token times the number of experts it chose.
 //  - Default budgets: a rank that never dispatches makes its peer's dispatch fail with
 //    the kernel's own timed-out wait (Error(Timeout) naming the wait and the peer), the
 //    virtual clock jumping over the default cycle budgets in a few dozen steps instead
@@ -68,6 +72,60 @@ RankTokens tokens_of(int rank, int num_ranks, int num_tokens, int hidden) {
     in.topk_weights.insert(in.topk_weights.end(), {0.5f, 0.5f});
   }
   return in;
+}
+
+struct ProgramRun {
+  sim::Stats stats;
+  std::vector<std::string> errors;  // per rank; empty: none
+};
+
+// n ranks: bootstrap barrier, Buffer, barrier, dispatch, combine of the dispatched
+// rows, barrier; each rank checks its combined tokens.
+ProgramRun run_program(int n, uint64_t seed) {
+  constexpr int kTokens = 4, kHidden = 64;
+  reset_sim(n, seed);
+  auto group = runtime::make_sim_group(n);
+  ProgramRun run;
+  run.errors.resize(static_cast<std::size_t>(n));
+  sim::run_ranks(n, [&](int rank) {
+    runtime::gpu::set_current(rank);
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(small_config(n, kHidden, kTokens), *boot, {.dispatch_sms = 2, .combine_sms = 2});
+    const RankTokens in = tokens_of(rank, n, kTokens, kHidden);
+    const DeviceAllocation x = to_device(in.hidden), idx = to_device(in.topk_idx), w = to_device(in.topk_weights);
+    boot->barrier();
+    DispatchResult d = buffer.dispatch({.hidden = x.get(), .num_tokens = kTokens,
+                                        .topk_idx = static_cast<const int64_t*>(idx.get()),
+                                        .topk_weights = static_cast<const float*>(w.get()), .num_topk = 2});
+    CombineResult c = buffer.combine({.handle = &d.handle, .hidden = d.hidden.data()});
+    buffer.synchronize();
+    for (int t = 0; t < kTokens; ++t)
+      for (int h = 0; h < kHidden; ++h) {
+        const float got = bf16_to_float(c.hidden.data()[t * kHidden + h]);
+        if (got != 2.0f * float(rank * 8 + t + 1) && run.errors[rank].empty())
+          run.errors[rank] = "token " + std::to_string(t) + " element " + std::to_string(h) + " combined to " +
+                             std::to_string(got);
+      }
+    boot->barrier();
+  });
+  run.stats = sim::stats();
+  return run;
+}
+
+TEST(SimRanks, TheSameSeedReplaysThroughBootstrapBarriers) {
+  const int n = 4;
+  const uint64_t seed = 5;
+  std::vector<uint64_t> steps, digests;
+  for (int i = 0; i < 8; ++i) {
+    const ProgramRun run = run_program(n, seed);
+    for (int r = 0; r < n; ++r) EXPECT_EQ(run.errors[r], "") << "rank " << r << ", run " << i;
+    steps.push_back(run.stats.scheduler_steps);
+    digests.push_back(run.stats.schedule_digest);
+  }
+  for (int i = 1; i < 8; ++i) {
+    EXPECT_EQ(steps[i], steps[0]) << "run " << i << " of seed " << seed;
+    EXPECT_EQ(digests[i], digests[0]) << "run " << i << " of seed " << seed;
+  }
 }
 
 // Rank 1 never dispatches (it goes straight to its buffer's collective destroy); rank

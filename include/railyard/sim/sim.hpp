@@ -201,6 +201,10 @@ struct Stats {
   uint64_t fibers_run = 0;
   uint64_t async_ops_completed = 0;
   uint64_t virtual_cycles = 0;
+  // A hash of every scheduling decision in order (which thread of which block of
+  // which device ran, which bulk copy or agent was stepped, each clock warp): two
+  // runs with the same digest ran the same interleaving.
+  uint64_t schedule_digest = 0;
 };
 Stats stats();
 
