@@ -11,6 +11,20 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+// AddressSanitizer builds announce fiber switches (see "AddressSanitizer and fiber
+// switches" below).
+#if defined(__SANITIZE_ADDRESS__)
+#define RAILYARD_SIM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RAILYARD_SIM_ASAN 1
+#endif
+#endif
+#if RAILYARD_SIM_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 namespace railyard::sim::detail {
 
 // ---- Rng ------------------------------------------------------------------------------
@@ -39,6 +53,54 @@ uint64_t Rng::next() {
   return result;
 }
 
+// ---- AddressSanitizer and fiber switches ------------------------------------------------
+// ASan tracks one stack per thread. Every switch between the engine thread's own stack
+// and a fiber's stack is announced to it (start before, finish after), or it takes the
+// fiber's frames for overflows of the thread's stack, wherever a fiber throws or traps.
+#if RAILYARD_SIM_ASAN
+namespace {
+// The engine thread's stack (learnt on the first switch into a fiber) and its fake stack.
+const void* g_engine_stack_bottom = nullptr;
+std::size_t g_engine_stack_bytes = 0;
+void* g_engine_fake_stack = nullptr;
+void asan_enter_fiber(const Fiber* f) {
+  __sanitizer_start_switch_fiber(&g_engine_fake_stack, f->stack_bottom, f->stack_bytes);
+}
+void asan_back_on_engine() { __sanitizer_finish_switch_fiber(g_engine_fake_stack, nullptr, nullptr); }
+void asan_fiber_started() {
+  __sanitizer_finish_switch_fiber(nullptr, &g_engine_stack_bottom, &g_engine_stack_bytes);
+}
+void asan_leave_fiber(Fiber* f) {
+  __sanitizer_start_switch_fiber(&f->asan_fake_stack, g_engine_stack_bottom, g_engine_stack_bytes);
+}
+void asan_fiber_resumed(Fiber* f) { __sanitizer_finish_switch_fiber(f->asan_fake_stack, nullptr, nullptr); }
+void asan_fiber_exits() { __sanitizer_start_switch_fiber(nullptr, g_engine_stack_bottom, g_engine_stack_bytes); }
+// A reused stack must not keep the poisoned redzones of the frames that were on it.
+void asan_unpoison(const bctx::stack_context& s) {
+  ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(s.sp) - s.size, s.size);
+}
+}  // namespace
+#else
+namespace {
+void asan_enter_fiber(const Fiber*) {}
+void asan_back_on_engine() {}
+void asan_fiber_started() {}
+void asan_leave_fiber(Fiber*) {}
+void asan_fiber_resumed(Fiber*) {}
+void asan_fiber_exits() {}
+void asan_unpoison(const bctx::stack_context&) {}
+}  // namespace
+#endif
+
+Fiber::~Fiber() {
+  if (!context) return;
+  // Destroying a suspended fiber switches to its stack and unwinds it there
+  // (boost::context's forced_unwind), then comes back.
+  asan_enter_fiber(this);
+  context = bctx::fiber{};
+  asan_back_on_engine();
+}
+
 // ---- fiber stacks ------------------------------------------------------------------------
 StackPool::~StackPool() { release_all(); }
 
@@ -49,7 +111,10 @@ bctx::stack_context StackPool::allocate() {
   return sctx;
 }
 
-void StackPool::deallocate(bctx::stack_context& sctx) { free_.push_back(sctx); }
+void StackPool::deallocate(bctx::stack_context& sctx) {
+  asan_unpoison(sctx);
+  free_.push_back(sctx);
+}
 
 void StackPool::release_all() {
   for (auto& sctx : free_) allocator_.deallocate(sctx);
@@ -505,7 +570,16 @@ void Engine::wake(Fiber* f) {
 }
 
 namespace {
-void switch_to_scheduler(Fiber* f) { f->sink = std::move(f->sink).resume(); }
+void switch_to_scheduler(Fiber* f) {
+  asan_leave_fiber(f);
+  try {
+    f->sink = std::move(f->sink).resume();
+  } catch (const bctx::detail::forced_unwind&) {
+    asan_fiber_resumed(f);  // resumed to be destroyed (Fiber::~Fiber)
+    throw;
+  }
+  asan_fiber_resumed(f);
+}
 }  // namespace
 
 void Engine::yield_runnable() {
@@ -550,7 +624,9 @@ bool Engine::yield_timed(const WaitInfo& wait) {
 void Engine::run_fiber(Fiber* f) {
   remove_runnable(f);
   current_ = f;
+  asan_enter_fiber(f);
   f->context = std::move(f->context).resume();
+  asan_back_on_engine();
   current_ = nullptr;
   ++stats_.fibers_run;
   if (pending_fault_.set) {
@@ -680,22 +756,27 @@ void Engine::start_block(KernelRun& k) {
   const Dim3 bd = k.config.block;
   const unsigned threads = bd.count();
   block->fibers.reserve(threads);
-  PooledStack stack{stacks_.get()};
   for (unsigned t = 0; t < threads; ++t) {
     auto f = std::make_unique<Fiber>();
     Fiber* fp = f.get();
+    PooledStack stack{stacks_.get(), fp};
     fp->block = block.get();
     fp->tid = t;
     fp->thread_idx = Dim3(t % bd.x, (t / bd.x) % bd.y, t / (bd.x * bd.y));
     fp->groups.emplace_back();  // the open bulk group
     fp->context = bctx::fiber(std::allocator_arg, stack, [this, fp](bctx::fiber&& sink) {
+      asan_fiber_started();
       fp->sink = std::move(sink);
       try {
         fp->block->kernel->body();
       } catch (const KernelFault&) {
         // fault() recorded the report; the kernel is torn down by the scheduler.
+      } catch (const bctx::detail::forced_unwind&) {
+        asan_fiber_exits();  // destroyed while suspended: its stack is going away
+        throw;
       }
       fp->state = FiberState::Done;
+      asan_fiber_exits();
       return std::move(fp->sink);
     });
     make_runnable(fp);

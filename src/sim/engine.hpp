@@ -90,6 +90,15 @@ struct Fiber {
   // Warp collective in progress: where to deliver the lanes' values.
   uint64_t* collective_out = nullptr;
   std::size_t runnable_index = 0;
+  // Its stack, and AddressSanitizer's fake stack while it is switched out.
+  const void* stack_bottom = nullptr;
+  std::size_t stack_bytes = 0;
+  void* asan_fake_stack = nullptr;
+
+  Fiber() = default;
+  Fiber(const Fiber&) = delete;
+  Fiber& operator=(const Fiber&) = delete;
+  ~Fiber();  // unwinds a suspended fiber's stack
 };
 
 struct NamedBarrier {
@@ -220,9 +229,16 @@ class StackPool {
 };
 
 // The stack allocator handed to each fiber: a reference to the engine's pool.
+// It tells the fiber where its stack is (for AddressSanitizer's switch annotations).
 struct PooledStack {
   StackPool* pool;
-  bctx::stack_context allocate() { return pool->allocate(); }
+  Fiber* fiber;
+  bctx::stack_context allocate() {
+    bctx::stack_context sctx = pool->allocate();
+    fiber->stack_bottom = static_cast<char*>(sctx.sp) - sctx.size;
+    fiber->stack_bytes = sctx.size;
+    return sctx;
+  }
   void deallocate(bctx::stack_context& sctx) { pool->deallocate(sctx); }
 };
 
