@@ -723,8 +723,9 @@ void Engine::admit() {
           kernels_.push_back(op.kernel);
           break;
         }
-        if (op.kind == StreamOp::Kind::Memcpy) std::memmove(op.dst, op.src, op.bytes);
-        if (op.kind == StreamOp::Kind::Memset) std::memset(op.dst, op.value, op.bytes);
+        // A 0-byte copy may name null pointers, which memmove and memset must not get.
+        if (op.kind == StreamOp::Kind::Memcpy && op.bytes) std::memmove(op.dst, op.src, op.bytes);
+        if (op.kind == StreamOp::Kind::Memset && op.bytes) std::memset(op.dst, op.value, op.bytes);
         if (op.kind == StreamOp::Kind::EventRecord) {
           events_done_[op.event] = true;
           again = true;
