@@ -1010,8 +1010,10 @@ bool Engine::wait_for_returning_host_threads() {
 }
 
 // Whether the clock may warp once more. A waiter that reads clock64() between two
-// warps is timing its wait against a cycle budget (pipeline::timeout_while): the jumps
-// double, so any budget up to kMaxVirtualCycles expires after a few dozen rounds, and
+// warps is timing its wait against a cycle budget (pipeline::timeout_while): after
+// max_idle_rounds steady jumps (short budgets run out one jump apart, in the order the
+// waits began) the jumps double, so any budget up to kMaxVirtualCycles expires after a
+// few dozen more rounds, and
 // such rounds do not count towards Config::max_idle_rounds. A waiter that polls
 // without reading the clock can only be released by another thread, which none is:
 // after max_idle_rounds such rounds it is a hang.
@@ -1020,8 +1022,8 @@ bool Engine::may_warp() {
   if (idle_rounds_ > 0) {
     if (clock_reads_ == warp_clock_reads_) {
       ++rounds_without_clock_;
-    } else if (warp_cycles_ <= kMaxVirtualCycles / 2) {
-      warp_cycles_ *= 2;
+    } else if (idle_rounds_ >= config_.max_idle_rounds && warp_cycles_ <= kMaxVirtualCycles / 2) {
+      warp_cycles_ *= 2;  // steady jumps first: short budgets run out in the order they started
     }
   }
   return rounds_without_clock_ < config_.max_idle_rounds &&

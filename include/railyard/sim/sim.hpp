@@ -47,8 +47,9 @@ struct Config {
   uint64_t seed = 1;
   // When no fiber can make progress but some are polling or in a timed wait, the
   // virtual clock jumps and the waiters run again, so their cycle budgets can expire.
-  // The first jump is idle_warp_cycles; the next ones double while some waiter reads
-  // clock64() between jumps (it times its wait), up to a clock of 2^62 cycles. After
+  // The jumps are idle_warp_cycles for the first max_idle_rounds, then double while
+  // some waiter reads clock64() between jumps (it times its wait), up to a clock of
+  // 2^62 cycles. After
   // max_idle_rounds jumps in which no waiter read the clock, or at that limit, the
   // simulator reports a hang. docs/simulator.md, "Hangs and bounded waits".
   uint64_t idle_warp_cycles = uint64_t{1} << 20;
