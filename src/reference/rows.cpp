@@ -13,7 +13,8 @@ HiddenRows bf16_rows(std::span<const bf16> values) {
   HiddenRows rows;
   rows.dtype = DType::BF16;
   rows.bytes.resize(values.size() * sizeof(bf16));
-  std::memcpy(rows.bytes.data(), values.data(), rows.bytes.size());
+  // memcpy's pointers must be valid even for 0 bytes; an empty span's data() may be null.
+  if (!values.empty()) std::memcpy(rows.bytes.data(), values.data(), rows.bytes.size());
   return rows;
 }
 

@@ -483,7 +483,7 @@ void bulk_wait_group(unsigned max_pending, bool read_only, Loc loc) {
 }
 
 // ---- time and faults ----------------------------------------------------------------------------------------
-uint64_t clock64() { return engine().clock(); }
+uint64_t clock64() { return engine().read_clock(); }
 
 void nanosleep(unsigned ns, Loc loc) {
   WaitInfo wi;

@@ -8,6 +8,23 @@
 #include <cstring>
 #include <sstream>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+// AddressSanitizer builds announce fiber switches (see "AddressSanitizer and fiber
+// switches" below).
+#if defined(__SANITIZE_ADDRESS__)
+#define RAILYARD_SIM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RAILYARD_SIM_ASAN 1
+#endif
+#endif
+#if RAILYARD_SIM_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 namespace railyard::sim::detail {
 
 // ---- Rng ------------------------------------------------------------------------------
@@ -36,6 +53,54 @@ uint64_t Rng::next() {
   return result;
 }
 
+// ---- AddressSanitizer and fiber switches ------------------------------------------------
+// ASan tracks one stack per thread. Every switch between the engine thread's own stack
+// and a fiber's stack is announced to it (start before, finish after), or it takes the
+// fiber's frames for overflows of the thread's stack, wherever a fiber throws or traps.
+#if RAILYARD_SIM_ASAN
+namespace {
+// The engine thread's stack (learnt on the first switch into a fiber) and its fake stack.
+const void* g_engine_stack_bottom = nullptr;
+std::size_t g_engine_stack_bytes = 0;
+void* g_engine_fake_stack = nullptr;
+void asan_enter_fiber(const Fiber* f) {
+  __sanitizer_start_switch_fiber(&g_engine_fake_stack, f->stack_bottom, f->stack_bytes);
+}
+void asan_back_on_engine() { __sanitizer_finish_switch_fiber(g_engine_fake_stack, nullptr, nullptr); }
+void asan_fiber_started() {
+  __sanitizer_finish_switch_fiber(nullptr, &g_engine_stack_bottom, &g_engine_stack_bytes);
+}
+void asan_leave_fiber(Fiber* f) {
+  __sanitizer_start_switch_fiber(&f->asan_fake_stack, g_engine_stack_bottom, g_engine_stack_bytes);
+}
+void asan_fiber_resumed(Fiber* f) { __sanitizer_finish_switch_fiber(f->asan_fake_stack, nullptr, nullptr); }
+void asan_fiber_exits() { __sanitizer_start_switch_fiber(nullptr, g_engine_stack_bottom, g_engine_stack_bytes); }
+// A reused stack must not keep the poisoned redzones of the frames that were on it.
+void asan_unpoison(const bctx::stack_context& s) {
+  ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(s.sp) - s.size, s.size);
+}
+}  // namespace
+#else
+namespace {
+void asan_enter_fiber(const Fiber*) {}
+void asan_back_on_engine() {}
+void asan_fiber_started() {}
+void asan_leave_fiber(Fiber*) {}
+void asan_fiber_resumed(Fiber*) {}
+void asan_fiber_exits() {}
+void asan_unpoison(const bctx::stack_context&) {}
+}  // namespace
+#endif
+
+Fiber::~Fiber() {
+  if (!context) return;
+  // Destroying a suspended fiber switches to its stack and unwinds it there
+  // (boost::context's forced_unwind), then comes back.
+  asan_enter_fiber(this);
+  context = bctx::fiber{};
+  asan_back_on_engine();
+}
+
 // ---- fiber stacks ------------------------------------------------------------------------
 StackPool::~StackPool() { release_all(); }
 
@@ -46,7 +111,10 @@ bctx::stack_context StackPool::allocate() {
   return sctx;
 }
 
-void StackPool::deallocate(bctx::stack_context& sctx) { free_.push_back(sctx); }
+void StackPool::deallocate(bctx::stack_context& sctx) {
+  asan_unpoison(sctx);
+  free_.push_back(sctx);
+}
 
 void StackPool::release_all() {
   for (auto& sctx : free_) allocator_.deallocate(sctx);
@@ -62,6 +130,10 @@ struct ThreadRegistration {
   }
 };
 thread_local ThreadRegistration t_registration;
+thread_local HostScope t_scope;
+
+// Far longer than a woken thread takes to run (microseconds), even on a loaded machine.
+constexpr auto kHostScopeGrace = std::chrono::seconds(2);
 
 // Project-relative file name for reports.
 std::string short_file(const char* path) {
@@ -120,6 +192,7 @@ void Engine::block_until(std::unique_lock<std::mutex>& lock, std::function<bool(
   if (ready()) return;
   HostWaiter waiter{std::move(ready), wants_quiescence};
   host_waiters_.push_back(&waiter);
+  ++host_transitions_;
   ++blocked_;
   active_ = participants_ - blocked_;
   cv_.notify_all();
@@ -131,7 +204,13 @@ void Engine::block_until(std::unique_lock<std::mutex>& lock, std::function<bool(
 bool Engine::begin_host_wait(bool counted) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!t_registration.registered) return false;
-  if (counted) ++host_scopes_;
+  ++host_transitions_;
+  if (counted) {
+    ++host_scopes_;
+    t_scope.confirmed_at = host_transitions_;
+    t_scope.tid = static_cast<pid_t>(::syscall(SYS_gettid));
+    scopes_.push_back(&t_scope);
+  }
   ++blocked_;
   active_ = participants_ - blocked_;
   cv_.notify_all();
@@ -141,7 +220,10 @@ bool Engine::begin_host_wait(bool counted) {
 void Engine::end_host_wait(bool counted) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!t_registration.registered) return;
-  if (counted) --host_scopes_;
+  if (counted) {
+    --host_scopes_;
+    std::erase(scopes_, &t_scope);
+  }
   --blocked_;
   cv_.notify_all();  // an engine waiting out its grace (warp_or_hang) may stop now
   active_ = participants_ - blocked_;
@@ -166,6 +248,7 @@ void Engine::adopt_preassigned() {
 void Engine::leave() {
   std::unique_lock<std::mutex> lock(mutex_);
   t_registration.registered = false;
+  ++host_transitions_;
   --participants_;
   active_ = participants_ - blocked_;
   cv_.notify_all();
@@ -184,6 +267,7 @@ void Engine::engine_main() {
   for (;;) {
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait(lock, [&] { return world_ready(); });
+    if (released_host_thread_returned(lock)) continue;
     engine_running_ = true;
     lock.unlock();
     run_until_pause();
@@ -191,6 +275,56 @@ void Engine::engine_main() {
     engine_running_ = false;
     cv_.notify_all();
   }
+}
+
+namespace {
+// The scheduler state of thread `tid` of this process as Linux reports it ('S':
+// sleeping in the kernel, 'R': running or runnable), or '?' where it cannot be read.
+char thread_state(pid_t tid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/task/%d/stat", static_cast<int>(tid));
+  std::FILE* f = std::fopen(path, "r");
+  if (!f) return '?';
+  char buf[512];
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');  // the command name may contain spaces
+  return p && p[1] == ' ' ? p[2] : '?';
+}
+}  // namespace
+
+// A host thread in a HostWaitScope is counted as blocked, but another host thread may
+// already have released it (the last rank to reach a bootstrap barrier wakes the
+// others and goes on); the engine is not told. Starting now would make what runs
+// first depend on how fast the operating system wakes the released thread. So when a
+// thread in a scope may have been released (some host thread acted after it entered
+// the scope or was last confirmed waiting), wait: if it comes back (true), it acts
+// and blocks before the engine starts. It is confirmed waiting for real when the
+// kernel shows it sleeping in three samples a millisecond apart (a released thread is
+// runnable, or sleeps only on a lock another released thread holds), or, where that
+// cannot be read, after kHostScopeGrace.
+bool Engine::released_host_thread_returned(std::unique_lock<std::mutex>& lock) {
+  auto maybe_released = [&](const HostScope* s) { return s->confirmed_at < host_transitions_; };
+  if (std::none_of(scopes_.begin(), scopes_.end(), maybe_released)) return false;
+  const uint64_t transitions = host_transitions_;
+  const auto deadline = std::chrono::steady_clock::now() + kHostScopeGrace;
+  for (int sleeping_samples = 0; sleeping_samples < 3;) {
+    std::vector<pid_t> tids;
+    for (const HostScope* s : scopes_)
+      if (maybe_released(s)) tids.push_back(s->tid);
+    lock.unlock();
+    const bool all_sleeping = std::all_of(tids.begin(), tids.end(), [](pid_t t) { return thread_state(t) == 'S'; });
+    lock.lock();
+    sleeping_samples = all_sleeping ? sleeping_samples + 1 : 0;
+    const auto wait = std::min<std::chrono::steady_clock::duration>(std::chrono::milliseconds(1),
+                                                                    deadline - std::chrono::steady_clock::now());
+    if (cv_.wait_for(lock, wait, [&] { return participants_ != blocked_ || host_transitions_ != transitions; }))
+      return true;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+  }
+  for (HostScope* s : scopes_) s->confirmed_at = host_transitions_;
+  return false;
 }
 
 void Engine::run_until_pause() {
@@ -228,6 +362,7 @@ void Engine::reset(const Config& config) {
   allocations_.clear();
   devices_.clear();
   streams_.clear();
+  admission_order_.clear();
   events_done_.clear();
   event_device_.clear();
   kernels_.clear();
@@ -244,7 +379,8 @@ void Engine::reset(const Config& config) {
   config_ = config;
   rng_ = Rng(config.seed);
   epoch_ = 1;
-  unpark_epoch_ = warp_epoch_ = idle_rounds_ = 0;
+  unpark_epoch_ = warp_epoch_ = idle_rounds_ = rounds_without_clock_ = 0;
+  clock_reads_ = warp_clock_reads_ = 0;
   next_launch_id_ = 0;
   quiescent_ = false;
   traffic_write_.clear();
@@ -354,7 +490,15 @@ int Engine::new_stream(int dev) {
   StreamState s;
   s.device = dev;
   streams_.push_back(std::move(s));
-  return static_cast<int>(streams_.size()) - 1;
+  const int id = static_cast<int>(streams_.size()) - 1;
+  // Rank threads create streams in whatever order the operating system runs them, so
+  // ids are not reproducible; the order in which the engine admits their work must
+  // be. Admission goes by device, then by creation on that device (one thread's
+  // program order).
+  const auto after = std::upper_bound(admission_order_.begin(), admission_order_.end(), dev,
+                                      [&](int d, int other) { return d < streams_[other].device; });
+  admission_order_.insert(after, id);
+  return id;
 }
 
 int Engine::new_event(int device) {
@@ -426,7 +570,16 @@ void Engine::wake(Fiber* f) {
 }
 
 namespace {
-void switch_to_scheduler(Fiber* f) { f->sink = std::move(f->sink).resume(); }
+void switch_to_scheduler(Fiber* f) {
+  asan_leave_fiber(f);
+  try {
+    f->sink = std::move(f->sink).resume();
+  } catch (const bctx::detail::forced_unwind&) {
+    asan_fiber_resumed(f);  // resumed to be destroyed (Fiber::~Fiber)
+    throw;
+  }
+  asan_fiber_resumed(f);
+}
 }  // namespace
 
 void Engine::yield_runnable() {
@@ -441,34 +594,39 @@ void Engine::yield_runnable() {
 
 void Engine::yield_parked(const WaitInfo& wait) {
   Fiber* f = current_;
+  f->woken_by_warp = false;
   f->wait = wait;
   f->state = FiberState::Parked;
   switch_to_scheduler(f);
-  f->wait.kind = WaitInfo::Kind::None;
+  if (!f->woken_by_warp) f->wait.kind = WaitInfo::Kind::None;
 }
 
 void Engine::yield_blocked(const WaitInfo& wait) {
   Fiber* f = current_;
+  f->woken_by_warp = false;
   f->wait = wait;
   f->state = FiberState::Blocked;
   switch_to_scheduler(f);
-  f->wait.kind = WaitInfo::Kind::None;
+  if (!f->woken_by_warp) f->wait.kind = WaitInfo::Kind::None;
 }
 
 bool Engine::yield_timed(const WaitInfo& wait) {
   Fiber* f = current_;
+  f->woken_by_warp = false;
   f->wait = wait;
   f->state = FiberState::TimedWait;
   f->timed_out = false;
   switch_to_scheduler(f);
-  f->wait.kind = WaitInfo::Kind::None;
+  if (!f->woken_by_warp) f->wait.kind = WaitInfo::Kind::None;
   return !f->timed_out;
 }
 
 void Engine::run_fiber(Fiber* f) {
   remove_runnable(f);
   current_ = f;
+  asan_enter_fiber(f);
   f->context = std::move(f->context).resume();
+  asan_back_on_engine();
   current_ = nullptr;
   ++stats_.fibers_run;
   if (pending_fault_.set) {
@@ -525,13 +683,28 @@ bool Engine::step() {
   ++stats_.virtual_cycles;
   const uint64_t pick = rng_.below(nf + na + agents_.size());
   if (pick < nf) {
+    const Fiber* f = runnable_[pick];
+    const Block* b = f->block;
+    const Dim3 g = b->kernel->config.grid;
+    record_decision(0, static_cast<uint64_t>(b->kernel->device), (b->idx.z * g.y + b->idx.y) * g.x + b->idx.x,
+                    f->tid);
     run_fiber(runnable_[pick]);
   } else if (pick < nf + na) {
+    const AsyncOp& op = async_[pick - nf];
+    record_decision(1, static_cast<uint64_t>(op.block->kernel->device), op.issuer->tid, op.bytes);
     complete_async(pick - nf);
-  } else if (agents_[pick - nf - na]->step()) {
+  } else if (record_decision(2, pick - nf - na, 0, 0), agents_[pick - nf - na]->step()) {
     ++epoch_;
   }
   return true;
+}
+
+// Folds one scheduling decision into Stats::schedule_digest (FNV-1a over the words).
+void Engine::record_decision(uint64_t what, uint64_t a, uint64_t b, uint64_t c) {
+  for (uint64_t word : {what, a, b, c}) {
+    stats_.schedule_digest ^= word;
+    stats_.schedule_digest *= 0x100000001b3ull;
+  }
 }
 
 void Engine::admit() {
@@ -539,7 +712,7 @@ void Engine::admit() {
   bool again = true;
   while (again) {
     again = false;
-    for (std::size_t sid = 0; sid < streams_.size(); ++sid) {
+    for (const int sid : admission_order_) {
       StreamState& s = streams_[sid];
       while (!s.ops.empty() && !s.head_started) {
         StreamOp& op = s.ops.front();
@@ -550,8 +723,9 @@ void Engine::admit() {
           kernels_.push_back(op.kernel);
           break;
         }
-        if (op.kind == StreamOp::Kind::Memcpy) std::memmove(op.dst, op.src, op.bytes);
-        if (op.kind == StreamOp::Kind::Memset) std::memset(op.dst, op.value, op.bytes);
+        // A 0-byte copy may name null pointers, which memmove and memset must not get.
+        if (op.kind == StreamOp::Kind::Memcpy && op.bytes) std::memmove(op.dst, op.src, op.bytes);
+        if (op.kind == StreamOp::Kind::Memset && op.bytes) std::memset(op.dst, op.value, op.bytes);
         if (op.kind == StreamOp::Kind::EventRecord) {
           events_done_[op.event] = true;
           again = true;
@@ -583,22 +757,27 @@ void Engine::start_block(KernelRun& k) {
   const Dim3 bd = k.config.block;
   const unsigned threads = bd.count();
   block->fibers.reserve(threads);
-  PooledStack stack{stacks_.get()};
   for (unsigned t = 0; t < threads; ++t) {
     auto f = std::make_unique<Fiber>();
     Fiber* fp = f.get();
+    PooledStack stack{stacks_.get(), fp};
     fp->block = block.get();
     fp->tid = t;
     fp->thread_idx = Dim3(t % bd.x, (t / bd.x) % bd.y, t / (bd.x * bd.y));
     fp->groups.emplace_back();  // the open bulk group
     fp->context = bctx::fiber(std::allocator_arg, stack, [this, fp](bctx::fiber&& sink) {
+      asan_fiber_started();
       fp->sink = std::move(sink);
       try {
         fp->block->kernel->body();
       } catch (const KernelFault&) {
         // fault() recorded the report; the kernel is torn down by the scheduler.
+      } catch (const bctx::detail::forced_unwind&) {
+        asan_fiber_exits();  // destroyed while suspended: its stack is going away
+        throw;
       }
       fp->state = FiberState::Done;
+      asan_fiber_exits();
       return std::move(fp->sink);
     });
     make_runnable(fp);
@@ -732,6 +911,11 @@ void Engine::fault(ErrorKind kind, const std::string& message, Loc loc) {
   std::ostringstream os;
   os << "railyard simulator: " << to_string(kind) << " in " << where(current_) << " at " << format_loc(loc)
      << " (" << loc.function_name() << "): " << message << " [seed " << config_.seed << "]";
+  // A wait that gave up because the clock warped: say what every other thread waited
+  // on at that moment, so a deadlock reads the same whichever budget ran out first.
+  if (kind == ErrorKind::Trap && current_->woken_by_warp)
+    os << "\nThe virtual clock had jumped because no thread could make progress; at that point:\n"
+       << waits_report();
   if (!pending_fault_.set) {
     pending_fault_.set = true;
     pending_fault_.kind = kind;
@@ -777,54 +961,100 @@ void Engine::destroy_kernel(KernelRun& k) {
 }
 
 namespace {
-// Far longer than a woken thread takes to run (microseconds), even on a loaded machine.
-constexpr auto kHostScopeGrace = std::chrono::seconds(2);
+// The virtual clock never warps past this (about 86 years at 1.7 GHz): a fiber that
+// still polls by then waits on something no cycle budget bounds.
+constexpr uint64_t kMaxVirtualCycles = uint64_t{1} << 62;
 }  // namespace
 
+// No fiber can make progress. Either pause (a host thread asked for quiescence), or
+// warp the virtual clock so that polling waiters run again and their cycle budgets can
+// expire, or report a hang.
 void Engine::warp_or_hang() {
-  // A host thread asked to run until nothing more can happen on its own
-  // (stream_query): stop here instead of warping the clock. quiescent_ stays set, so
-  // the engine idles, until the next host call.
+  if (pause_for_quiescence()) return;
+  if (epoch_ != warp_epoch_) {
+    idle_rounds_ = rounds_without_clock_ = 0;
+    warp_cycles_ = std::max<uint64_t>(config_.idle_warp_cycles, 1);
+  }
+  if (idle_rounds_ == 0 && wait_for_returning_host_threads()) return;
+  if (may_warp()) {
+    warp_clock();
+    return;
+  }
+  report_hang();
+}
+
+// A host thread asked to run until nothing more can happen on its own (stream_query):
+// stop here instead of warping the clock. quiescent_ stays set, so the engine idles,
+// until the next host call.
+bool Engine::pause_for_quiescence() {
   bool wants_quiescence = false;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     for (const HostWaiter* w : host_waiters_) wants_quiescence |= w->wants_quiescence;
   }
-  if (wants_quiescence) {
-    quiescent_ = true;
-    check_host_waiters();
-    return;
-  }
-  if (epoch_ != warp_epoch_) idle_rounds_ = 0;
-  if (idle_rounds_ == 0) {
-    // A host thread woken from a HostWaitScope (by another host thread, say the last
-    // rank to reach a bootstrap barrier) counts as blocked until its own thread runs
-    // the end of the scope; meanwhile another rank may have blocked in a synchronize
-    // and let the engine run. Before time warps or a hang report, give such threads a
-    // real-time grace to come back: if one does, pause, and the world goes on as if
-    // the hand-off had been immediate.
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (host_scopes_ > 0 &&
-        cv_.wait_for(lock, kHostScopeGrace, [&] { return active_.load() > 0; })) {
-      return;
+  if (!wants_quiescence) return false;
+  quiescent_ = true;
+  check_host_waiters();
+  return true;
+}
+
+// A host thread woken from a HostWaitScope (by another host thread, say the last rank
+// to reach a bootstrap barrier) counts as blocked until its own thread runs the end of
+// the scope; meanwhile another rank may have blocked in a synchronize and let the
+// engine run. Before time warps or a hang report, give such threads a real-time grace
+// to come back: if one does (true), pause, and the world goes on as if the hand-off
+// had been immediate.
+bool Engine::wait_for_returning_host_threads() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return host_scopes_ > 0 && cv_.wait_for(lock, kHostScopeGrace, [&] { return active_.load() > 0; });
+}
+
+// Whether the clock may warp once more. A waiter that reads clock64() between two
+// warps is timing its wait against a cycle budget (pipeline::timeout_while): after
+// max_idle_rounds steady jumps (short budgets run out one jump apart, in the order the
+// waits began) the jumps double, so any budget up to kMaxVirtualCycles expires after a
+// few dozen more rounds, and
+// such rounds do not count towards Config::max_idle_rounds. A waiter that polls
+// without reading the clock can only be released by another thread, which none is:
+// after max_idle_rounds such rounds it is a hang.
+bool Engine::may_warp() {
+  if (parked_.empty() && timed_.empty()) return false;  // every fiber is blocked for good
+  if (idle_rounds_ > 0) {
+    if (clock_reads_ == warp_clock_reads_) {
+      ++rounds_without_clock_;
+    } else if (idle_rounds_ >= config_.max_idle_rounds && warp_cycles_ <= kMaxVirtualCycles / 2) {
+      warp_cycles_ *= 2;  // steady jumps first: short budgets run out in the order they started
     }
   }
-  const bool waiters = !parked_.empty() || !timed_.empty();
-  if (waiters && idle_rounds_ < config_.max_idle_rounds) {
-    ++idle_rounds_;
-    stats_.virtual_cycles += config_.idle_warp_cycles;
-    for (Fiber* f : parked_) make_runnable(f);
-    parked_.clear();
-    for (Fiber* f : timed_) {
-      f->timed_out = true;
-      make_runnable(f);
-    }
-    timed_.clear();
-    unpark_epoch_ = epoch_;
-    warp_epoch_ = epoch_;
-    return;
+  return rounds_without_clock_ < config_.max_idle_rounds &&
+         stats_.virtual_cycles <= kMaxVirtualCycles - std::min(warp_cycles_, kMaxVirtualCycles);
+}
+
+void Engine::warp_clock() {
+  ++idle_rounds_;
+  stats_.virtual_cycles += warp_cycles_;
+  record_decision(3, warp_cycles_, parked_.size(), timed_.size());
+  for (Fiber* f : parked_) {
+    f->woken_by_warp = true;
+    make_runnable(f);
   }
-  const std::string report = hang_report();
+  parked_.clear();
+  for (Fiber* f : timed_) {
+    f->timed_out = f->woken_by_warp = true;
+    make_runnable(f);
+  }
+  timed_.clear();
+  unpark_epoch_ = epoch_;
+  warp_epoch_ = epoch_;
+  warp_clock_reads_ = clock_reads_;
+}
+
+// Faults every device with a kernel or a pending stream operation with the hang report.
+void Engine::report_hang() {
+  std::string report = hang_report();
+  if (rounds_without_clock_ < config_.max_idle_rounds && (!parked_.empty() || !timed_.empty()))
+    report += "the virtual clock reached its limit of 2^62 cycles while the waits above still read it: "
+              "no cycle budget bounds them\n";
   std::vector<int> devs;
   for (const auto& k : kernels_) devs.push_back(k->device);
   for (std::size_t s = 0; s < streams_.size(); ++s)
@@ -852,7 +1082,15 @@ std::string lanes_string(const std::vector<unsigned>& lanes) {
 std::string Engine::hang_report() const {
   std::ostringstream os;
   os << "railyard simulator: hang: no thread can make progress (seed " << config_.seed << ", "
-     << stats_.scheduler_steps << " steps, virtual clock " << stats_.virtual_cycles << " cycles)\n";
+     << stats_.scheduler_steps << " steps, virtual clock " << stats_.virtual_cycles << " cycles)\n"
+     << waits_report();
+  return os.str();
+}
+
+// Every kernel's blocks and warps, the lanes grouped by what they wait on; stream heads
+// waiting on events, pending bulk copies and agents.
+std::string Engine::waits_report() const {
+  std::ostringstream os;
   for (const auto& kp : kernels_) {
     const KernelRun& k = *kp;
     os << "device " << k.device << " stream " << k.stream << " kernel '" << k.config.name << "' grid "
@@ -869,7 +1107,9 @@ std::string Engine::hang_report() const {
           const Fiber& f = *b.fibers[w * 32 + l];
           std::ostringstream d;
           const WaitInfo& wi = f.wait;
-          switch (f.state) {
+          // A fiber woken only by a clock warp is described by the wait it was in.
+          const bool warped = f.state == FiberState::Runnable && f.woken_by_warp && wi.kind != WaitInfo::Kind::None;
+          switch (warped ? FiberState::Blocked : f.state) {
             case FiberState::Done: d << "exited"; break;
             case FiberState::Runnable: d << "runnable"; break;
             default:

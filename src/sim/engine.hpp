@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <source_location>
+#include <sys/types.h>
 #include <string>
 #include <thread>
 #include <vector>
@@ -74,6 +75,7 @@ struct Fiber {
   WaitInfo wait;
   uint64_t park_epoch = 0;
   bool timed_out = false;  // set when a clock warp ends a timed wait
+  bool woken_by_warp = false;  // ran again only because the clock warped; cleared when it waits again
   // Idle-poll detection: what this fiber's ordered loads saw since it last changed
   // memory. A load that sees the same value again is an idle poll.
   struct PollRecord {
@@ -88,6 +90,15 @@ struct Fiber {
   // Warp collective in progress: where to deliver the lanes' values.
   uint64_t* collective_out = nullptr;
   std::size_t runnable_index = 0;
+  // Its stack, and AddressSanitizer's fake stack while it is switched out.
+  const void* stack_bottom = nullptr;
+  std::size_t stack_bytes = 0;
+  void* asan_fake_stack = nullptr;
+
+  Fiber() = default;
+  Fiber(const Fiber&) = delete;
+  Fiber& operator=(const Fiber&) = delete;
+  ~Fiber();  // unwinds a suspended fiber's stack
 };
 
 struct NamedBarrier {
@@ -196,6 +207,12 @@ struct HostWaiter {
   bool satisfied = false;
 };
 
+// A participating host thread inside a counted HostWaitScope.
+struct HostScope {
+  uint64_t confirmed_at = 0;  // Engine::host_transitions_ when it entered or was last confirmed waiting
+  pid_t tid = 0;              // its kernel thread id
+};
+
 // Guard-paged fiber stacks, kept for reuse: a kernel starts and retires thousands of
 // threads, and mapping and unmapping a stack for each one costs more than running it.
 class StackPool {
@@ -212,9 +229,16 @@ class StackPool {
 };
 
 // The stack allocator handed to each fiber: a reference to the engine's pool.
+// It tells the fiber where its stack is (for AddressSanitizer's switch annotations).
 struct PooledStack {
   StackPool* pool;
-  bctx::stack_context allocate() { return pool->allocate(); }
+  Fiber* fiber;
+  bctx::stack_context allocate() {
+    bctx::stack_context sctx = pool->allocate();
+    fiber->stack_bottom = static_cast<char*>(sctx.sp) - sctx.size;
+    fiber->stack_bytes = sctx.size;
+    return sctx;
+  }
   void deallocate(bctx::stack_context& sctx) { pool->deallocate(sctx); }
 };
 
@@ -278,6 +302,10 @@ class Engine {
   void count_traffic(int device, int owner, std::size_t bytes, bool write);
   void issue_async(const AsyncOp& op);
   uint64_t clock() const { return stats_.virtual_cycles; }
+  uint64_t read_clock() {  // clock64(): a fiber that reads the clock may be timing a wait
+    ++clock_reads_;
+    return stats_.virtual_cycles;
+  }
   Mbarrier* mbarrier(uint64_t* bar, Loc loc, bool must_exist);
   void complete_tx(Mbarrier& bar, uint32_t bytes);
   void arrive(Mbarrier& bar, unsigned count);
@@ -287,14 +315,22 @@ class Engine {
   Engine();
   void engine_main();
   void run_until_pause();
+  bool released_host_thread_returned(std::unique_lock<std::mutex>& lock);
   bool step();  // false when nothing can run without a clock warp
   void run_fiber(Fiber* f);
   void admit();
   void start_block(KernelRun& k);
   void retire_finished();
   void complete_async(std::size_t index);
+  void record_decision(uint64_t what, uint64_t a, uint64_t b, uint64_t c);
   void warp_or_hang();
+  bool pause_for_quiescence();
+  bool wait_for_returning_host_threads();
+  bool may_warp();
+  void warp_clock();
+  void report_hang();
   std::string hang_report() const;
+  std::string waits_report() const;
   void fault_device(int device, ErrorKind kind, const std::string& report);
   void destroy_kernel(KernelRun& k);
   void finish_head(int stream);
@@ -311,6 +347,8 @@ class Engine {
   int blocked_ = 0;
   int preassigned_ = 0;
   int host_scopes_ = 0;  // participants inside a counted HostWaitScope
+  std::vector<HostScope*> scopes_;  // their records
+  uint64_t host_transitions_ = 0;  // times a participating host thread blocked or left
   std::atomic<int> active_{0};  // participants_ - blocked_, read lock-free by the engine
   bool engine_running_ = false;
   std::vector<HostWaiter*> host_waiters_;
@@ -321,6 +359,7 @@ class Engine {
   Rng rng_;
   std::vector<DeviceState> devices_;
   std::vector<StreamState> streams_;
+  std::vector<int> admission_order_;  // stream ids by (device, creation on that device)
   std::vector<bool> events_done_;
   std::vector<int> event_device_;
   std::map<uintptr_t, Allocation> allocations_;
@@ -342,7 +381,11 @@ class Engine {
   uint64_t epoch_ = 1;
   uint64_t unpark_epoch_ = 0;
   uint64_t warp_epoch_ = 0;
-  uint64_t idle_rounds_ = 0;
+  uint64_t idle_rounds_ = 0;         // clock warps since the last progress
+  uint64_t rounds_without_clock_ = 0;  // of those, rounds in which no waiter read the clock
+  uint64_t warp_cycles_ = 0;         // the next warp's jump
+  uint64_t clock_reads_ = 0;         // clock64() calls, ever
+  uint64_t warp_clock_reads_ = 0;    // clock_reads_ at the last warp
   bool admission_dirty_ = false;
   bool quiescent_ = false;
   std::vector<uint64_t> traffic_write_, traffic_read_;

@@ -32,7 +32,7 @@ std::vector<float> to_float(const std::vector<bf16>& values) {
 // The BF16 values of a BF16 HiddenRows.
 std::vector<float> bf16_values(const HiddenRows& rows) {
   std::vector<bf16> values(rows.bytes.size() / sizeof(bf16));
-  std::memcpy(values.data(), rows.bytes.data(), rows.bytes.size());
+  if (!values.empty()) std::memcpy(values.data(), rows.bytes.data(), rows.bytes.size());
   return to_float(values);
 }
 

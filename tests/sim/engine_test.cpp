@@ -331,6 +331,84 @@ TEST_F(SimEngine, KernelSideTimeoutsSeeTheClockAdvance) {
   }
 }
 
+// The budgets kernels really use (2^34 cycles for data waits, about 2^38 for
+// handshakes) expire in virtual time when nothing else can happen: the clock jumps,
+// doubling, instead of ticking one cycle a step, so the run takes a few dozen clock
+// warps whatever the budget. max_idle_rounds stays small: rounds in which the waiter
+// reads the clock do not count against it.
+TEST_F(SimEngine, LongCycleBudgetsExpireInVirtualTime) {
+  for (const long long budget : {1ll << 34, 1ll << 38, 1ll << 60}) {
+    sim::Config cfg;
+    cfg.max_idle_rounds = 4;
+    sim::reset(cfg);
+    sim::add_device();
+    auto* flag = alloc<int>(0, 1, "never set");
+    *flag = 0;
+    const int line = __LINE__ + 4;
+    sim::launch(sim::default_stream(0), {2, 32, 0, "bounded"}, [=] {
+      const long long start = clock64();
+      while (ld_acquire(flag) == 0)
+        if (clock64() - start > budget) __trap();
+    });
+    try {
+      sim::stream_synchronize(sim::default_stream(0));
+      FAIL() << "expected the budget of " << budget << " cycles to run out";
+    } catch (const sim::Error& e) {
+      EXPECT_EQ(e.kind(), sim::ErrorKind::Trap) << e.what();
+      EXPECT_NE(std::string(e.what()).find("engine_test.cpp:" + std::to_string(line)), std::string::npos)
+          << e.what();
+    }
+    EXPECT_GT(sim::stats().virtual_cycles, static_cast<uint64_t>(budget));
+    EXPECT_LT(sim::stats().scheduler_steps, 64u * 70u) << "budget " << budget;  // 64 waiters, a few dozen warps
+  }
+}
+
+// A poll that reads the clock but has no budget: the clock warps up to its limit
+// (2^62 cycles), then the engine reports a hang naming the waiting line.
+TEST_F(SimEngine, PollingThatReadsTheClockWithoutABudgetIsAHangAtTheClockLimit) {
+  start(5);
+  auto* flag = alloc<int>(0, 1, "never set");
+  *flag = 0;
+  auto* sink = alloc<long long>(0, 1, "clock sink");
+  const int line = __LINE__ + 3;
+  sim::launch(sim::default_stream(0), {1, 1, 0, "unbounded"}, [=] {
+    long long last = 0;
+    while (ld_acquire(flag) == 0) last = clock64();
+    st_plain(sink, last);
+  });
+  try {
+    sim::stream_synchronize(sim::default_stream(0));
+    FAIL() << "expected a hang";
+  } catch (const sim::Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.kind(), sim::ErrorKind::Hang) << what;
+    EXPECT_NE(what.find("polling ld_acquire"), std::string::npos) << what;
+    EXPECT_NE(what.find("engine_test.cpp:" + std::to_string(line)), std::string::npos) << what;
+    EXPECT_NE(what.find("limit of 2^62 cycles"), std::string::npos) << what;
+  }
+  EXPECT_GE(sim::stats().virtual_cycles, uint64_t{1} << 61);
+}
+
+// One block waits with a budget, another polls forever without one: the bounded wait
+// expires (a trap, as on a GPU) rather than the unbounded poll turning it into a hang.
+TEST_F(SimEngine, ABoundedWaitExpiresBesideAnUnboundedPoll) {
+  start(6);
+  auto* flag = alloc<int>(0, 1, "never set");
+  *flag = 0;
+  sim::launch(sim::default_stream(0), {2, 1, 0, "mixed"}, [=] {
+    const long long start = clock64();
+    while (ld_acquire(flag) == 0)
+      if (blockIdx.x == 1 && clock64() - start > (1ll << 38)) __trap();
+  });
+  try {
+    sim::stream_synchronize(sim::default_stream(0));
+    FAIL() << "expected a trap";
+  } catch (const sim::Error& e) {
+    EXPECT_EQ(e.kind(), sim::ErrorKind::Trap) << e.what();
+    EXPECT_NE(std::string(e.what()).find("block (1,0,0)"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(SimEngine, LaunchValidationNamesTheArgument) {
   start(1);
   const sim::Stream s = sim::default_stream(0);

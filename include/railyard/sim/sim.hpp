@@ -46,8 +46,12 @@ DeviceProps b200_props();
 struct Config {
   uint64_t seed = 1;
   // When no fiber can make progress but some are polling or in a timed wait, the
-  // virtual clock jumps by idle_warp_cycles and the waiters run again; after
-  // max_idle_rounds consecutive jumps without progress the simulator reports a hang.
+  // virtual clock jumps and the waiters run again, so their cycle budgets can expire.
+  // The jumps are idle_warp_cycles for the first max_idle_rounds, then double while
+  // some waiter reads clock64() between jumps (it times its wait), up to a clock of
+  // 2^62 cycles. After
+  // max_idle_rounds jumps in which no waiter read the clock, or at that limit, the
+  // simulator reports a hang. docs/simulator.md, "Hangs and bounded waits".
   uint64_t idle_warp_cycles = uint64_t{1} << 20;
   uint64_t max_idle_rounds = 64;
   std::size_t fiber_stack_bytes = 256 * 1024;
@@ -198,6 +202,10 @@ struct Stats {
   uint64_t fibers_run = 0;
   uint64_t async_ops_completed = 0;
   uint64_t virtual_cycles = 0;
+  // A hash of every scheduling decision in order (which thread of which block of
+  // which device ran, which bulk copy or agent was stepped, each clock warp): two
+  // runs with the same digest ran the same interleaving.
+  uint64_t schedule_digest = 0;
 };
 Stats stats();
 
