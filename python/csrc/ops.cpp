@@ -367,7 +367,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
       args.probs = data_of<float>(*probs);
     }
     args.layout = layout == 0 ? TokenLayout::Received : TokenLayout::ExpertGrouped;
-    args.pad_multiple = static_cast<int>(pad_multiple);
+    args.pad_multiple = pad_multiple;
     args.max_rows = max_rows;
     args.handle = reused.get();
     args.num_sms = static_cast<int>(num_sms);

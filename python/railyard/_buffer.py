@@ -252,7 +252,7 @@ class Buffer:
                  num_sms_combine: Optional[int] = None, max_top_k: Optional[int] = None,
                  ranks_per_domain: Optional[int] = None, timeout_cycles: Optional[int] = None,
                  check_routing: Optional[bool] = None, dispatch_chunk_rows: Optional[int] = None,
-                 combine_chunk_rows: Optional[int] = None):
+                 combine_chunk_rows: Optional[int] = None, handshake_timeout_cycles: Optional[int] = None):
         _positive("hidden_dim", hidden_dim)
         _positive("max_num_of_tokens_per_rank", max_num_of_tokens_per_rank)
         _positive("num_local_experts", num_local_experts)
@@ -272,13 +272,16 @@ class Buffer:
             _positive("ranks_per_domain", ranks_per_domain)
         if timeout_cycles is not None:
             _positive("timeout_cycles", timeout_cycles)
+        if handshake_timeout_cycles is not None:
+            _positive("handshake_timeout_cycles", handshake_timeout_cycles)
 
         module, bootstrap, device = self._bootstrap(group)
         if check_routing is None:
             check_routing = device.type == "cpu"  # free on the CPU; a sync on a GPU
         info = module.create_buffer(bootstrap, hidden_dim, max_num_of_tokens_per_rank, num_local_experts,
                                     bool(use_fp8), max_top_k, ranks_per_domain, self._dispatch_sms,
-                                    self._combine_sms, *chunks, timeout_cycles or 0, bool(check_routing))
+                                    self._combine_sms, *chunks, timeout_cycles or 0,
+                                    handshake_timeout_cycles or 0, bool(check_routing))
         self._module = module
         self._id = info["id"]
         self.group = group

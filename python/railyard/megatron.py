@@ -82,7 +82,7 @@ _IGNORED_INIT_OPTIONS = ("num_sms_preprocessing_api", "num_blocks_permute", "num
                          "num_of_experts", "load_cached_kernels", "use_shared_buffer", "enable_custom_allgather",
                          "num_of_hybrid_ep_ranks_per_nvlink_domain", "use_mnnvl")
 # Keyword arguments passed through to railyard.Buffer unchanged.
-_BUFFER_OPTIONS = ("max_top_k", "ranks_per_domain", "timeout_cycles")
+_BUFFER_OPTIONS = ("max_top_k", "ranks_per_domain", "timeout_cycles", "handshake_timeout_cycles")
 
 # Settings from install(): applied to every buffer created afterwards.
 _install_options: Dict[str, Any] = {}
@@ -543,7 +543,8 @@ def _patch(module, name, value):
 
 def install(*, max_num_of_tokens_per_rank: Optional[int] = None, num_sms_dispatch: Optional[int] = None,
             num_sms_combine: Optional[int] = None, max_top_k: Optional[int] = None,
-            ranks_per_domain: Optional[int] = None, timeout_cycles: Optional[int] = None) -> None:
+            ranks_per_domain: Optional[int] = None, timeout_cycles: Optional[int] = None,
+            handshake_timeout_cycles: Optional[int] = None) -> None:
     """Make Railyard the backend of Megatron Core's ``hybridep`` flex dispatcher.
 
     Call once per process, before the MoE layers are built (the dispatcher checks for
@@ -561,13 +562,14 @@ def install(*, max_num_of_tokens_per_rank: Optional[int] = None, num_sms_dispatc
       (or other ranks) can have more tokens.
     * ``num_sms_dispatch`` / ``num_sms_combine``: override Megatron's
       ``moe_hybridep_num_sms``.
-    * ``max_top_k``, ``ranks_per_domain``, ``timeout_cycles``: :class:`railyard.Buffer`'s.
+    * ``max_top_k``, ``ranks_per_domain``, ``timeout_cycles``, ``handshake_timeout_cycles``:
+      :class:`railyard.Buffer`'s.
     """
     global _installed
     with _install_lock:
         options = dict(max_num_of_tokens_per_rank=max_num_of_tokens_per_rank, num_sms_dispatch=num_sms_dispatch,
                        num_sms_combine=num_sms_combine, max_top_k=max_top_k, ranks_per_domain=ranks_per_domain,
-                       timeout_cycles=timeout_cycles)
+                       timeout_cycles=timeout_cycles, handshake_timeout_cycles=handshake_timeout_cycles)
         _install_options.clear()
         _install_options.update({k: v for k, v in options.items() if v is not None})
         if _installed:

@@ -7,10 +7,10 @@
 // kernel fault with a message instead of a silent freeze. Kernels never write a
 // naked `while (flag != x)`.
 //
-// In the simulator a true deadlock is normally caught earlier by the engine's own
-// hang detector (ErrorKind::Hang, naming every waiting line), because the default
-// budget below is far longer than the engine's idle limit; tests that want the
-// timeout path itself pass a small budget.
+// In the simulator, when no thread can make progress, the virtual clock jumps ahead
+// (docs/simulator.md, "Bounded waits"), so a wait gives up here after its budget in
+// virtual cycles, whatever the budget, in a few seconds of CPU time; only a thread
+// stuck in an unbounded wait is reported as the engine's Hang.
 #pragma once
 
 #include <cstdint>
