@@ -370,12 +370,14 @@ TEST(IntranodeCombine, BitwiseDeterministicOverSeeds) {
     }
     for (int r = 0; r < c.num_ranks; ++r) {
       // memcmp must not get the null data() of a rank's empty output, even for 0 bytes.
-      if (!o.hidden[r].empty())
+      if (!o.hidden[r].empty()) {
         EXPECT_EQ(std::memcmp(first->hidden[r].data(), o.hidden[r].data(), o.hidden[r].size() * sizeof(bf16)), 0)
             << "seed " << seed << " rank " << r;
-      if (!o.probs[r].empty())
+      }
+      if (!o.probs[r].empty()) {
         EXPECT_EQ(std::memcmp(first->probs[r].data(), o.probs[r].data(), o.probs[r].size() * sizeof(float)), 0)
             << "seed " << seed << " rank " << r;
+      }
     }
   }
 }

@@ -76,5 +76,26 @@ TEST(TimeoutWhile, DefaultBudgetRunsOutInVirtualTime) {
   EXPECT_NE(report.find("wait_test.cpp:" + std::to_string(g_wait_line)), std::string::npos) << report;
 }
 
+// A wait watching an abort record traps with the aborting rank's report once the
+// record is raised; a reason the format table does not know is still reported with
+// its three numbers.
+TEST(TimeoutWhile, ARaisedAbortRecordTrapsTheWaitWithItsReport) {
+  reset_sim(1);
+  DeviceArray<uint32_t> flag(0, 1, "flag");
+  flag[0] = 0;
+  DeviceArray<pipeline::AbortRecord> record(0, 1, "abort record");
+  record[0] = pipeline::AbortRecord{};
+  uint32_t* f = flag.ptr;
+  pipeline::AbortRecord* r = record.ptr;
+  const std::string report = expect_sim_error(sim::ErrorKind::Trap, [&] {
+    run_kernel(1, 32, 0, [=] {
+      if (threadIdx.x == 0) pipeline::raise_abort(r, 3, static_cast<pipeline::AbortReason>(99), 1, 2, 3);
+      const pipeline::WaitPolicy policy(pipeline::kDefaultTimeoutCycles, nullptr, 0, r);
+      pipeline::timeout_while([&] { return arch::ld_acquire_gpu(f) == 0; }, {"never-set flag"}, policy);
+    });
+  });
+  EXPECT_NE(report.find("rank 3 gave up the operation: unknown reason (1, 2, 3)"), std::string::npos) << report;
+}
+
 }  // namespace
 }  // namespace railyard
