@@ -37,22 +37,6 @@ uint64_t count_diff(const std::vector<T>& got, const std::vector<T>& want) {
   return bad;
 }
 
-// BF16 expert outputs standing for these rows: the rows themselves (BF16), or their
-// dequantized values (FP8: code x its block's scale, rounded to BF16).
-std::vector<bf16> expert_outputs(const ref::HiddenRows& rows, int64_t num_rows, int64_t hidden) {
-  std::vector<bf16> y(static_cast<std::size_t>(num_rows * hidden));
-  if (rows.dtype == DType::BF16) {
-    std::memcpy(y.data(), rows.bytes.data(), y.size() * sizeof(bf16));
-    return y;
-  }
-  const int64_t blocks = hidden / ref::kFp8ScaleBlockElems;
-  for (int64_t r = 0; r < num_rows; ++r)
-    for (int64_t h = 0; h < hidden; ++h)
-      y[r * hidden + h] = float_to_bf16(e4m3_to_float(fp8_e4m3{rows.bytes[r * hidden + h]}) *
-                                        rows.scales[r * blocks + h / ref::kFp8ScaleBlockElems]);
-  return y;
-}
-
 // Everything the reference says about one layout.
 struct Expected {
   ref::DispatchResult received;
@@ -69,9 +53,9 @@ Expected expect(const Params& p, const ref::World& w, const std::vector<ref::Ran
     const ref::ReceivedRows& rr = e.received.ranks[d];
     if (layout == TokenLayout::ExpertGrouped) {
       e.grouped.push_back(ref::permute(w, rr, ref::PermuteOptions{.pad_multiple = p.pad_multiple}));
-      e.y.push_back(expert_outputs(e.grouped.back().hidden, e.grouped.back().num_rows(), p.hidden));
+      e.y.push_back(ref::rows_as_bf16(e.grouped.back().hidden, e.grouped.back().num_rows(), p.hidden));
     } else {
-      e.y.push_back(expert_outputs(rr.hidden, rr.num_rows(), p.hidden));
+      e.y.push_back(ref::rows_as_bf16(rr.hidden, rr.num_rows(), p.hidden));
     }
     cin[d].hidden = e.y.back();
   }

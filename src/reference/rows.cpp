@@ -18,6 +18,25 @@ HiddenRows bf16_rows(std::span<const bf16> values) {
   return rows;
 }
 
+std::vector<bf16> rows_as_bf16(const HiddenRows& rows, int64_t num_rows, int64_t hidden) {
+  const auto elems = static_cast<size_t>(num_rows * hidden);
+  std::vector<bf16> y(elems);
+  if (rows.bytes.size() < elems * dtype_bytes(rows.dtype)) {
+    fail("rows_as_bf16: rows hold ", rows.bytes.size(), " bytes; expected at least ", elems * dtype_bytes(rows.dtype),
+         " (", num_rows, " rows of ", hidden, ")");
+  }
+  if (rows.dtype == DType::BF16) {
+    if (!y.empty()) std::memcpy(y.data(), rows.bytes.data(), elems * sizeof(bf16));
+    return y;
+  }
+  const int64_t blocks = hidden / kFp8ScaleBlockElems;
+  for (int64_t r = 0; r < num_rows; ++r)
+    for (int64_t h = 0; h < hidden; ++h)
+      y[r * hidden + h] = float_to_bf16(e4m3_to_float(fp8_e4m3{rows.bytes[r * hidden + h]}) *
+                                        rows.scales[r * blocks + h / kFp8ScaleBlockElems]);
+  return y;
+}
+
 HiddenRows quantize_fp8_rows(std::span<const float> values, int hidden) {
   if (hidden <= 0 || hidden % kFp8ScaleBlockElems != 0) {
     fail("quantize_fp8_rows: hidden = ", hidden, ": expected a positive multiple of ",

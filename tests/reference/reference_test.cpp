@@ -92,6 +92,26 @@ void expect_hand_received(const DispatchResult& result) {
   EXPECT_EQ(r1.src_token, (std::vector<int32_t>{0, 1}));
 }
 
+// rows_as_bf16: BF16 rows come back as they are; FP8 codes times their block's scale
+// (hand values: 448 is e4m3's largest code, so a block whose amax is 448 has scale 1,
+// and one whose amax is 896 has scale 2).
+TEST(HandExample, RowsAsBf16) {
+  const std::vector<bf16> values = {float_to_bf16(1.5f), float_to_bf16(-2.0f)};
+  EXPECT_EQ(to_float(rows_as_bf16(bf16_rows(values), 1, 2)), to_float(values));
+  std::vector<float> fp8(2 * kFp8ScaleBlockElems, 0.0f);
+  fp8[0] = 448.0f, fp8[1] = -3.0f;                                        // row 0: scale 1
+  fp8[kFp8ScaleBlockElems] = 896.0f, fp8[kFp8ScaleBlockElems + 1] = 6.0f;  // row 1: scale 2
+  const std::vector<bf16> y = rows_as_bf16(quantize_fp8_rows(std::span<const float>(fp8), kFp8ScaleBlockElems), 2,
+                                           kFp8ScaleBlockElems);
+  ASSERT_EQ(y.size(), fp8.size());
+  EXPECT_EQ(bf16_to_float(y[0]), 448.0f);
+  EXPECT_EQ(bf16_to_float(y[1]), -3.0f);
+  EXPECT_EQ(bf16_to_float(y[kFp8ScaleBlockElems]), 896.0f);
+  EXPECT_EQ(bf16_to_float(y[kFp8ScaleBlockElems + 1]), 6.0f);
+  EXPECT_EQ(bf16_to_float(y[2]), 0.0f);
+  EXPECT_THROW(rows_as_bf16(bf16_rows(values), 2, 2), std::invalid_argument);
+}
+
 TEST(HandExample, DispatchTopk) {
   expect_hand_received(dispatch(hand_world(), hand_inputs_topk()));
 }

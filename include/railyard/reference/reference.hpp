@@ -55,6 +55,11 @@ HiddenRows bf16_rows(std::span<const bf16> values);
 HiddenRows quantize_fp8_rows(std::span<const float> values, int hidden);
 HiddenRows quantize_fp8_rows(std::span<const bf16> values, int hidden);
 
+// The values `num_rows` rows of `rows` stand for, rounded to BF16: the rows
+// themselves (BF16), or code x its block's scale (FP8). Tests use them as expert
+// outputs of the dispatched rows. [num_rows, hidden]
+std::vector<bf16> rows_as_bf16(const HiddenRows& rows, int64_t num_rows, int64_t hidden);
+
 // Routing as top-k slots: token t chose expert topk_idx[t][k] with weight
 // topk_weights[t][k]; -1 marks an unused slot (its weight is ignored).
 struct TopkRouting {

@@ -86,22 +86,6 @@ Call make_call(const Case& c, int index) {
   return call;
 }
 
-// BF16 expert outputs standing for dispatched rows: the rows themselves (BF16), or
-// their dequantized values rounded to BF16 (FP8).
-std::vector<bf16> expert_outputs(const ref::HiddenRows& rows, int64_t num_rows, int64_t hidden) {
-  std::vector<bf16> y(static_cast<std::size_t>(num_rows * hidden));
-  if (rows.dtype == DType::BF16) {
-    if (!y.empty()) std::memcpy(y.data(), rows.bytes.data(), y.size() * sizeof(bf16));
-    return y;
-  }
-  const int64_t blocks = hidden / ref::kFp8ScaleBlockElems;
-  for (int64_t r = 0; r < num_rows; ++r)
-    for (int64_t h = 0; h < hidden; ++h)
-      y[r * hidden + h] = float_to_bf16(e4m3_to_float(fp8_e4m3{rows.bytes[r * hidden + h]}) *
-                                        rows.scales[r * blocks + h / ref::kFp8ScaleBlockElems]);
-  return y;
-}
-
 // Everything the reference says about one call, for every rank.
 struct Expected {
   ref::DispatchResult received;
@@ -128,7 +112,7 @@ Expected expect(const Case& c, const Call& call) {
     ref::CombineInput in;
     const ref::HiddenRows& rows = grouped ? e.grouped[d].hidden : e.received.ranks[d].hidden;
     const int64_t n = grouped ? e.grouped[d].num_rows() : e.received.ranks[d].num_rows();
-    in.hidden = expert_outputs(rows, n, c.hidden);
+    in.hidden = ref::rows_as_bf16(rows, n, c.hidden);
     if (call.with_probs) in.probs = grouped ? e.grouped[d].probs : e.received.ranks[d].probs;
     e.combine_in.push_back(std::move(in));
   }
