@@ -15,7 +15,6 @@
 #include <railyard/runtime/sim_bootstrap.hpp>
 #include <railyard/sim/sim.hpp>
 
-#include "sim_rendezvous.hpp"
 #endif
 
 namespace py = pybind11;
@@ -132,7 +131,7 @@ void synchronize_buffer(int64_t id) {
 // One rank of a simulator run: its coordinates and the run's rendezvous (the
 // bootstraps of its Buffers, railyard.sim's barrier and collectives).
 struct SimRank {
-  std::shared_ptr<SimRendezvous> rendezvous;
+  std::shared_ptr<runtime::InProcessGroup> rendezvous;
   int rank = 0;
   int size = 1;
 };
@@ -173,8 +172,12 @@ void sim_run(int world_size, int ranks_per_domain, uint64_t seed, const std::str
     props.nvlink_domain = r / ranks_per_domain;
     sim::add_device(props);
   }
-  auto rendezvous = std::make_shared<SimRendezvous>(
-      world_size, std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000)));
+  // The ranks' meeting point: a waiting rank lets the engine run the others' kernels,
+  // and a rank that fails aborts it, so its peers raise at once.
+  auto rendezvous = runtime::InProcessGroup::create(
+      {.num_ranks = world_size,
+       .timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000)),
+       .blocking_wait = runtime::sim_blocking_wait()});
   py::gil_scoped_release nogil;
   sim::run_ranks(world_size, [&](int rank) {
     runtime::gpu::set_current(rank);
@@ -229,9 +232,10 @@ PYBIND11_MODULE(RAILYARD_MODULE_NAME, m) {
   py::class_<SimRank>(m, "SimRank")
       .def_readonly("rank", &SimRank::rank)
       .def_readonly("size", &SimRank::size)
-      .def("bootstrap", [](SimRank& r) { return PyBootstrap{r.rendezvous->bootstrap(r.rendezvous, r.rank)}; })
+      .def("bootstrap", [](SimRank& r) { return PyBootstrap{r.rendezvous->bootstrap(r.rank)}; })
       .def("exchange", &sim_exchange, py::arg("mine"), py::arg("what"))
-      .def("abort", [](SimRank& r, const std::string& why) { r.rendezvous->abort(r.rank, why); }, py::arg("why"));
+      .def("abort", [](SimRank& r, const std::string& why) { r.rendezvous->abort(r.rank, why, "railyard.sim:"); },
+           py::arg("why"));
   m.def("sim_run", &sim_run, py::arg("world_size"), py::arg("ranks_per_domain"), py::arg("seed"), py::arg("device"),
         py::arg("preemption"), py::arg("timeout_seconds"), py::arg("sm_count"), py::arg("fn"));
   m.def("sim_traffic", &sim_traffic);

@@ -55,11 +55,18 @@ class InProcessBootstrap final : public Bootstrap {
   InProcessBootstrap(std::shared_ptr<InProcessGroup> group, int rank) : group_(std::move(group)), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return group_->num_ranks(); }
-  void barrier() override { group_->exchange(rank_, {}, {}, "barrier"); }
+  void barrier() override { group_->exchange(rank_, {}, "barrier"); }
 
  protected:
   void allgather_same_size(std::span<const std::byte> mine, std::span<std::byte> all) override {
-    group_->exchange(rank_, mine, all, "allgather");
+    const auto parts = group_->exchange(rank_, mine, "allgather");
+    for (std::size_t r = 0; r < parts.size(); ++r) {
+      if (parts[r].size() != mine.size())  // Bootstrap::allgather rules this out
+        throw BootstrapError("railyard in-process bootstrap: rank " + std::to_string(r) + " deposited " +
+                             std::to_string(parts[r].size()) + " bytes, rank " + std::to_string(rank_) +
+                             " expected " + std::to_string(mine.size()));
+      if (!mine.empty()) std::memcpy(all.data() + r * mine.size(), parts[r].data(), mine.size());
+    }
   }
 
  private:
@@ -119,8 +126,8 @@ void InProcessGroup::wait_until(int rank, const std::function<bool()>& ready, co
   }
 }
 
-void InProcessGroup::exchange(int rank, std::span<const std::byte> mine, std::span<std::byte> all, const char* what) {
-  const auto n = static_cast<std::size_t>(options_.num_ranks);
+std::vector<std::vector<std::byte>> InProcessGroup::exchange(int rank, std::span<const std::byte> mine,
+                                                             const char* what) {
   // A rank may come back for the next round while others still copy out this one.
   wait_until(rank, [&] { return !round_complete_; }, what);
   {
@@ -134,13 +141,7 @@ void InProcessGroup::exchange(int rank, std::span<const std::byte> mine, std::sp
   }
   wait_until(rank, [&] { return round_complete_; }, what);
   std::lock_guard lock(mutex_);
-  for (std::size_t r = 0; r < n; ++r) {
-    if (slots_[r].size() != mine.size())  // Bootstrap::allgather rules this out
-      throw BootstrapError("railyard in-process bootstrap: rank " + std::to_string(r) + " deposited " +
-                           std::to_string(slots_[r].size()) + " bytes, rank " + std::to_string(rank) + " expected " +
-                           std::to_string(mine.size()));
-    if (!mine.empty()) std::memcpy(all.data() + r * mine.size(), slots_[r].data(), mine.size());
-  }
+  std::vector<std::vector<std::byte>> all = slots_;
   if (++num_departed_ == options_.num_ranks) {
     num_arrived_ = 0;
     num_departed_ = 0;
@@ -149,6 +150,13 @@ void InProcessGroup::exchange(int rank, std::span<const std::byte> mine, std::sp
     ++round_;
     cv_.notify_all();
   }
+  return all;
+}
+
+void InProcessGroup::abort(int rank, const std::string& why, const std::string& who) {
+  std::lock_guard lock(mutex_);
+  if (broken_.empty()) broken_ = who + " rank " + std::to_string(rank) + " failed: " + why;
+  cv_.notify_all();
 }
 
 // ---- callback -----------------------------------------------------------------------

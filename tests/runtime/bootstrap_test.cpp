@@ -61,6 +61,42 @@ TEST(InProcessBootstrap, MissingRankTimesOutNamingIt) {
   EXPECT_THROW(group->bootstrap(3), std::invalid_argument);
 }
 
+TEST(InProcessGroup, ExchangeGivesEveryRanksBytesWhateverTheirCount) {
+  const int n = 3;
+  auto group = InProcessGroup::create({.num_ranks = n});
+  on_threads(n, [&](int rank) {
+    const std::vector<std::byte> mine(static_cast<std::size_t>(rank), std::byte(rank + 1));  // rank r: r bytes
+    const auto all = group->exchange(rank, mine, "test round");
+    ASSERT_EQ(all.size(), static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r)
+      EXPECT_EQ(all[r], std::vector<std::byte>(static_cast<std::size_t>(r), std::byte(r + 1))) << "rank " << r;
+  });
+}
+
+// A rank that aborts wakes the peers already waiting, long before their timeout, and
+// every later round fails the same way.
+TEST(InProcessGroup, AbortFailsWaitingPeersAtOnce) {
+  auto group = InProcessGroup::create({.num_ranks = 3, .timeout = std::chrono::minutes(5)});
+  std::vector<std::string> messages(2);
+  const auto start = std::chrono::steady_clock::now();
+  on_threads(3, [&](int rank) {
+    if (rank == 2) {
+      std::this_thread::sleep_for(20ms);  // let the others wait first
+      group->abort(2, "bad input", "test group:");
+      return;
+    }
+    try {
+      group->bootstrap(rank)->barrier();
+      ADD_FAILURE() << "barrier returned without rank 2";
+    } catch (const BootstrapError& e) {
+      messages[rank] = e.what();
+    }
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 60s);
+  for (const std::string& m : messages) EXPECT_EQ(m, "test group: rank 2 failed: bad input");
+  EXPECT_THROW(group->exchange(0, {}, "later round"), BootstrapError);
+}
+
 TEST(CallbackBootstrap, RunsTheCallbacksAndChecksSizes) {
   // The callbacks stand in for torch.distributed; here they forward to an in-process group.
   const int n = 2;

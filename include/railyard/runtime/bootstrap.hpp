@@ -84,12 +84,15 @@ class InProcessGroup : public std::enable_shared_from_this<InProcessGroup> {
   std::unique_ptr<Bootstrap> bootstrap(int rank);
   int num_ranks() const { return options_.num_ranks; }
 
+  // One round in which every rank deposits `mine` (each rank any byte count) and gets
+  // every rank's bytes, in rank order. BootstrapError on timeout or a broken group.
+  std::vector<std::vector<std::byte>> exchange(int rank, std::span<const std::byte> mine, const char* what);
+  // Breaks the group: every rank waiting in it now, and every later round, throws
+  // BootstrapError("<who> rank <rank> failed: <why>") at once instead of timing out.
+  void abort(int rank, const std::string& why, const std::string& who = "railyard in-process bootstrap:");
+
  private:
-  friend class InProcessBootstrap;
   explicit InProcessGroup(Options options);
-  // One round in which every rank deposits `mine` and copies out everyone's. Ranks
-  // must pass the same byte count (Bootstrap::allgather checks that first).
-  void exchange(int rank, std::span<const std::byte> mine, std::span<std::byte> all, const char* what);
   // Waits (through blocking_wait) until `ready` holds; BootstrapError on timeout or
   // when another rank broke the group.
   void wait_until(int rank, const std::function<bool()>& ready, const char* what);
@@ -104,7 +107,7 @@ class InProcessGroup : public std::enable_shared_from_this<InProcessGroup> {
   int num_departed_ = 0;
   bool round_complete_ = false;  // every rank deposited; ranks are copying out
   uint64_t round_ = 0;
-  std::string broken_;  // why the group is unusable, after a timeout
+  std::string broken_;  // why the group is unusable, after a timeout or abort()
 };
 
 // ---- callback (torch.distributed from Python) ----------------------------------------
