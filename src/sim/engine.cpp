@@ -1016,14 +1016,18 @@ bool Engine::wait_for_returning_host_threads() {
 // few dozen more rounds, and
 // such rounds do not count towards Config::max_idle_rounds. A waiter that polls
 // without reading the clock can only be released by another thread, which none is:
-// after max_idle_rounds such rounds it is a hang.
+// after max_idle_rounds such rounds in a row it is a hang.
 bool Engine::may_warp() {
   if (parked_.empty() && timed_.empty()) return false;  // every fiber is blocked for good
   if (idle_rounds_ > 0) {
     if (clock_reads_ == warp_clock_reads_) {
       ++rounds_without_clock_;
-    } else if (idle_rounds_ >= config_.max_idle_rounds && warp_cycles_ <= kMaxVirtualCycles / 2) {
-      warp_cycles_ *= 2;  // steady jumps first: short budgets run out in the order they started
+    } else {
+      // Consecutive rounds count: a wait that polls two flags may park on the second
+      // and read the clock only every other round.
+      rounds_without_clock_ = 0;
+      if (idle_rounds_ >= config_.max_idle_rounds && warp_cycles_ <= kMaxVirtualCycles / 2)
+        warp_cycles_ *= 2;  // steady jumps first: short budgets run out in the order they started
     }
   }
   return rounds_without_clock_ < config_.max_idle_rounds &&
