@@ -212,6 +212,13 @@ class Buffer {
   DispatchResult dispatch(const DispatchArgs& args);
   // Collective: the combine kernel on the handle of a dispatch.
   CombineResult combine(const CombineArgs& args);
+  // Collective: an operation that only waits until every rank has entered it, on
+  // `stream` (default: the device's default stream). Like dispatch and combine it
+  // fails on every rank, with the same report, when the ranks run different operations
+  // (one rank's barrier against another's dispatch). Run it before collective work
+  // outside the buffer that every rank must do in the same call (creating a larger
+  // buffer), so that a rank that is not doing it fails at once.
+  void barrier(GpuStream stream = {});
 
   // Waits for `stream` (this buffer's device). A device failure whose cause was a
   // kernel's timed-out wait is rethrown as Error(StatusCode::Timeout) naming the rank,

@@ -164,8 +164,16 @@ struct Metadata {
     // ---- (3) every rank's row: wait, check, copy into the handle -----------------------
     for (int src = static_cast<int>(lane); src < R; src += 32) {
       const uint32_t* flag = lay.count_flag(dom.self(), src);
-      pipeline::timeout_while([&] { return flag_behind(arch::ld_acquire_sys(flag), seq); },
-                              {"count row of rank", src, static_cast<int64_t>(seq)}, dom.handshake_wait());
+      const uint32_t* barrier_flag = lay.barrier_flag(dom.self(), src);
+      bool in_other_op = false;  // src runs an operation with an entry barrier at `seq` instead
+      pipeline::timeout_while(
+          [&] {
+            if (!flag_behind(arch::ld_acquire_sys(flag), seq)) return false;
+            in_other_op = barrier_at(arch::ld_relaxed_sys(barrier_flag), seq);
+            return !in_other_op;
+          },
+          {"count row of rank", src, static_cast<int64_t>(seq)}, dom.handshake_wait());
+      if (in_other_op) report_mixed_handshakes(dom, seq);
     }
     __syncwarp();
     for (int src = 0; src < R; ++src) {

@@ -94,12 +94,14 @@ RAILYARD_DEVICE void op_end(const DomainParams& p, uint64_t seq RAILYARD_LOC_PAR
   }
 }
 
-// What every rank's dispatch or combine must agree on, 16 bits that travel in the
+// What every rank's dispatch, combine or barrier must agree on, 16 bits that travel in the
 // entry barrier's flag word (below): bits 0-1 the kind, bit 2 the layout (expert-grouped
 // / permuted), bit 3 the probs combine, bits 4-15 the low 12 bits of the handle's
 // made_by_op (which metadata operation made it: two dispatches in flight have
 // different handles; handles exactly a multiple of 4096 operations apart look alike).
-enum class OpKind : uint32_t { Dispatch = 1, Combine = 2 };
+// The metadata kernel (a dispatch's first) has no entry barrier: its count exchange
+// is its handshake, and kind 0 stands for it when operations are compared.
+enum class OpKind : uint32_t { Metadata = 0, Dispatch = 1, Combine = 2, Barrier = 3 };
 RAILYARD_HOST_DEVICE constexpr uint32_t operation_id(OpKind kind, bool grouped, bool probs, uint64_t handle_made_by_op) {
   return static_cast<uint32_t>(kind) | uint32_t{grouped} << 2 | uint32_t{probs} << 3 |
          static_cast<uint32_t>(handle_made_by_op & 0xfffu) << 4;
@@ -129,7 +131,7 @@ RAILYARD_HOST_DEVICE constexpr bool barrier_at(uint32_t word, uint64_t seq) {
   };
   // The fields cover all 16 bits of an id, so when the first three agree the last differs.
   constexpr Field kFields[] = {
-      {0, 3u, "the ranks run different operations: rank %lld runs kind %lld, rank 0 kind %lld (1: dispatch, 2: combine)"},
+      {0, 3u, "the ranks run different operations: rank %lld runs kind %lld, rank 0 kind %lld (0: a dispatch's metadata, 1: dispatch, 2: combine, 3: barrier)"},
       {4, 0xfffu,
        "the ranks use different handles: rank %lld's was made by operation %lld, rank 0's by operation %lld (low 12 "
        "bits; every rank must pass the handle of the same dispatch)"},
@@ -141,6 +143,37 @@ RAILYARD_HOST_DEVICE constexpr bool barrier_at(uint32_t word, uint64_t seq) {
   while (i < kLast && ((theirs ^ rank0s) >> kFields[i].shift & kFields[i].mask) == 0u) ++i;
   const Field& f = kFields[i];
   arch::trap_with(f.format, rank, (theirs >> f.shift) & f.mask, (rank0s >> f.shift) & f.mask RAILYARD_LOC_ARG);
+}
+
+// How rank `peer` has shown this rank that it entered operation `seq`: its operation
+// id, from its entry-barrier word (dispatch, combine, barrier) or, for the metadata
+// kernel, its count flag (OpKind::Metadata); kNotArrived while neither is at `seq`.
+inline constexpr uint32_t kNotArrived = ~0u;
+RAILYARD_DEVICE uint32_t arrived_operation(const DomainParams& p, int peer, uint64_t seq RAILYARD_LOC_PARAM) {
+  const layout::IntranodeLayout layout(p.shape);
+  const uint32_t word = arch::ld_relaxed_sys(layout.barrier_flag(p.self(), peer) RAILYARD_LOC_ARG);
+  if (barrier_at(word, seq)) return word & 0xffffu;
+  if (arch::ld_relaxed_sys(layout.count_flag(p.self(), peer) RAILYARD_LOC_ARG) == flag_of(seq))
+    return static_cast<uint32_t>(OpKind::Metadata);
+  return kNotArrived;
+}
+
+// Called by a thread that saw a peer enter operation `seq` by the other handshake (an
+// entry barrier against a count exchange): waits until every rank has entered `seq`
+// one way or the other, then traps with the first rank whose operation differs from
+// rank 0's. Every rank that gets here reports the same disagreement.
+[[noreturn]] RAILYARD_DEVICE void report_mixed_handshakes(const DomainParams& p, uint64_t seq RAILYARD_LOC_PARAM) {
+  for (int r = 0; r < p.shape.num_ranks; ++r) {
+    pipeline::timeout_while([&] { return arrived_operation(p, r, seq RAILYARD_LOC_ARG) == kNotArrived; },
+                            {"rank entering the operation (a mismatch was seen)", r, static_cast<int64_t>(seq)},
+                            p.handshake_wait() RAILYARD_LOC_ARG);
+  }
+  // No rank passes `seq` now, so what each one shows stays. Two ranks differ (this one
+  // and the peer that showed the other handshake), so some rank differs from rank 0.
+  const uint32_t rank0s = arrived_operation(p, 0, seq RAILYARD_LOC_ARG);
+  int r = 1;
+  while (r < p.shape.num_ranks - 1 && arrived_operation(p, r, seq RAILYARD_LOC_ARG) == rank0s) ++r;
+  report_different_operations(r, arrived_operation(p, r, seq RAILYARD_LOC_ARG), rank0s RAILYARD_LOC_ARG);
 }
 
 // Run by one warp of block 0 after the entry barrier of operation `seq`: every rank's operation id
@@ -179,9 +212,16 @@ RAILYARD_DEVICE void entry_barrier(const DomainParams& p, uint64_t seq, uint32_t
   }
   for (int peer = static_cast<int>(threadIdx.x); peer < num_ranks; peer += static_cast<int>(blockDim.x)) {
     const uint32_t* flag = layout.barrier_flag(p.self(), peer);
+    const uint32_t* count_flag = layout.count_flag(p.self(), peer);
+    bool in_metadata = false;  // the peer runs a metadata kernel at `seq` instead
     pipeline::timeout_while(
-        [&] { return barrier_behind(arch::ld_acquire_sys(flag RAILYARD_LOC_ARG), seq); },
+        [&] {
+          if (!barrier_behind(arch::ld_acquire_sys(flag RAILYARD_LOC_ARG), seq)) return false;
+          in_metadata = arch::ld_relaxed_sys(count_flag RAILYARD_LOC_ARG) == flag_of(seq);
+          return !in_metadata;
+        },
         {"entry barrier flag of peer rank", peer, static_cast<int64_t>(seq)}, p.handshake_wait() RAILYARD_LOC_ARG);
+    if (in_metadata) report_mixed_handshakes(p, seq RAILYARD_LOC_ARG);
   }
   __syncthreads();  // every peer's id is acquired by some thread of the block
   // In block 0 only: its threads have stored this rank's flags on every peer before

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/intranode/barrier.hpp"
 #include "kernels/intranode/combine.hpp"
 #include "kernels/intranode/dispatch.hpp"
 #include "kernels/intranode/metadata.hpp"
@@ -626,6 +627,16 @@ CombineResult Buffer::combine(const CombineArgs& args) {
   throw_if_failed(ki::launch_combine(c, stream), op);
   s.record_op(stream);
   return result;
+}
+
+void Buffer::barrier(GpuStream stream_arg) {
+  static constexpr const char* op = "barrier";
+  State& s = state(op);
+  check_current_device(op, s.device);
+  const GpuStream stream = resolve_stream(stream_arg, s.device);
+  s.wait_for_previous_op(stream);
+  throw_if_failed(ki::launch_barrier(ki::BarrierArguments{s.domain}, stream), op);
+  s.record_op(stream);
 }
 
 }  // namespace railyard

@@ -807,6 +807,86 @@ TEST(BufferMismatch, OnlySomeRanksPassingProbsFailAlike) {
         << "rank " << rank << ": " << errors[rank];
 }
 
+// Ranks in different operations at the same point of their sequence, where one of
+// them is a dispatch's metadata kernel (its handshake is the count exchange, not the
+// entry barrier): the mismatch is still seen at once, as the same error on every rank,
+// not as a timeout. `op_of(rank)` runs rank's second operation after a first dispatch.
+std::vector<std::string> mixed_operations(int n, const std::function<void(int rank, Buffer&, const DispatchArgs&,
+                                                                          const DispatchResult&)>& op_of) {
+  const int T = 4, H = 128;
+  reset_sim(n);
+  auto group = make_group(n);
+  return errors_on_ranks(n, [&](int rank) {
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(make_config(n, H, T, 2, 2, DType::BF16), *boot);
+    std::vector<bf16> x(static_cast<std::size_t>(T) * H, float_to_bf16(1.0f));
+    std::vector<int64_t> idx(static_cast<std::size_t>(T) * 2);
+    for (int t = 0; t < T; ++t) idx[2 * t] = t % (2 * n), idx[2 * t + 1] = (t + 1) % (2 * n);
+    std::vector<float> w(idx.size(), 0.5f);
+    DeviceAllocation dx = to_device<bf16>(x), didx = to_device<int64_t>(idx), dw = to_device<float>(w);
+    const DispatchArgs args{.hidden = dx.get(), .num_tokens = T, .topk_idx = static_cast<const int64_t*>(didx.get()),
+                            .topk_weights = static_cast<const float*>(dw.get()), .num_topk = 2};
+    const DispatchResult first = buffer.dispatch(args);
+    op_of(rank, buffer, args, first);
+    buffer.synchronize();
+  });
+}
+
+void expect_on_every_rank(const std::vector<std::string>& errors, const std::string& report) {
+  for (std::size_t rank = 0; rank < errors.size(); ++rank) {
+    EXPECT_NE(errors[rank].find(report), std::string::npos) << "rank " << rank << ": " << errors[rank];
+    EXPECT_EQ(errors[rank].find("gave up after"), std::string::npos) << "rank " << rank << ": " << errors[rank];
+  }
+}
+
+TEST(BufferMismatch, ABarrierAgainstADispatchFailsAlike) {
+  // Ranks 0 and 2 run a barrier (as a rank about to grow its buffer does), 1 and 3 dispatch.
+  const auto errors = mixed_operations(4, [](int rank, Buffer& buffer, const DispatchArgs& args, const DispatchResult&) {
+    if (rank % 2 == 0)
+      buffer.barrier();
+    else
+      (void)buffer.dispatch(args);
+  });
+  expect_on_every_rank(errors, "the ranks run different operations: rank 1 runs kind 0, rank 0 kind 3");
+}
+
+TEST(BufferMismatch, ACombineAgainstADispatchFailsAlike) {
+  // Rank 0 combines the first dispatch while ranks 1 and 2 start a second one.
+  const auto errors = mixed_operations(3, [](int rank, Buffer& buffer, const DispatchArgs& args,
+                                             const DispatchResult& first) {
+    if (rank == 0) {
+      DeviceAllocation y(runtime::default_allocator(), std::max<std::size_t>(first.hidden.bytes(), 16));
+      std::memset(y.get(), 0, y.bytes());
+      (void)buffer.combine({.handle = &first.handle, .hidden = y.get()});
+      buffer.synchronize();
+    } else {
+      (void)buffer.dispatch(args);
+    }
+  });
+  expect_on_every_rank(errors, "the ranks run different operations: rank 1 runs kind 0, rank 0 kind 2");
+}
+
+// A barrier waits for every rank: with a short handshake budget, a rank that never
+// enters it is reported as the peer the others waited for.
+TEST(BufferBarrier, ARankThatNeverEntersIsReportedAsATimeout) {
+  const int n = 3;
+  reset_sim(n);
+  auto group = make_group(n);
+  const auto errors = errors_on_ranks(n, [&](int rank) {
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(make_config(n, 128, 4, 2, 2, DType::BF16), *boot,
+                  {.timeout_cycles = uint64_t{1} << 21, .handshake_timeout_cycles = uint64_t{1} << 22});
+    if (rank == 2) return;
+    buffer.barrier();
+    buffer.synchronize();
+  });
+  EXPECT_EQ(errors[2], "(no error)");
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_NE(errors[rank].find("waiting for entry barrier flag of peer rank (peer or row 2, value 1)"),
+              std::string::npos)
+        << "rank " << rank << ": " << errors[rank];
+}
+
 }  // namespace
 }  // namespace railyard
 
@@ -1049,6 +1129,29 @@ TEST(BufferStreams, OperationsOnTwoStreamsRunInCallOrder) {
     check_dispatch(d1, e, bounded, f.w, rank, "rank " + std::to_string(rank) + " dispatch on stream A");
     check_combine(c1, f.want[rank], "rank " + std::to_string(rank) + " combine on stream B");
     check_dispatch(d2, e, bounded, f.w, rank, "rank " + std::to_string(rank) + " second dispatch on stream A");
+  });
+}
+
+// A barrier is an operation of its own (a sequence number, the entry barrier): the
+// operations around it, on its stream and on another, stay correct.
+TEST(BufferBarrier, OperationsAroundABarrierAreCorrect) {
+  const TwoRankForward f;
+  const int n = TwoRankForward::kRanks;
+  reset_sim(n);
+  auto group = make_group(n);
+  sim::run_ranks(n, [&](int rank) {
+    runtime::gpu::set_current(rank);
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(make_config(n, TwoRankForward::kHidden, TwoRankForward::kTokens, 2, 2, DType::BF16), *boot,
+                  {.dispatch_sms = 2, .combine_sms = 2});
+    const DeviceInputs in = to_device(f.inputs[rank]);
+    const auto x = f.expert_rows(rank);
+    const GpuStream other = runtime::gpu::stream_create();
+    const std::string where = "rank " + std::to_string(rank);
+    (void)f.forward(buffer, in, x, rank, GpuStream{}, where + " before the barriers");
+    buffer.barrier();
+    buffer.barrier(other);
+    (void)f.forward(buffer, in, x, rank, GpuStream{}, where + " after the barriers");
   });
 }
 
