@@ -127,6 +127,22 @@ void synchronize_buffer(int64_t id) {
   }
 }
 
+// Collective: Buffer::barrier on the buffer's stream (the current one on a GPU), then
+// waits for it, so the caller goes on only once every rank has entered the barrier.
+void barrier_buffer(int64_t id) {
+  auto entry = get_buffer(id, "barrier");
+  py::gil_scoped_release nogil;
+  make_current(entry->device);
+  const GpuStream stream = op_stream(*entry);
+  try {
+    entry->buffer->barrier(stream);
+    entry->buffer->synchronize(stream);
+  } catch (const railyard::Error& e) {
+    if (e.code() != StatusCode::Timeout) throw std::runtime_error(std::string("railyard.barrier: ") + e.what());
+    throw std::runtime_error(std::string("railyard.TimeoutError: ") + e.what());  // as the ops report it
+  }
+}
+
 #if RAILYARD_IS_SIM
 // One rank of a simulator run: its coordinates and the run's rendezvous (the
 // bootstraps of its Buffers, railyard.sim's barrier and collectives).
@@ -212,6 +228,7 @@ PYBIND11_MODULE(RAILYARD_MODULE_NAME, m) {
         py::arg("timeout_cycles"), py::arg("handshake_timeout_cycles"), py::arg("check_routing"));
   m.def("destroy_buffer", &destroy_buffer, py::arg("id"));
   m.def("synchronize_buffer", &synchronize_buffer, py::arg("id"));
+  m.def("barrier_buffer", &barrier_buffer, py::arg("id"));
   m.def("bootstrap_allgather", [](PyBootstrap& b, py::bytes mine) {
     // The bootstrap's own allgather (size check first, then the transport): lets a test
     // drive a Python group through the C++ side.

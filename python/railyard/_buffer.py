@@ -336,6 +336,18 @@ class Buffer:
         except RuntimeError as e:
             _reraise(e)
 
+    def barrier(self) -> None:
+        """Collective: returns once every rank of the group has entered this barrier on
+        its buffer (after the buffer's earlier operations). Ranks that run different
+        operations (one rank's barrier against another's dispatch) fail, every one with
+        the same RuntimeError naming the first rank that differs from rank 0."""
+        if self._id is None:
+            raise RuntimeError("railyard.Buffer: this buffer was destroyed")
+        try:
+            self._module.barrier_buffer(self._id)
+        except RuntimeError as e:
+            _reraise(e)
+
     # ---- dispatch -----------------------------------------------------------------------
     def _dispatch(self, layout, hidden, routing_map, probs, topk_idx, topk_weights, scaling_factor, handle,
                   max_rows, pad_multiple, num_sms):

@@ -281,8 +281,20 @@ class HybridEPBuffer:
         if num_tokens <= buf.max_num_of_tokens_per_rank:
             return buf
         # Every rank must grow in the same call: under Megatron's padding of uneven
-        # inputs every rank has the same token count. A new buffer's creation checks
-        # that the ranks agree on its capacity (an error on every rank otherwise).
+        # inputs every rank has the same token count. A barrier on the old buffer comes
+        # first: a rank that is not growing is in a dispatch of it instead, and the two
+        # operations differ, so every rank fails at once with the same report (rather
+        # than the growing ranks waiting in the creation and the others in the dispatch
+        # until a budget runs out). The new buffer's creation checks that the ranks
+        # agree on its capacity.
+        try:
+            buf.barrier()
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"railyard.megatron.HybridEPBuffer: this rank's batch of {num_tokens} tokens exceeds the buffer's "
+                f"capacity of {buf.max_num_of_tokens_per_rank}, and not every rank grows its buffer in the same call "
+                f"(every rank must; pass the largest count up front with install(max_num_of_tokens_per_rank=...)): "
+                f"{e}") from e
         with self._lock:  # handles of the old buffer stay valid: keep it until destroy()
             self._retired.setdefault(id(group), []).append(buf)
         return self._create(group, _capacity_for(num_tokens))
