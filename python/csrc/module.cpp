@@ -193,7 +193,7 @@ void sim_run(int world_size, int ranks_per_domain, uint64_t seed, const std::str
   auto rendezvous = runtime::InProcessGroup::create(
       {.num_ranks = world_size,
        .timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000)),
-       .blocking_wait = runtime::sim_blocking_wait()});
+       .waiting = runtime::sim_waiting()});
   py::gil_scoped_release nogil;
   sim::run_ranks(world_size, [&](int rank) {
     runtime::gpu::set_current(rank);

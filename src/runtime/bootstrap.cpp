@@ -74,11 +74,25 @@ class InProcessBootstrap final : public Bootstrap {
   int rank_;
 };
 
+namespace {
+class ConditionVariableWaiting final : public InProcessGroup::Waiting {
+ public:
+  bool wait_until(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point deadline,
+                  const std::function<bool()>& ready) override {
+    return cv_.wait_until(lock, deadline, ready);
+  }
+  void notify_all() override { cv_.notify_all(); }
+
+ private:
+  std::condition_variable cv_;
+};
+}  // namespace
+
 std::shared_ptr<InProcessGroup> InProcessGroup::create(Options options) {
   if (options.num_ranks < 1)
     throw std::invalid_argument("railyard InProcessGroup: num_ranks is " + std::to_string(options.num_ranks) +
                                 "; expected >= 1");
-  if (!options.blocking_wait) options.blocking_wait = [](const std::function<void()>& wait) { wait(); };
+  if (!options.waiting) options.waiting = std::make_unique<ConditionVariableWaiting>();
   return std::shared_ptr<InProcessGroup>(new InProcessGroup(std::move(options)));
 }
 
@@ -102,26 +116,15 @@ std::string InProcessGroup::missing_ranks() const {
 }
 
 void InProcessGroup::wait_until(int rank, const std::function<bool()>& ready, const char* what) {
-  {
-    std::lock_guard lock(mutex_);
-    if (!broken_.empty()) throw BootstrapError(broken_);
-    if (ready()) return;  // no wait, so no turn handed to the simulator's engine
-  }
   const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
-  bool timed_out = false;
-  // The lock is taken inside the wrapped wait and released before it returns: the
-  // simulator's HostWaitScope must not be entered or left while holding it.
-  options_.blocking_wait([&] {
-    std::unique_lock lock(mutex_);
-    timed_out = !cv_.wait_until(lock, deadline, [&] { return ready() || !broken_.empty(); });
-  });
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  const bool timed_out = !options_.waiting->wait_until(lock, deadline, [&] { return ready() || !broken_.empty(); });
   if (!broken_.empty()) throw BootstrapError(broken_);
   if (timed_out && !ready()) {
     broken_ = "railyard in-process bootstrap: rank " + std::to_string(rank) + " waited " +
               std::to_string(options_.timeout.count()) + " ms in " + what + " round " + std::to_string(round_) +
               " for rank(s) " + missing_ranks() + ", which never arrived; the group is unusable";
-    cv_.notify_all();
+    options_.waiting->notify_all();
     throw BootstrapError(broken_);
   }
 }
@@ -136,7 +139,7 @@ std::vector<std::vector<std::byte>> InProcessGroup::exchange(int rank, std::span
     arrived_[static_cast<std::size_t>(rank)] = true;
     if (++num_arrived_ == options_.num_ranks) {
       round_complete_ = true;
-      cv_.notify_all();
+      options_.waiting->notify_all();
     }
   }
   wait_until(rank, [&] { return round_complete_; }, what);
@@ -148,7 +151,7 @@ std::vector<std::vector<std::byte>> InProcessGroup::exchange(int rank, std::span
     round_complete_ = false;
     std::fill(arrived_.begin(), arrived_.end(), false);
     ++round_;
-    cv_.notify_all();
+    options_.waiting->notify_all();
   }
   return all;
 }
@@ -156,7 +159,7 @@ std::vector<std::vector<std::byte>> InProcessGroup::exchange(int rank, std::span
 void InProcessGroup::abort(int rank, const std::string& why, const std::string& who) {
   std::lock_guard lock(mutex_);
   if (broken_.empty()) broken_ = who + " rank " + std::to_string(rank) + " failed: " + why;
-  cv_.notify_all();
+  options_.waiting->notify_all();
 }
 
 // ---- callback -----------------------------------------------------------------------

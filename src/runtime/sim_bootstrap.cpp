@@ -5,17 +5,24 @@
 
 namespace railyard::runtime {
 
-InProcessGroup::BlockingWait sim_blocking_wait() {
-  return [](const std::function<void()>& wait) {
-    // The engine runs only while every participating host thread is blocked in a
-    // simulator call; without this scope a rank waiting here would stall every kernel.
-    sim::HostWaitScope scope;
-    wait();
-  };
-}
+namespace {
+class SimWaiting final : public InProcessGroup::Waiting {
+ public:
+  bool wait_until(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point deadline,
+                  const std::function<bool()>& ready) override {
+    return condition_.wait_until(lock, deadline, ready);
+  }
+  void notify_all() override { condition_.notify_all(); }
+
+ private:
+  sim::HostCondition condition_;
+};
+}  // namespace
+
+std::unique_ptr<InProcessGroup::Waiting> sim_waiting() { return std::make_unique<SimWaiting>(); }
 
 std::shared_ptr<InProcessGroup> make_sim_group(int num_ranks) {
-  return InProcessGroup::create({.num_ranks = num_ranks, .blocking_wait = sim_blocking_wait()});
+  return InProcessGroup::create({.num_ranks = num_ranks, .waiting = sim_waiting()});
 }
 
 }  // namespace railyard::runtime

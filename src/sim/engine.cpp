@@ -8,8 +8,6 @@
 #include <cstring>
 #include <sstream>
 
-#include <sys/syscall.h>
-#include <unistd.h>
 
 // AddressSanitizer builds announce fiber switches (see "AddressSanitizer and fiber
 // switches" below).
@@ -130,10 +128,6 @@ struct ThreadRegistration {
   }
 };
 thread_local ThreadRegistration t_registration;
-thread_local HostScope t_scope;
-
-// Far longer than a woken thread takes to run (microseconds), even on a loaded machine.
-constexpr auto kHostScopeGrace = std::chrono::seconds(2);
 
 // Project-relative file name for reports.
 std::string short_file(const char* path) {
@@ -192,7 +186,6 @@ void Engine::block_until(std::unique_lock<std::mutex>& lock, std::function<bool(
   if (ready()) return;
   HostWaiter waiter{std::move(ready), wants_quiescence};
   host_waiters_.push_back(&waiter);
-  ++host_transitions_;
   ++blocked_;
   active_ = participants_ - blocked_;
   cv_.notify_all();
@@ -201,34 +194,66 @@ void Engine::block_until(std::unique_lock<std::mutex>& lock, std::function<bool(
   cv_.wait(lock, [&] { return waiter.satisfied && !engine_running_; });
 }
 
-bool Engine::begin_host_wait(bool counted) {
+bool Engine::begin_host_wait() {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!t_registration.registered) return false;
-  ++host_transitions_;
-  if (counted) {
-    ++host_scopes_;
-    t_scope.confirmed_at = host_transitions_;
-    t_scope.tid = static_cast<pid_t>(::syscall(SYS_gettid));
-    scopes_.push_back(&t_scope);
-  }
   ++blocked_;
   active_ = participants_ - blocked_;
   cv_.notify_all();
   return true;
 }
 
-void Engine::end_host_wait(bool counted) {
+void Engine::end_host_wait() {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!t_registration.registered) return;
-  if (counted) {
-    --host_scopes_;
-    std::erase(scopes_, &t_scope);
-  }
   --blocked_;
-  cv_.notify_all();  // an engine waiting out its grace (warp_or_hang) may stop now
   active_ = participants_ - blocked_;
   quiescent_ = false;
   cv_.wait(lock, [&] { return !engine_running_; });
+}
+
+bool Engine::begin_host_sleep(HostSleeper& sleeper) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!t_registration.registered) return false;
+  sleepers_.push_back(&sleeper);
+  ++blocked_;
+  active_ = participants_ - blocked_;
+  cv_.notify_all();
+  return true;
+}
+
+// A sleeper released by its waker is running already. One that woke on its own (its
+// deadline) becomes active here: the engine then stops at whatever point it reached,
+// which only a timeout, never a successful run, depends on.
+void Engine::end_host_sleep(HostSleeper& sleeper) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!sleeper.released) {
+    std::erase(sleepers_, &sleeper);
+    --blocked_;
+    active_ = participants_ - blocked_;
+    quiescent_ = false;
+  }
+  cv_.wait(lock, [&] { return !engine_running_; });
+}
+
+// Called by the host thread that wakes the condition's sleepers, before it wakes them:
+// they count as running from this instant, so the engine cannot start (or take the
+// moment for a hang) between their wake-up and their return, however late the
+// operating system runs them. What runs next is then a function of the host program
+// alone, and a seed replays through host barriers.
+void Engine::release_host_sleepers(const void* condition) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (auto it = sleepers_.begin(); it != sleepers_.end();) {
+    if ((*it)->condition != condition) {
+      ++it;
+      continue;
+    }
+    (*it)->released = true;
+    --blocked_;
+    it = sleepers_.erase(it);
+  }
+  active_ = participants_ - blocked_;
+  quiescent_ = false;
 }
 
 void Engine::add_preassigned(int n) {
@@ -248,7 +273,6 @@ void Engine::adopt_preassigned() {
 void Engine::leave() {
   std::unique_lock<std::mutex> lock(mutex_);
   t_registration.registered = false;
-  ++host_transitions_;
   --participants_;
   active_ = participants_ - blocked_;
   cv_.notify_all();
@@ -267,7 +291,6 @@ void Engine::engine_main() {
   for (;;) {
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait(lock, [&] { return world_ready(); });
-    if (released_host_thread_returned(lock)) continue;
     engine_running_ = true;
     lock.unlock();
     run_until_pause();
@@ -275,56 +298,6 @@ void Engine::engine_main() {
     engine_running_ = false;
     cv_.notify_all();
   }
-}
-
-namespace {
-// The scheduler state of thread `tid` of this process as Linux reports it ('S':
-// sleeping in the kernel, 'R': running or runnable), or '?' where it cannot be read.
-char thread_state(pid_t tid) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/self/task/%d/stat", static_cast<int>(tid));
-  std::FILE* f = std::fopen(path, "r");
-  if (!f) return '?';
-  char buf[512];
-  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  buf[n] = '\0';
-  const char* p = std::strrchr(buf, ')');  // the command name may contain spaces
-  return p && p[1] == ' ' ? p[2] : '?';
-}
-}  // namespace
-
-// A host thread in a HostWaitScope is counted as blocked, but another host thread may
-// already have released it (the last rank to reach a bootstrap barrier wakes the
-// others and goes on); the engine is not told. Starting now would make what runs
-// first depend on how fast the operating system wakes the released thread. So when a
-// thread in a scope may have been released (some host thread acted after it entered
-// the scope or was last confirmed waiting), wait: if it comes back (true), it acts
-// and blocks before the engine starts. It is confirmed waiting for real when the
-// kernel shows it sleeping in three samples a millisecond apart (a released thread is
-// runnable, or sleeps only on a lock another released thread holds), or, where that
-// cannot be read, after kHostScopeGrace.
-bool Engine::released_host_thread_returned(std::unique_lock<std::mutex>& lock) {
-  auto maybe_released = [&](const HostScope* s) { return s->confirmed_at < host_transitions_; };
-  if (std::none_of(scopes_.begin(), scopes_.end(), maybe_released)) return false;
-  const uint64_t transitions = host_transitions_;
-  const auto deadline = std::chrono::steady_clock::now() + kHostScopeGrace;
-  for (int sleeping_samples = 0; sleeping_samples < 3;) {
-    std::vector<pid_t> tids;
-    for (const HostScope* s : scopes_)
-      if (maybe_released(s)) tids.push_back(s->tid);
-    lock.unlock();
-    const bool all_sleeping = std::all_of(tids.begin(), tids.end(), [](pid_t t) { return thread_state(t) == 'S'; });
-    lock.lock();
-    sleeping_samples = all_sleeping ? sleeping_samples + 1 : 0;
-    const auto wait = std::min<std::chrono::steady_clock::duration>(std::chrono::milliseconds(1),
-                                                                    deadline - std::chrono::steady_clock::now());
-    if (cv_.wait_for(lock, wait, [&] { return participants_ != blocked_ || host_transitions_ != transitions; }))
-      return true;
-    if (std::chrono::steady_clock::now() >= deadline) break;
-  }
-  for (HostScope* s : scopes_) s->confirmed_at = host_transitions_;
-  return false;
 }
 
 void Engine::run_until_pause() {
@@ -975,7 +948,6 @@ void Engine::warp_or_hang() {
     idle_rounds_ = rounds_without_clock_ = 0;
     warp_cycles_ = std::max<uint64_t>(config_.idle_warp_cycles, 1);
   }
-  if (idle_rounds_ == 0 && wait_for_returning_host_threads()) return;
   if (may_warp()) {
     warp_clock();
     return;
@@ -996,17 +968,6 @@ bool Engine::pause_for_quiescence() {
   quiescent_ = true;
   check_host_waiters();
   return true;
-}
-
-// A host thread woken from a HostWaitScope (by another host thread, say the last rank
-// to reach a bootstrap barrier) counts as blocked until its own thread runs the end of
-// the scope; meanwhile another rank may have blocked in a synchronize and let the
-// engine run. Before time warps or a hang report, give such threads a real-time grace
-// to come back: if one does (true), pause, and the world goes on as if the hand-off
-// had been immediate.
-bool Engine::wait_for_returning_host_threads() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  return host_scopes_ > 0 && cv_.wait_for(lock, kHostScopeGrace, [&] { return active_.load() > 0; });
 }
 
 // Whether the clock may warp once more. A waiter that reads clock64() between two

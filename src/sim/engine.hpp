@@ -207,10 +207,11 @@ struct HostWaiter {
   bool satisfied = false;
 };
 
-// A participating host thread inside a counted HostWaitScope.
-struct HostScope {
-  uint64_t confirmed_at = 0;  // Engine::host_transitions_ when it entered or was last confirmed waiting
-  pid_t tid = 0;              // its kernel thread id
+// A participating host thread asleep in a HostCondition until another host thread
+// wakes it. `released`: the waker has counted it as running again (hand-over).
+struct HostSleeper {
+  const void* condition = nullptr;
+  bool released = false;
 };
 
 // Guard-paged fiber stacks, kept for reuse: a kernel starts and retires thousands of
@@ -250,10 +251,16 @@ class Engine {
   std::unique_lock<std::mutex> acquire();                  // make the calling thread active
   void block_until(std::unique_lock<std::mutex>& lock, std::function<bool()> ready,
                    bool wants_quiescence = false);
-  // A participating host thread waits on other host threads (counted: `counted`) or
-  // joins rank threads (not counted). Returns false if the thread does not participate.
-  bool begin_host_wait(bool counted = true);
-  void end_host_wait(bool counted = true);
+  // A participating host thread joins rank threads, which leave the world themselves.
+  // Returns false if the thread does not participate.
+  bool begin_host_wait();
+  void end_host_wait();
+  // A participating host thread sleeps in a HostCondition (false if it does not
+  // participate) and wakes; release_host_sleepers counts the condition's sleepers as
+  // running again, on behalf of the host thread that wakes them.
+  bool begin_host_sleep(HostSleeper& sleeper);
+  void end_host_sleep(HostSleeper& sleeper);
+  void release_host_sleepers(const void* condition);
   void add_preassigned(int n);
   void adopt_preassigned();
   void leave();  // a participating thread ends
@@ -315,7 +322,6 @@ class Engine {
   Engine();
   void engine_main();
   void run_until_pause();
-  bool released_host_thread_returned(std::unique_lock<std::mutex>& lock);
   bool step();  // false when nothing can run without a clock warp
   void run_fiber(Fiber* f);
   void admit();
@@ -325,7 +331,6 @@ class Engine {
   void record_decision(uint64_t what, uint64_t a, uint64_t b, uint64_t c);
   void warp_or_hang();
   bool pause_for_quiescence();
-  bool wait_for_returning_host_threads();
   bool may_warp();
   void warp_clock();
   void report_hang();
@@ -346,9 +351,7 @@ class Engine {
   int participants_ = 0;
   int blocked_ = 0;
   int preassigned_ = 0;
-  int host_scopes_ = 0;  // participants inside a counted HostWaitScope
-  std::vector<HostScope*> scopes_;  // their records
-  uint64_t host_transitions_ = 0;  // times a participating host thread blocked or left
+  std::vector<HostSleeper*> sleepers_;  // participants asleep in a HostCondition, not yet released
   std::atomic<int> active_{0};  // participants_ - blocked_, read lock-free by the engine
   bool engine_running_ = false;
   std::vector<HostWaiter*> host_waiters_;

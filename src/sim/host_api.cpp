@@ -321,9 +321,9 @@ void run_ranks(int num_ranks, const std::function<void(int rank)>& fn) {
   std::vector<std::thread> threads;
   threads.reserve(num_ranks);
   {
-    // Joining is a wait, but not one another host thread ends: rank threads leave the
-    // world themselves (Engine::leave). So it is not counted as a HostWaitScope.
-    const bool waiting = e.begin_host_wait(/*counted=*/false);
+    // Joining is a wait that no host thread ends: rank threads leave the world
+    // themselves (Engine::leave).
+    const bool waiting = e.begin_host_wait();
     for (int r = 0; r < num_ranks; ++r) {
       threads.emplace_back([&, r] {
         e.adopt_preassigned();
@@ -336,15 +336,28 @@ void run_ranks(int num_ranks, const std::function<void(int rank)>& fn) {
       });
     }
     for (auto& t : threads) t.join();
-    if (waiting) e.end_host_wait(/*counted=*/false);
+    if (waiting) e.end_host_wait();
   }
   for (auto& err : errors)
     if (err) std::rethrow_exception(err);
 }
 
-HostWaitScope::HostWaitScope() : active_(engine().begin_host_wait()) {}
-HostWaitScope::~HostWaitScope() {
-  if (active_) engine().end_host_wait();
+bool HostCondition::wait_until(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point deadline,
+                               const std::function<bool()>& ready) {
+  Engine& e = engine();
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    detail::HostSleeper sleeper{.condition = this};
+    const bool counted = e.begin_host_sleep(sleeper);
+    cv_.wait_until(lock, deadline);
+    if (counted) e.end_host_sleep(sleeper);
+  }
+  return true;
+}
+
+void HostCondition::notify_all() {
+  engine().release_host_sleepers(this);
+  cv_.notify_all();
 }
 
 void add_agent(Agent* agent) {

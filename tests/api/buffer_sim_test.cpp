@@ -61,7 +61,7 @@ void reset_sim(int num_devices) {
 
 std::shared_ptr<InProcessGroup> make_group(int num_ranks) {
   return InProcessGroup::create(
-      {.num_ranks = num_ranks, .timeout = std::chrono::seconds(60), .blocking_wait = runtime::sim_blocking_wait()});
+      {.num_ranks = num_ranks, .timeout = std::chrono::seconds(60), .waiting = runtime::sim_waiting()});
 }
 
 BufferConfig make_config(int num_ranks, int hidden, int max_tokens, int experts_per_rank, int max_top_k, DType dtype) {

@@ -62,10 +62,10 @@ INSTANTIATE_TEST_SUITE_P(Ranks, SimBootstrap, ::testing::Values(1, 2, 4, 8));
 
 // Rank 1 synchronizes on a kernel while rank 0 waits in the barrier: the engine runs
 // only when every participating thread is blocked, so this finishes only because the
-// bootstrap's wait is a sim::HostWaitScope. (Without it the barrier times out.)
+// bootstrap's wait is a sim::HostCondition. (Without it the barrier times out.)
 TEST(SimBootstrapEngine, RankWaitingInBarrierLetsOtherRanksKernelsRun) {
   reset_sim(2);
-  auto group = InProcessGroup::create({.num_ranks = 2, .timeout = 20s, .blocking_wait = sim_blocking_wait()});
+  auto group = InProcessGroup::create({.num_ranks = 2, .timeout = 20s, .waiting = sim_waiting()});
   auto* value = static_cast<int*>(sim::malloc_device(1, sizeof(int), "value"));
   *value = 0;
   sim::run_ranks(2, [&](int rank) {

@@ -37,7 +37,7 @@ inline void reset_sim(int num_devices) { reset_sim(std::vector<int>(static_cast<
 // arrives fails the test in that time, not in the default five minutes.
 inline std::shared_ptr<InProcessGroup> make_group(int num_ranks,
                                                   std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  return InProcessGroup::create({.num_ranks = num_ranks, .timeout = timeout, .blocking_wait = sim_blocking_wait()});
+  return InProcessGroup::create({.num_ranks = num_ranks, .timeout = timeout, .waiting = sim_waiting()});
 }
 
 // A small, valid configuration for n ranks in one NVLink domain.

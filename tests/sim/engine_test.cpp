@@ -611,24 +611,26 @@ TEST_F(SimEngine, AgentsMoveBytesBetweenDevices) {
 
 namespace {
 
-// Ranks meet at a host barrier (a condition variable inside sim::HostWaitScope, as the
-// in-process bootstrap does), then run kernels that need every rank's kernel. The last
-// rank to arrive wakes the others and goes straight on to launch and synchronize; the
-// woken ranks count as blocked until their own threads leave the scope. The engine
-// must not take that moment for a hang.
-TEST_F(SimEngine, WokenHostWaitersAreNotTakenForAHang) {
+// Ranks meet at a host barrier (a sim::HostCondition, as the in-process bootstrap's),
+// then run kernels that need every rank's kernel. The last rank to arrive wakes the
+// others and goes straight on to launch and synchronize, while the operating system
+// runs the woken ranks late (here 20 ms late). They count as running from the wake-up:
+// the engine must neither take that moment for a hang nor start before they block
+// again, and the interleaving is the same in every run of one seed.
+sim::Stats host_barrier_then_kernels(uint64_t seed) {
   const int n = 4;
-  start(3, n);
+  sim::reset({.seed = seed});
+  for (int d = 0; d < n; ++d) sim::add_device(sim::h100_props());
   for (int r = 0; r < n; ++r)
     for (int p = 0; p < n; ++p)
       if (p != r) sim::enable_peer_access(r, p);
   std::vector<int*> flags(n);
   for (int r = 0; r < n; ++r) {
-    flags[r] = alloc<int>(r, n, "flags");
+    flags[r] = static_cast<int*>(sim::malloc_device(r, sizeof(int) * n, "flags"));
     for (int i = 0; i < n; ++i) flags[r][i] = 0;
   }
   std::mutex m;
-  std::condition_variable cv;
+  sim::HostCondition condition;
   int arrived = 0, generation = 0;
   auto barrier = [&] {
     std::unique_lock lock(m);
@@ -636,19 +638,15 @@ TEST_F(SimEngine, WokenHostWaitersAreNotTakenForAHang) {
     if (++arrived == n) {
       arrived = 0;
       ++generation;
-      cv.notify_all();
+      condition.notify_all();
       return;
     }
-    lock.unlock();
-    sim::HostWaitScope scope;
-    std::unique_lock relock(m);
     // Bounded, so that a rank left behind by another rank's failure fails too.
-    if (!cv.wait_for(relock, std::chrono::seconds(10), [&] { return generation != my_generation; }))
+    if (!condition.wait_until(lock, std::chrono::steady_clock::now() + std::chrono::seconds(10),
+                              [&] { return generation != my_generation; }))
       throw std::runtime_error("host barrier: a rank never arrived");
-    relock.unlock();
-    // A woken thread the OS has not run yet: still inside the scope, so still
-    // counted as blocked, while the last rank has already gone on.
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a woken thread the OS runs late
   };
   sim::run_ranks(n, [&](int rank) {
     for (int iteration = 1; iteration <= 30; ++iteration) {
@@ -666,7 +664,17 @@ TEST_F(SimEngine, WokenHostWaitersAreNotTakenForAHang) {
     }
   });
   for (int r = 0; r < n; ++r)
-    for (int i = 0; i < n; ++i) EXPECT_EQ(flags[r][i], 30);
+    for (int i = 0; i < n; ++i) EXPECT_EQ(flags[r][i], 30) << "seed " << seed << " rank " << r << " flag " << i;
+  return sim::stats();
+}
+
+TEST(SimHostCondition, WokenHostThreadsAreRunningFromTheirWakeUp) {
+  const sim::Stats first = host_barrier_then_kernels(3);
+  for (int run = 0; run < 3; ++run) {
+    const sim::Stats again = host_barrier_then_kernels(3);
+    EXPECT_EQ(again.scheduler_steps, first.scheduler_steps) << "run " << run;
+    EXPECT_EQ(again.schedule_digest, first.schedule_digest) << "run " << run;
+  }
 }
 
 }  // namespace

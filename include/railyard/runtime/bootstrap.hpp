@@ -66,17 +66,27 @@ std::vector<T> allgather_value(Bootstrap& bootstrap, const T& value) {
 // once, then give each rank thread its bootstrap(rank).
 class InProcessGroup : public std::enable_shared_from_this<InProcessGroup> {
  public:
-  // Runs `wait` (a blocking wait on the group's condition variable). The default calls
-  // it directly; the simulator's wraps it in sim::HostWaitScope so the engine may run
-  // kernels while a rank waits for the others.
-  using BlockingWait = std::function<void(const std::function<void()>& wait)>;
+  // How a rank sleeps until another rank wakes it: a condition variable. The default
+  // is std::condition_variable's; the simulator's (sim_bootstrap.hpp) lets the engine
+  // run kernels while a rank waits and hands the waker's turn to the woken ranks.
+  class Waiting {
+   public:
+    virtual ~Waiting() = default;
+    // With `lock` (the group's mutex) held on entry and on return: sleeps until
+    // ready() or the deadline; returns ready().
+    virtual bool wait_until(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point deadline,
+                            const std::function<bool()>& ready) = 0;
+    // With the group's mutex held, after a change the waiters wait for.
+    virtual void notify_all() = 0;
+  };
 
   struct Options {
     int num_ranks = 1;
     // A rank that waits longer for the others fails, naming the ranks that never
     // arrived, instead of hanging (a rank that threw before a collective, say).
     std::chrono::milliseconds timeout = std::chrono::minutes(5);
-    BlockingWait blocking_wait;
+    // Null: std::condition_variable. One per group.
+    std::unique_ptr<Waiting> waiting;
   };
 
   static std::shared_ptr<InProcessGroup> create(Options options);
@@ -93,14 +103,13 @@ class InProcessGroup : public std::enable_shared_from_this<InProcessGroup> {
 
  private:
   explicit InProcessGroup(Options options);
-  // Waits (through blocking_wait) until `ready` holds; BootstrapError on timeout or
+  // Waits (through options_.waiting) until `ready` holds; BootstrapError on timeout or
   // when another rank broke the group.
   void wait_until(int rank, const std::function<bool()>& ready, const char* what);
   std::string missing_ranks() const;  // callers hold mutex_
 
   Options options_;
   std::mutex mutex_;
-  std::condition_variable cv_;
   std::vector<std::vector<std::byte>> slots_;
   std::vector<bool> arrived_;
   int num_arrived_ = 0;

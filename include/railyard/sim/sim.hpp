@@ -6,14 +6,17 @@
 //
 // Host threads and the engine take turns ("stop the world"): the engine runs only
 // while every participating host thread is blocked in a simulator call
-// (synchronize, run_ranks, HostWaitScope). So the interleaving is a function of the
+// (synchronize, run_ranks, HostCondition). So the interleaving is a function of the
 // seed and of the host program's sequence of calls, and host code may read and
 // write simulated memory directly whenever it holds the world (i.e. is not blocked).
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <source_location>
 #include <stdexcept>
 #include <string>
@@ -155,17 +158,28 @@ bool stream_query(Stream stream);
 // the engine waits for all of them; joins them and rethrows the first exception.
 void run_ranks(int num_ranks, const std::function<void(int rank)>& fn);
 
-// Marks the calling host thread as waiting on other host threads (a bootstrap
-// barrier, say), so the engine may run meanwhile.
-class HostWaitScope {
+// A condition variable for host threads that wait on other host threads (a bootstrap
+// barrier, a host-side collective). While a participating thread waits in it, it
+// counts as blocked, so the engine may run the kernels other threads launched. The
+// thread that wakes the waiters hands its turn over explicitly: they count as running
+// from notify_all() on, before the operating system runs them, so the engine starts
+// at the same point of the host program in every run and a seed replays.
+class HostCondition {
  public:
-  HostWaitScope();
-  ~HostWaitScope();
-  HostWaitScope(const HostWaitScope&) = delete;
-  HostWaitScope& operator=(const HostWaitScope&) = delete;
+  HostCondition() = default;
+  HostCondition(const HostCondition&) = delete;
+  HostCondition& operator=(const HostCondition&) = delete;
+
+  // Like std::condition_variable::wait_until with a predicate: `lock` (the mutex that
+  // guards what ready() reads) is held on entry and on return. Returns ready().
+  bool wait_until(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point deadline,
+                  const std::function<bool()>& ready);
+  // Wakes every waiter. Call it with the waiters' mutex held, after changing what they
+  // wait for.
+  void notify_all();
 
  private:
-  bool active_;
+  std::condition_variable cv_;
 };
 
 // ---- agents (the place for a simulated NIC) ------------------------------------

@@ -17,10 +17,7 @@ int run_ranks_on_one_device(int num_ranks, std::chrono::milliseconds timeout, ui
   sim::reset(sim::Config{.seed = seed});
   sim::add_device(sim::h100_props());  // one device for every rank
   auto group = runtime::InProcessGroup::create(
-      {.num_ranks = num_ranks, .timeout = timeout, .blocking_wait = [](const std::function<void()>& wait) {
-         sim::HostWaitScope scope;
-         wait();
-       }});
+      {.num_ranks = num_ranks, .timeout = timeout, .waiting = runtime::sim_waiting()});
   std::vector<int> codes(static_cast<std::size_t>(num_ranks), 1);
   sim::run_ranks(num_ranks, [&](int rank) {
     gpu::set_current(0);
