@@ -4,6 +4,7 @@
 #include <string>
 
 #include "engine.hpp"
+#include "mutation.hpp"
 
 namespace railyard::sim::device {
 
@@ -13,6 +14,7 @@ using detail::Engine;
 using detail::Fiber;
 using detail::Mbarrier;
 using detail::WaitInfo;
+namespace mutation = detail::mutation;
 
 namespace {
 
@@ -162,17 +164,22 @@ void barrier(unsigned id, unsigned num_threads, bool wait, const char* what, Loc
 }
 }  // namespace
 
+// A mutant (mutation.hpp) turns a waiting barrier into an arrival at the same line.
 void syncthreads(Loc loc) {
-  barrier(0, static_cast<unsigned>(self()->block->fibers.size()), true, "__syncthreads", loc);
+  const bool wait = !mutation::mutated(mutation::SiteKind::BarSync, loc);
+  barrier(0, static_cast<unsigned>(self()->block->fibers.size()), wait, "__syncthreads", loc);
 }
 void named_barrier_sync(unsigned id, unsigned num_threads, Loc loc) {
-  barrier(id, num_threads, true, "bar.sync", loc);
+  barrier(id, num_threads, !mutation::mutated(mutation::SiteKind::BarSync, loc), "bar.sync", loc);
 }
 void named_barrier_arrive(unsigned id, unsigned num_threads, Loc loc) {
   barrier(id, num_threads, false, "bar.arrive", loc);
 }
 
 void warp_collective(uint32_t mask, uint64_t value, uint64_t* all_values, const char* what, Loc loc) {
+  if (all_values == nullptr && std::strcmp(what, "__syncwarp") == 0 &&
+      mutation::mutated(mutation::SiteKind::Syncwarp, loc))
+    return;
   Engine& e = engine();
   Fiber* f = self();
   Block* b = f->block;
@@ -261,6 +268,7 @@ void check_global_or_shared(const void* ptr, std::size_t bytes, std::size_t alig
 }
 
 void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope scope, const char* op, Loc loc) {
+  if (order == Order::Acquire && mutation::mutated(mutation::SiteKind::Acquire, loc)) order = Order::Relaxed;
   check_global_or_shared(ptr, bytes, bytes, false, op, loc);
   std::memcpy(data, ptr, bytes);
   if (order == Order::Plain) return;
@@ -282,6 +290,7 @@ void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope sco
 }
 
 void store(void* ptr, const void* data, std::size_t bytes, Order order, Scope scope, const char* op, Loc loc) {
+  if (order == Order::Release && mutation::mutated(mutation::SiteKind::Release, loc)) order = Order::Relaxed;
   check_global_or_shared(ptr, bytes, bytes, true, op, loc);
   std::memcpy(ptr, data, bytes);
   Engine& e = engine();
@@ -332,7 +341,10 @@ uint64_t atomic_rmw(void* ptr, std::size_t bytes, RmwFn fn, uint64_t a, uint64_t
   return old;
 }
 
-void fence(const char* op, Loc loc) { engine().yield_runnable(); }
+void fence(const char* op, Loc loc) {
+  if (mutation::mutated(mutation::SiteKind::Fence, loc)) return;
+  engine().yield_runnable();
+}
 
 // ---- mbarrier ---------------------------------------------------------------------------------------
 void mbarrier_init(uint64_t* bar, unsigned arrival_count, Loc loc) {
@@ -378,6 +390,7 @@ uint64_t mbarrier_arrive(uint64_t* bar, unsigned arrivals, uint32_t tx_bytes, Lo
 }
 
 bool mbarrier_test_wait_parity(uint64_t* bar, uint32_t parity, Loc loc) {
+  if (mutation::mutated(mutation::SiteKind::MbarrierWait, loc)) return true;
   Engine& e = engine();
   Mbarrier* m = e.mbarrier(bar, loc, true);
   const bool done = (m->phases_completed & 1u) != (parity & 1u);
@@ -396,6 +409,7 @@ bool mbarrier_test_wait_parity(uint64_t* bar, uint32_t parity, Loc loc) {
 }
 
 bool mbarrier_try_wait_parity(uint64_t* bar, uint32_t parity, Loc loc) {
+  if (mutation::mutated(mutation::SiteKind::MbarrierWait, loc)) return true;
   Engine& e = engine();
   Mbarrier* m = e.mbarrier(bar, loc, true);
   if ((m->phases_completed & 1u) != (parity & 1u)) return true;
@@ -455,6 +469,8 @@ void bulk_commit_group(Loc loc) {
 }
 
 void bulk_wait_group(unsigned max_pending, bool read_only, Loc loc) {
+  if (read_only && mutation::mutated(mutation::SiteKind::BulkWaitRead, loc)) return;
+  if (!read_only && mutation::mutated(mutation::SiteKind::BulkWait, loc)) read_only = true;
   Engine& e = engine();
   Fiber* f = self();
   auto pending = [&](const detail::BulkGroup& g) { return read_only ? g.pending_reads : g.pending_writes; };

@@ -129,19 +129,9 @@ struct ThreadRegistration {
 };
 thread_local ThreadRegistration t_registration;
 
-// Project-relative file name for reports.
-std::string short_file(const char* path) {
-  std::string p = path ? path : "?";
-  for (const char* root : {"/include/", "/kernels/", "/src/", "/tests/", "/benchmarks/", "/python/"}) {
-    const auto pos = p.rfind(root);
-    if (pos != std::string::npos) return p.substr(pos + 1);
-  }
-  return p;
-}
-
 std::string format_loc(const Loc& loc) {
   std::ostringstream os;
-  os << short_file(loc.file_name()) << ":" << loc.line();
+  os << project_file(loc.file_name()) << ":" << loc.line();
   return os.str();
 }
 
@@ -157,6 +147,15 @@ std::string dim(const Dim3& d) {
   return os.str();
 }
 }  // namespace
+
+std::string project_file(const char* path) {
+  std::string p = path ? path : "?";
+  for (const char* root : {"/include/", "/kernels/", "/src/", "/tests/", "/benchmarks/", "/python/"}) {
+    const auto pos = p.rfind(root);
+    if (pos != std::string::npos) return p.substr(pos + 1);
+  }
+  return p;
+}
 
 Engine& Engine::get() {
   // Leaked on purpose: the engine thread may still wait on its condition variable at exit.

@@ -243,6 +243,10 @@ struct PooledStack {
   void deallocate(bctx::stack_context& sctx) { pool->deallocate(sctx); }
 };
 
+// A source file's name relative to the project (kernels/..., include/...), as reports
+// print it.
+std::string project_file(const char* path);
+
 class Engine {
  public:
   static Engine& get();
