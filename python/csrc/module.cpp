@@ -113,8 +113,9 @@ void destroy_buffer(int64_t id) {
   entry->buffer->destroy();
 }
 
-// Waits for the buffer's stream (the current one on a GPU); a kernel's timed-out wait
-// comes back as railyard::Error(Timeout) naming the rank, the peer or row.
+// Waits for the buffer's stream (the current one on a GPU); a kernel failure comes back
+// as railyard::Error (Timeout naming the rank and the peer or row; Aborted naming the
+// rank that gave up and why), raised as the ops raise it.
 void synchronize_buffer(int64_t id) {
   auto entry = get_buffer(id, "synchronize");
   py::gil_scoped_release nogil;
@@ -122,8 +123,9 @@ void synchronize_buffer(int64_t id) {
   try {
     entry->buffer->synchronize(op_stream(*entry));
   } catch (const railyard::Error& e) {
-    if (e.code() != StatusCode::Timeout) throw;
-    throw std::runtime_error(std::string("railyard.TimeoutError: ") + e.what());  // as the ops report it
+    const char* prefix = kernel_failure_prefix(e.code());
+    if (prefix == nullptr) throw;
+    throw std::runtime_error(prefix + std::string(e.what()));
   }
 }
 
