@@ -66,7 +66,8 @@ struct DomainParams {
 // them whole. The count flags hold the low 32 bits: every operation of every rank
 // rewrites them, so a flag is at most two operations away from the current `seq`,
 // and the signed 32-bit distance below is exact across the wrap of the low half. The
-// barrier flags hold the same 32 bits.
+// barrier flags hold the same 32 bits; every dispatch and combine rewrites them, so the
+// distance stays exact while fewer than 2^31 metadata-only operations run in a row.
 RAILYARD_HOST_DEVICE uint32_t flag_of(uint64_t seq) { return static_cast<uint32_t>(seq); }
 // True while `flag` (a count or barrier flag) is behind operation `seq`.
 RAILYARD_HOST_DEVICE bool flag_behind(uint32_t flag, uint64_t seq) {
