@@ -11,7 +11,7 @@ H = 64
 
 
 def _outcomes(world_size, fn):
-    """Runs fn(group, buf) on every rank and returns, per rank, what it raised
+    """Runs fn(rank, buf) on every rank and returns, per rank, what it raised
     (type, message); the run itself re-raises the first rank's error."""
     railyard = import_railyard()
     raised = {}
@@ -25,7 +25,7 @@ def _outcomes(world_size, fn):
             raised[group.rank()] = (type(error), str(error))
             raise
 
-    with pytest.raises(Exception):
+    with pytest.raises(railyard.AbortedError):
         railyard.sim.run(world_size=world_size, fn=rank_fn, timeout=5.0)
     return railyard, [raised.get(r) for r in range(world_size)]
 
