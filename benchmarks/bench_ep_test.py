@@ -68,21 +68,24 @@ def test_minimum_and_model():
     # count row: 4 header ints + 3 ranks x (1 + 2 experts) = 13 ints = 52 B
     expect_eq(rb.count_row_bytes(p), 52, "count row bytes")
     m = rb.minimum_matrices(p, pairs, "dispatch", False, 52)
-    # s -> d: tokens x (256 + 16) + 12 x entries + 4 (barrier flag); 0 tokens: the flag only
-    expect_eq(m.written, [[0, 4, 288], [288, 0, 288], [4, 288, 0]], "dispatch minimum")
+    # s -> d: tokens x (256 + 16) + 12 x entries + 20 (barrier flag and operation
+    # descriptor); 0 tokens: those 20 only
+    expect_eq(m.written, [[0, 20, 304], [304, 0, 304], [20, 304, 0]], "dispatch minimum")
     first = rb.minimum_matrices(p, pairs, "dispatch", True, 52)
-    expect_eq(first.written[0][2], 288 + 52 + 4, "first call: + count row and its flag")
+    expect_eq(first.written[0][2], 304 + 52 + 4, "first call: + count row and its flag")
     c = rb.minimum_matrices(p, pairs, "combine", False, 52)
-    # home s reads from d: tokens(s -> d) x (256 + 10); every rank writes a 4-byte flag to each peer
+    # home s reads from d: tokens(s -> d) x (256 + 10); every rank writes the entry barrier's
+    # 20 bytes to each peer
     expect_eq(c.read, [[0, 0, 266], [266, 0, 266], [0, 266, 0]], "combine minimum reads")
-    expect_eq(c.written, [[0, 4, 4], [4, 0, 4], [4, 4, 0]], "combine flags")
-    # Model, H100: busiest direction 576 B (rank 1 out, rank 2 in) / 450 GB/s = 0.00128 us;
-    # 1 SM: rank 1 issues 576 B / 56.25 GB/s = 0.01024 us -> algbw 768 B / 0.01024 us = 75 GB/s.
+    expect_eq(c.written, [[0, 20, 20], [20, 0, 20], [20, 20, 0]], "combine flags")
+    # Model, H100: busiest direction 608 B (rank 1 out, rank 2 in) / 450 GB/s = 0.00135111 us;
+    # 1 SM: rank 1 issues 608 B / 56.25 GB/s = 0.01080889 us -> algbw 768 B / 0.01080889 us
+    # = 71.052632 GB/s.
     p.sms = [1, 8]
     h100 = bench_ep.model_op(p, m.written, m.read, counted["dispatch"], 2)[0]
     one, eight = h100["points"]
-    expect_eq((round(one.time_us, 8), one.bound, round(one.algbw_gbps, 6)), (0.01024, "SMs", 75.0), "1 SM")
-    expect_eq((round(eight.time_us, 8), eight.bound), (0.00128, "link"), "8 SMs")
+    expect_eq((round(one.time_us, 8), one.bound, round(one.algbw_gbps, 6)), (0.01080889, "SMs", 71.052632), "1 SM")
+    expect_eq((round(eight.time_us, 8), eight.bound), (0.00135111, "link"), "8 SMs")
     expect_eq(h100["fill"], 8, "SMs to fill the link")
 
 

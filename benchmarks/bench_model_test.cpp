@@ -106,16 +106,16 @@ TEST(BenchWorkload, PairCountsAndCountedBytes) {
 TEST(BenchWorkload, MinimumBytes) {
   const Params p = tiny(DType::BF16);
   const PairCounts c = count_pairs(p, tiny_routing(), 3);
-  // 0 -> 1: 2 tokens x (512 + 16) + 12 x 3 entries + 4 barrier flag = 1096; with the
-  // count row (say 40 B) and its flag: 1096 + 44 = 1140.
-  EXPECT_EQ(dispatch_minimum(p, c, 0, 1, false, 40), 1096u);
-  EXPECT_EQ(dispatch_minimum(p, c, 0, 1, true, 40), 1140u);
+  // 0 -> 1: 2 tokens x (512 + 16) + 12 x 3 entries + 4 barrier flag + 16 operation
+  // descriptor = 1112; with the count row (say 40 B) and its flag: 1112 + 44 = 1156.
+  EXPECT_EQ(dispatch_minimum(p, c, 0, 1, false, 40), 1112u);
+  EXPECT_EQ(dispatch_minimum(p, c, 0, 1, true, 40), 1156u);
   // combine, home 1 reads from 0: 1 token x (512 + 10) = 522.
   EXPECT_EQ(combine_minimum(p, c, 1, 0), 522u);
   const PairMatrices m = minimum_matrices(p, c, Op::Combine, false, 0);
   EXPECT_EQ(m.read[1][0], 522u);
   EXPECT_EQ(m.read[0][1], 2u * 522);
-  EXPECT_EQ(m.written[0][1], 4u);  // the entry barrier's flag
+  EXPECT_EQ(m.written[0][1], 20u);  // the entry barrier's flag and operation descriptor
   EXPECT_EQ(m.read[0][0], 0u);
 }
 

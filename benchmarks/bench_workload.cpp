@@ -115,7 +115,7 @@ CountedBytes counted_bytes(const Params& p, const PairCounts& pairs, Op op) {
 uint64_t dispatch_minimum(const Params& p, const PairCounts& pairs, int s, int d, bool metadata,
                           uint64_t count_row_bytes) {
   const uint64_t row = static_cast<uint64_t>(p.dispatch_row_bytes());  // scales included for FP8
-  uint64_t b = pairs.pair_tokens(s, d) * (row + 16) + 12 * pairs.pair_entries(s, d) + 4;  // + barrier flag
+  uint64_t b = pairs.pair_tokens(s, d) * (row + 16) + 12 * pairs.pair_entries(s, d) + kEntryBarrierBytes;
   if (metadata) b += count_row_bytes + 4;  // count row and its flag
   return b;
 }
@@ -137,7 +137,7 @@ PairMatrices minimum_matrices(const Params& p, const PairCounts& pairs, Op op, b
         m.written[s][d] = dispatch_minimum(p, pairs, s, d, metadata, count_row_bytes);
       } else {
         m.read[s][d] = combine_minimum(p, pairs, s, d);
-        m.written[s][d] = 4;
+        m.written[s][d] = kEntryBarrierBytes;
       }
     }
   }

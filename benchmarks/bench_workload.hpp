@@ -87,9 +87,13 @@ struct CountedBytes {
 };
 CountedBytes counted_bytes(const Params& p, const PairCounts& pairs, Op op);
 
+// What the entry barrier of a dispatch or combine writes into each peer: its 4-byte
+// flag and its operation descriptor.
+inline constexpr uint64_t kEntryBarrierBytes = 4 + sizeof(layout::OpDescriptor);
+
 // The NVLink minimum of docs/design-intranode.md "Traffic accounting" for one pair
 // s -> d (s != d), in the direction the data flows: dispatch bytes s writes into d
-// (rows, scales, headers, the entry barrier's flag, and with `metadata` the count row
+// (rows, scales, headers, the entry barrier's kEntryBarrierBytes, and with `metadata` the count row
 // and its flag); combine bytes home s reads from expert rank d (rows and 8 header
 // bytes; no probs combine). `count_row_bytes` is the layout's count row.
 uint64_t dispatch_minimum(const Params& p, const PairCounts& pairs, int s, int d, bool metadata,
@@ -97,8 +101,8 @@ uint64_t dispatch_minimum(const Params& p, const PairCounts& pairs, int s, int d
 uint64_t combine_minimum(const Params& p, const PairCounts& pairs, int s, int d);
 
 // Per-pair matrices of the minimum (diagonal 0), in bench_model's convention: for
-// dispatch written[s][d]; for combine read[s][d] (home s loads from d) plus the 4-byte
-// barrier flag each rank writes to each peer.
+// dispatch written[s][d]; for combine read[s][d] (home s loads from d) plus the entry
+// barrier's kEntryBarrierBytes each rank writes to each peer.
 struct PairMatrices {
   std::vector<std::vector<uint64_t>> written, read;
 };

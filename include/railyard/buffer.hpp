@@ -23,6 +23,7 @@
 #include "railyard/device_array.hpp"
 #include "railyard/errors.hpp"
 #include "railyard/handle.hpp"
+#include "railyard/pipeline/abort_record.hpp"
 #include "railyard/runtime/allocator.hpp"
 #include "railyard/runtime/bootstrap.hpp"
 #include "railyard/runtime/config.hpp"
@@ -163,15 +164,26 @@ struct CombineResult {
   DeviceArray<float> probs;  // [num_tokens, E] with the probs combine, else empty
 };
 
-// What a kernel's bounded wait that gave up reported (pipeline::WaitRecord, read from
-// pinned host memory after the kernel trapped).
-struct WaitTimeout {
-  int rank = -1;            // the rank whose kernel waited
-  uint32_t block = 0, warp = 0, lane = 0;
+// What ended a kernel of this buffer: its pipeline::FailureRecord, read from pinned
+// host memory after the kernel trapped (docs/cpp-api.md, "Kernel failures").
+struct KernelFailure {
+  pipeline::FailureKind kind = pipeline::FailureKind::None;  // Timeout, Aborted or Mismatch
+  // Timeout: the rank whose wait gave up (this one); Aborted: the rank that gave up
+  // the operation; Mismatch: the first rank whose operation differs from rank 0's.
+  int rank = -1;
+  uint32_t block = 0, warp = 0, lane = 0;  // the thread that reported
+  // Timeout:
   std::string what;         // what it waited for, e.g. "entry barrier flag of peer rank"
   int64_t index = -1;       // the peer rank or the row it waited for
   int64_t value = -1;       // the value it waited for (the operation's sequence number)
   uint64_t cycles = 0;      // the budget that ran out
+  // Aborted, Mismatch: why (its text is pipeline::abort_format's) and its numbers.
+  pipeline::AbortReason reason = pipeline::AbortReason::None;
+  int64_t a = 0, b = 0, c = 0;
+
+  // StatusCode::Timeout for a timeout, Aborted for the others.
+  StatusCode code() const;
+  // The error's message: for Aborted and Mismatch the same on every rank.
   std::string to_string() const;
 };
 
@@ -180,7 +192,7 @@ class Buffer {
   // Bytes of device memory a Buffer allocates on its own: its registered buffer
   // (runtime::RegisteredBuffer::required_bytes, the layout's formula). Handles and
   // outputs come from the allocator and are not included; besides, the Buffer holds
-  // one small pinned host record (pipeline::WaitRecord) for timeout reports. std::invalid_argument for
+  // one small pinned host record (pipeline::FailureRecord) for kernel failures. std::invalid_argument for
   // a config that fails validation.
   static std::size_t required_bytes(const BufferConfig& config);
 
@@ -220,12 +232,15 @@ class Buffer {
   // buffer), so that a rank that is not doing it fails at once.
   void barrier(GpuStream stream = {});
 
-  // Waits for `stream` (this buffer's device). A device failure whose cause was a
-  // kernel's timed-out wait is rethrown as Error(StatusCode::Timeout) naming the rank,
-  // what it waited for and the peer or row; other failures pass through unchanged.
+  // Waits for `stream` (this buffer's device). A device failure that a kernel
+  // reported (failure()) is rethrown as Error with the failure's code() and message
+  // (the device error nested): Timeout naming the rank, what it waited for and the
+  // peer or row; Aborted naming the rank that gave up and why, or the first rank whose
+  // operation differs from rank 0's. Other failures pass through unchanged.
   void synchronize(GpuStream stream = {});
-  // The first timed-out wait of this buffer's kernels, if any.
-  std::optional<WaitTimeout> timed_out_wait() const;
+  // The first fatal report of this buffer's kernels, if any. It stays: on a GPU the
+  // device context is lost after it.
+  std::optional<KernelFailure> failure() const;
 
   const BufferConfig& config() const;
   int rank() const;

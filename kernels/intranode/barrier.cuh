@@ -28,7 +28,7 @@ struct Barrier {
 
   RAILYARD_DEVICE void operator()(const Params& p, SharedStorage&) const {
     const uint64_t seq = op_begin(p.domain);
-    entry_barrier(p.domain, seq, operation_id(OpKind::Barrier, false, false, 0));
+    entry_barrier(p.domain, seq, layout::OpDescriptor{static_cast<uint32_t>(pipeline::OpKind::Barrier), 0, 0, 0});
     op_end(p.domain, seq);
   }
 };

@@ -205,8 +205,8 @@ struct Combine {
       StorePipeline::init(storage.store_pipe, /*producer_arrivals=*/kNumReduceWarps, /*consumer_arrivals=*/1);
     }
     const uint64_t seq = op_begin(dom);
-    const uint32_t op = operation_id(OpKind::Combine, p.permuted_input, p.input_probs != nullptr,
-                                     arch::ld_global(p.handle.made_by_op));
+    const layout::OpDescriptor op{static_cast<uint32_t>(pipeline::OpKind::Combine), p.permuted_input,
+                                  p.input_probs != nullptr, arch::ld_global(p.handle.made_by_op)};
     entry_barrier(dom, seq, op);  // ends with __syncthreads: the pipelines are initialised
 
     LoadPipeline load_pipe(storage.load_pipe, dom.wait());

@@ -170,8 +170,8 @@ struct Dispatch {
     // Ends with __syncthreads: barrier inits, bounds and the zero slot are visible to
     // every warp, and every peer has finished its previous operation (so its copy-out
     // of our earlier rows is done and its staging may be overwritten).
-    const uint32_t op = operation_id(OpKind::Dispatch, ctx.grouped, /*probs=*/false,
-                                     arch::ld_global(params.handle.made_by_op));
+    const layout::OpDescriptor op{static_cast<uint32_t>(pipeline::OpKind::Dispatch), ctx.grouped, /*probs=*/0,
+                                  arch::ld_global(params.handle.made_by_op)};
     entry_barrier(params.domain, seq, op);
 
     const auto role = static_cast<WarpRole>(arch::warp_idx());

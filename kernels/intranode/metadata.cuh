@@ -169,21 +169,28 @@ struct Metadata {
       pipeline::timeout_while(
           [&] {
             if (!flag_behind(arch::ld_acquire_sys(flag), seq)) return false;
-            in_other_op = barrier_at(arch::ld_relaxed_sys(barrier_flag), seq);
+            in_other_op = arch::ld_relaxed_sys(barrier_flag) == flag_of(seq);
             return !in_other_op;
           },
           {"count row of rank", src, static_cast<int64_t>(seq)}, dom.handshake_wait());
       if (in_other_op) report_mixed_handshakes(dom, seq);
     }
     __syncwarp();
+    // pad_multiple must agree: every rank compares every row with rank 0's, in rank
+    // order, so every rank reports the same first rank that differs.
+    const auto pad_of = [&](int src) {
+      return arch::ld_global(&lay.count_row(dom.self(), parity, src)[static_cast<int>(layout::CountRow::PadMultiple)]);
+    };
+    const int32_t rank0_pad = pad_of(0);
     for (int src = 0; src < R; ++src) {
       const int32_t* table_row = lay.count_row(dom.self(), parity, src);
       for (int i = static_cast<int>(lane); i < row_ints; i += 32)
         arch::st_global(&h.count_matrix[int64_t{src} * row_ints + i], arch::ld_global(&table_row[i]));
-      const int32_t pad = arch::ld_global(&table_row[static_cast<int>(layout::CountRow::PadMultiple)]);
-      if (lane == 0 && pad != p.pad_multiple)
-        arch::trap_with("pad_multiple differs between ranks: rank %lld passed %lld, rank %lld passed a different one",
-                        src, pad, me);
+      const int32_t pad = pad_of(src);
+      if (lane == 0 && pad != rank0_pad)
+        pipeline::fail_operation(dom.failure_record, pipeline::FailureKind::Mismatch, src,
+                                 static_cast<int32_t>(pipeline::AbortReason::DifferentPadMultiples), src, pad,
+                                 rank0_pad);
     }
     __syncwarp();
 

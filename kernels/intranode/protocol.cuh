@@ -31,19 +31,19 @@ struct DomainParams {
   uint64_t timeout_cycles = pipeline::kDefaultTimeoutCycles;
   // Budget of handshakes (entry barrier, count exchange: a peer may still be late).
   uint64_t handshake_timeout_cycles = pipeline::kDefaultHandshakeTimeoutCycles;
-  // Pinned host memory where the first timed-out wait of the kernel reports itself
-  // (pipeline::WaitRecord), or null.
-  pipeline::WaitRecord* wait_record = nullptr;
+  // Pinned host memory where the kernel's first fatal report (a timed-out wait, an
+  // abort, a mismatch) is left for the host (pipeline::FailureRecord), or null.
+  pipeline::FailureRecord* failure_record = nullptr;
 
   RAILYARD_HOST_DEVICE uint8_t* self() const { return peers.ptr[rank]; }
   // The policy every wait of the kernel uses: the budget, the record, this rank.
   // Both watch this rank's abort record.
   RAILYARD_HOST_DEVICE pipeline::WaitPolicy wait() const {
-    return {timeout_cycles, wait_record, rank, abort_record()};
+    return {timeout_cycles, failure_record, rank, abort_record()};
   }
   // The policy of the two handshakes, which wait for peers to enter the operation.
   RAILYARD_HOST_DEVICE pipeline::WaitPolicy handshake_wait() const {
-    return {handshake_timeout_cycles, wait_record, rank, abort_record()};
+    return {handshake_timeout_cycles, failure_record, rank, abort_record()};
   }
   RAILYARD_HOST_DEVICE pipeline::AbortRecord* abort_record() const {
     return layout::IntranodeLayout(shape).abort_record(self());
@@ -51,22 +51,23 @@ struct DomainParams {
 };
 
 // Gives up the operation on every rank: reports (reason, a, b, c) into every rank's
-// abort record, this one's included, where their waits see it, then traps with the
-// same report they will give.
+// abort record, this one's included, where their waits see it, then fills this rank's
+// failure record and traps with the same report they will give.
 [[noreturn]] RAILYARD_DEVICE void abort_operation(const DomainParams& p, pipeline::AbortReason reason, int64_t a,
                                                   int64_t b, int64_t c RAILYARD_LOC_PARAM) {
   const layout::IntranodeLayout layout(p.shape);
   for (int peer = 0; peer < p.shape.num_ranks; ++peer)
     pipeline::raise_abort(layout.abort_record(p.peers.ptr[peer]), p.rank, reason, a, b, c RAILYARD_LOC_ARG);
-  arch::fence_sc_sys(RAILYARD_LOC_ONLY_ARG);  // the reports leave the SM before the context dies
-  pipeline::trap_aborted(p.rank, static_cast<int32_t>(reason), a, b, c RAILYARD_LOC_ARG);
+  pipeline::fail_operation(p.failure_record, pipeline::FailureKind::Aborted, p.rank, static_cast<int32_t>(reason), a,
+                           b, c RAILYARD_LOC_ARG);
 }
 
 // Sequence numbers are 64-bit and never wrap (2^64 operations). Row headers compare
 // them whole. The count flags hold the low 32 bits: every operation of every rank
 // rewrites them, so a flag is at most two operations away from the current `seq`,
 // and the signed 32-bit distance below is exact across the wrap of the low half. The
-// barrier flags hold 16 bits of it (barrier_word, below).
+// barrier flags hold the same 32 bits; every dispatch and combine rewrites them, so the
+// distance stays exact while fewer than 2^31 metadata-only operations run in a row.
 RAILYARD_HOST_DEVICE uint32_t flag_of(uint64_t seq) { return static_cast<uint32_t>(seq); }
 // True while `flag` (a count or barrier flag) is behind operation `seq`.
 RAILYARD_HOST_DEVICE bool flag_behind(uint32_t flag, uint64_t seq) {
@@ -94,120 +95,112 @@ RAILYARD_DEVICE void op_end(const DomainParams& p, uint64_t seq RAILYARD_LOC_PAR
   }
 }
 
-// What every rank's dispatch, combine or barrier must agree on, 16 bits that travel in the
-// entry barrier's flag word (below): bits 0-1 the kind, bit 2 the layout (expert-grouped
-// / permuted), bit 3 the probs combine, bits 4-15 the low 12 bits of the handle's
-// made_by_op (which metadata operation made it: two dispatches in flight have
-// different handles; handles exactly a multiple of 4096 operations apart look alike).
-// The metadata kernel (a dispatch's first) has no entry barrier: its count exchange
-// is its handshake, and kind 0 stands for it when operations are compared.
-enum class OpKind : uint32_t { Metadata = 0, Dispatch = 1, Combine = 2, Barrier = 3 };
-RAILYARD_HOST_DEVICE constexpr uint32_t operation_id(OpKind kind, bool grouped, bool probs, uint64_t handle_made_by_op) {
-  return static_cast<uint32_t>(kind) | uint32_t{grouped} << 2 | uint32_t{probs} << 3 |
-         static_cast<uint32_t>(handle_made_by_op & 0xfffu) << 4;
-}
-// An entry-barrier flag word: the low 16 bits of `seq` (high half) and the operation
-// id (low half), one 4-byte store. A rank's barrier flags are rewritten by each of its
-// dispatches and combines, so a flag is a few operations from `seq` at most and the
-// signed 16-bit distance is exact (requirement: fewer than 2^15 metadata-only
-// operations in a row).
-RAILYARD_HOST_DEVICE constexpr uint32_t barrier_word(uint64_t seq, uint32_t op) {
-  return static_cast<uint32_t>(seq & 0xffffu) << 16 | (op & 0xffffu);
-}
-RAILYARD_HOST_DEVICE constexpr bool barrier_behind(uint32_t word, uint64_t seq) {
-  return static_cast<int16_t>(static_cast<uint16_t>(word >> 16) - static_cast<uint16_t>(seq & 0xffffu)) < 0;
-}
-RAILYARD_HOST_DEVICE constexpr bool barrier_at(uint32_t word, uint64_t seq) {
-  return (word >> 16) == (seq & 0xffffu);
+// The first field in which a rank's operation differs from rank 0's, as a mismatch
+// reason with the two values (reason None when they agree). Kind first: other fields
+// mean little between different kinds.
+struct OperationDifference {
+  pipeline::AbortReason reason = pipeline::AbortReason::None;
+  int64_t theirs = 0, rank0s = 0;
+};
+RAILYARD_HOST_DEVICE OperationDifference first_difference(const layout::OpDescriptor& theirs,
+                                                          const layout::OpDescriptor& rank0s) {
+  using pipeline::AbortReason;
+  if (theirs.kind != rank0s.kind) return {AbortReason::DifferentKinds, theirs.kind, rank0s.kind};
+  if (theirs.handle_made_by_op != rank0s.handle_made_by_op)
+    return {AbortReason::DifferentHandles, static_cast<int64_t>(theirs.handle_made_by_op),
+            static_cast<int64_t>(rank0s.handle_made_by_op)};
+  if (theirs.grouped != rank0s.grouped) return {AbortReason::DifferentLayouts, theirs.grouped, rank0s.grouped};
+  if (theirs.probs != rank0s.probs) return {AbortReason::DifferentProbs, theirs.probs, rank0s.probs};
+  return {};
 }
 
-// Traps with the first field in which rank `rank`'s operation id differs from rank 0's.
-[[noreturn]] RAILYARD_DEVICE void report_different_operations(int rank, uint32_t theirs,
-                                                              uint32_t rank0s RAILYARD_LOC_PARAM) {
-  struct Field {
-    int shift;
-    uint32_t mask;
-    const char* format;
-  };
-  // The fields cover all 16 bits of an id, so when the first three agree the last differs.
-  constexpr Field kFields[] = {
-      {0, 3u, "the ranks run different operations: rank %lld runs kind %lld, rank 0 kind %lld (0: a dispatch's metadata, 1: dispatch, 2: combine, 3: barrier)"},
-      {4, 0xfffu,
-       "the ranks use different handles: rank %lld's was made by operation %lld, rank 0's by operation %lld (low 12 "
-       "bits; every rank must pass the handle of the same dispatch)"},
-      {2, 1u, "the ranks use different layouts: rank %lld's is %lld, rank 0's is %lld (0: received, 1: expert-grouped)"},
-      {3, 1u, "combine: probs passed on rank %lld: %lld, on rank 0: %lld (1: yes, 0: no; every rank passes probs or "
-              "none does)"}};
-  constexpr int kLast = sizeof(kFields) / sizeof(kFields[0]) - 1;
-  int i = 0;
-  while (i < kLast && ((theirs ^ rank0s) >> kFields[i].shift & kFields[i].mask) == 0u) ++i;
-  const Field& f = kFields[i];
-  arch::trap_with(f.format, rank, (theirs >> f.shift) & f.mask, (rank0s >> f.shift) & f.mask RAILYARD_LOC_ARG);
-}
-
-// How rank `peer` has shown this rank that it entered operation `seq`: its operation
-// id, from its entry-barrier word (dispatch, combine, barrier) or, for the metadata
-// kernel, its count flag (OpKind::Metadata); kNotArrived while neither is at `seq`.
-inline constexpr uint32_t kNotArrived = ~0u;
-RAILYARD_DEVICE uint32_t arrived_operation(const DomainParams& p, int peer, uint64_t seq RAILYARD_LOC_PARAM) {
+// How rank `peer` has shown this rank that it entered operation `seq`: by its barrier
+// flag (dispatch, combine, barrier), with the descriptor it stored before the flag, or,
+// for the metadata kernel, which has no entry barrier, by its count flag (kind
+// Metadata). False while neither is at `seq`.
+RAILYARD_DEVICE bool arrived_operation(const DomainParams& p, int peer, uint64_t seq,
+                                       layout::OpDescriptor& op RAILYARD_LOC_PARAM) {
   const layout::IntranodeLayout layout(p.shape);
-  const uint32_t word = arch::ld_relaxed_sys(layout.barrier_flag(p.self(), peer) RAILYARD_LOC_ARG);
-  if (barrier_at(word, seq)) return word & 0xffffu;
-  if (arch::ld_relaxed_sys(layout.count_flag(p.self(), peer) RAILYARD_LOC_ARG) == flag_of(seq))
-    return static_cast<uint32_t>(OpKind::Metadata);
-  return kNotArrived;
+  if (arch::ld_acquire_sys(layout.barrier_flag(p.self(), peer) RAILYARD_LOC_ARG) == flag_of(seq)) {
+    op = arch::ld_global(layout.op_descriptor(p.self(), static_cast<uint32_t>(seq & 1u), peer) RAILYARD_LOC_ARG);
+    return true;
+  }
+  if (arch::ld_relaxed_sys(layout.count_flag(p.self(), peer) RAILYARD_LOC_ARG) == flag_of(seq)) {
+    op = layout::OpDescriptor{static_cast<uint32_t>(pipeline::OpKind::Metadata), 0, 0, 0};
+    return true;
+  }
+  return false;
 }
 
 // Called by a thread that saw a peer enter operation `seq` by the other handshake (an
 // entry barrier against a count exchange): waits until every rank has entered `seq`
-// one way or the other, then traps with the first rank whose operation differs from
+// one way or the other, then reports the first rank whose operation differs from
 // rank 0's. Every rank that gets here reports the same disagreement.
 [[noreturn]] RAILYARD_DEVICE void report_mixed_handshakes(const DomainParams& p, uint64_t seq RAILYARD_LOC_PARAM) {
+  layout::OpDescriptor op{};
   for (int r = 0; r < p.shape.num_ranks; ++r) {
-    pipeline::timeout_while([&] { return arrived_operation(p, r, seq RAILYARD_LOC_ARG) == kNotArrived; },
+    pipeline::timeout_while([&] { return !arrived_operation(p, r, seq, op RAILYARD_LOC_ARG); },
                             {"rank entering the operation (a mismatch was seen)", r, static_cast<int64_t>(seq)},
                             p.handshake_wait() RAILYARD_LOC_ARG);
   }
   // No rank passes `seq` now, so what each one shows stays. Two ranks differ (this one
   // and the peer that showed the other handshake), so some rank differs from rank 0.
-  const uint32_t rank0s = arrived_operation(p, 0, seq RAILYARD_LOC_ARG);
-  int r = 1;
-  while (r < p.shape.num_ranks - 1 && arrived_operation(p, r, seq RAILYARD_LOC_ARG) == rank0s) ++r;
-  report_different_operations(r, arrived_operation(p, r, seq RAILYARD_LOC_ARG), rank0s RAILYARD_LOC_ARG);
+  layout::OpDescriptor rank0s{};
+  (void)arrived_operation(p, 0, seq, rank0s RAILYARD_LOC_ARG);
+  OperationDifference d;
+  int r = 0;
+  while (d.reason == pipeline::AbortReason::None && ++r < p.shape.num_ranks) {
+    (void)arrived_operation(p, r, seq, op RAILYARD_LOC_ARG);
+    d = first_difference(op, rank0s);
+  }
+  pipeline::fail_operation(p.failure_record, pipeline::FailureKind::Mismatch, r, static_cast<int32_t>(d.reason), r,
+                           d.theirs, d.rank0s RAILYARD_LOC_ARG);
 }
 
-// Run by one warp of block 0 after the entry barrier of operation `seq`: every rank's operation id
-// must equal rank 0's, and the first rank that differs is reported, so every rank
-// reports the same disagreement. A flag already past `seq` belongs to a peer that
-// passed this check itself, which it cannot while any two ids differ; so then all agree.
+// Run by one warp of block 0 after the entry barrier of operation `seq`: every rank's
+// descriptor must equal rank 0's, and the first rank that differs is reported, so
+// every rank reports the same disagreement. Each slot holds its rank's descriptor of
+// operation `seq`: written before the flag this block acquired, and not overwritten
+// yet, because the next write to a slot of this parity is for operation seq + 2,
+// which no peer can start before this rank finished operation seq (the handshake of
+// seq + 1 waits for it).
 RAILYARD_DEVICE void check_same_operation(const DomainParams& p, uint64_t seq RAILYARD_LOC_PARAM) {
   const layout::IntranodeLayout layout(p.shape);
-  const uint32_t word0 = arch::ld_relaxed_sys(layout.barrier_flag(p.self(), 0) RAILYARD_LOC_ARG);
-  if (!barrier_at(word0, seq)) return;
+  const auto parity = static_cast<uint32_t>(seq & 1u);
+  const layout::OpDescriptor rank0s = arch::ld_global(layout.op_descriptor(p.self(), parity, 0) RAILYARD_LOC_ARG);
   for (int base = 0; base < p.shape.num_ranks; base += static_cast<int>(arch::kWarpSize)) {
     const int r = base + static_cast<int>(arch::lane_idx());
-    const uint32_t word = r < p.shape.num_ranks ? arch::ld_relaxed_sys(layout.barrier_flag(p.self(), r) RAILYARD_LOC_ARG)
-                                                : word0;
-    const uint32_t differs = __ballot_sync(arch::kFullWarpMask, barrier_at(word, seq) && word != word0);
+    const OperationDifference d =
+        r < p.shape.num_ranks
+            ? first_difference(arch::ld_global(layout.op_descriptor(p.self(), parity, r) RAILYARD_LOC_ARG), rank0s)
+            : OperationDifference{};
+    const uint32_t differs = __ballot_sync(arch::kFullWarpMask, d.reason != pipeline::AbortReason::None);
     if (differs != 0u) {
       const int first = __ffs(static_cast<int>(differs)) - 1;
-      const uint32_t first_word = __shfl_sync(arch::kFullWarpMask, word, first);
-      report_different_operations(base + first, first_word & 0xffffu, word0 & 0xffffu RAILYARD_LOC_ARG);
+      const auto reason = __shfl_sync(arch::kFullWarpMask, static_cast<int32_t>(d.reason), first);
+      const int64_t theirs = __shfl_sync(arch::kFullWarpMask, d.theirs, first);
+      const int64_t rank0_value = __shfl_sync(arch::kFullWarpMask, d.rank0s, first);
+      pipeline::fail_operation(p.failure_record, pipeline::FailureKind::Mismatch, base + first, reason, base + first,
+                               theirs, rank0_value RAILYARD_LOC_ARG);
     }
   }
 }
 
-// Entry barrier: block 0 stores this rank's word (low bits of `seq`, operation id `op`)
-// into its flag on every peer; every block then waits until every peer's flag in its
-// own buffer has reached `seq`. Passing it proves every peer finished its previous
-// operation; then every rank's operation id must be rank 0's (a mismatched collective
-// traps with the same report on every rank). Uses all threads of the block.
-RAILYARD_DEVICE void entry_barrier(const DomainParams& p, uint64_t seq, uint32_t op RAILYARD_LOC_PARAM) {
+// Entry barrier: block 0 stores this rank's descriptor of the operation (`op`) into
+// its slot on every peer, then `seq` into its flag there (release); every block then
+// waits until every peer's flag in its own buffer has reached `seq`. Passing it proves
+// every peer finished its previous operation; then every rank's descriptor must be
+// rank 0's (a mismatched collective traps with the same report on every rank). Uses
+// all threads of the block.
+RAILYARD_DEVICE void entry_barrier(const DomainParams& p, uint64_t seq,
+                                   const layout::OpDescriptor& op RAILYARD_LOC_PARAM) {
   const layout::IntranodeLayout layout(p.shape);
   const int num_ranks = p.shape.num_ranks;
   if (blockIdx.x == 0) {
+    const auto parity = static_cast<uint32_t>(seq & 1u);
     for (int peer = static_cast<int>(threadIdx.x); peer < num_ranks; peer += static_cast<int>(blockDim.x)) {
-      arch::st_release_sys(layout.barrier_flag(p.peers.ptr[peer], p.rank), barrier_word(seq, op) RAILYARD_LOC_ARG);
+      arch::st_global(layout.op_descriptor(p.peers.ptr[peer], parity, p.rank), op RAILYARD_LOC_ARG);
+      arch::st_release_sys(layout.barrier_flag(p.peers.ptr[peer], p.rank), flag_of(seq) RAILYARD_LOC_ARG);
     }
   }
   for (int peer = static_cast<int>(threadIdx.x); peer < num_ranks; peer += static_cast<int>(blockDim.x)) {
@@ -216,14 +209,14 @@ RAILYARD_DEVICE void entry_barrier(const DomainParams& p, uint64_t seq, uint32_t
     bool in_metadata = false;  // the peer runs a metadata kernel at `seq` instead
     pipeline::timeout_while(
         [&] {
-          if (!barrier_behind(arch::ld_acquire_sys(flag RAILYARD_LOC_ARG), seq)) return false;
+          if (!flag_behind(arch::ld_acquire_sys(flag RAILYARD_LOC_ARG), seq)) return false;
           in_metadata = arch::ld_relaxed_sys(count_flag RAILYARD_LOC_ARG) == flag_of(seq);
           return !in_metadata;
         },
         {"entry barrier flag of peer rank", peer, static_cast<int64_t>(seq)}, p.handshake_wait() RAILYARD_LOC_ARG);
     if (in_metadata) report_mixed_handshakes(p, seq RAILYARD_LOC_ARG);
   }
-  __syncthreads();  // every peer's id is acquired by some thread of the block
+  __syncthreads();  // every peer's descriptor is acquired by some thread of the block
   // In block 0 only: its threads have stored this rank's flags on every peer before
   // the barrier above, so the trap cannot keep a peer from passing and reporting too.
   if (blockIdx.x == 0 && arch::warp_idx() == 0) check_same_operation(p, seq RAILYARD_LOC_ARG);

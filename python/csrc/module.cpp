@@ -113,18 +113,26 @@ void destroy_buffer(int64_t id) {
   entry->buffer->destroy();
 }
 
-// Waits for the buffer's stream (the current one on a GPU); a kernel's timed-out wait
-// comes back as railyard::Error(Timeout) naming the rank, the peer or row.
+// Runs `body`; a kernel failure it meets (railyard::Error Timeout naming the rank and
+// the peer or row; Aborted naming the rank that gave up and why) is raised as the ops
+// raise it.
+template <class F>
+void raising_kernel_failures(F&& body) {
+  try {
+    body();
+  } catch (const railyard::Error& e) {
+    const char* prefix = kernel_failure_prefix(e.code());
+    if (prefix == nullptr) throw;
+    throw std::runtime_error(prefix + std::string(e.what()));
+  }
+}
+
+// Waits for the buffer's stream (the current one on a GPU).
 void synchronize_buffer(int64_t id) {
   auto entry = get_buffer(id, "synchronize");
   py::gil_scoped_release nogil;
   make_current(entry->device);
-  try {
-    entry->buffer->synchronize(op_stream(*entry));
-  } catch (const railyard::Error& e) {
-    if (e.code() != StatusCode::Timeout) throw;
-    throw std::runtime_error(std::string("railyard.TimeoutError: ") + e.what());  // as the ops report it
-  }
+  raising_kernel_failures([&] { entry->buffer->synchronize(op_stream(*entry)); });
 }
 
 // Collective: Buffer::barrier on the buffer's stream (the current one on a GPU), then
@@ -134,13 +142,10 @@ void barrier_buffer(int64_t id) {
   py::gil_scoped_release nogil;
   make_current(entry->device);
   const GpuStream stream = op_stream(*entry);
-  try {
+  raising_kernel_failures([&] {
     entry->buffer->barrier(stream);
     entry->buffer->synchronize(stream);
-  } catch (const railyard::Error& e) {
-    if (e.code() != StatusCode::Timeout) throw std::runtime_error(std::string("railyard.barrier: ") + e.what());
-    throw std::runtime_error(std::string("railyard.TimeoutError: ") + e.what());  // as the ops report it
-  }
+  });
 }
 
 #if RAILYARD_IS_SIM

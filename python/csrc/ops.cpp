@@ -34,10 +34,9 @@ using std::string;
 
 // ---- errors ------------------------------------------------------------------------------
 // Python sees ValueError (c10::ValueError) for bad values and TypeError
-// (c10::TypeError) for wrong dtypes; a kernel's timed-out wait becomes a RuntimeError
-// whose message starts with kTimeoutPrefix, which python/railyard turns into
-// railyard.TimeoutError.
-constexpr const char* kTimeoutPrefix = "railyard.TimeoutError: ";
+// (c10::TypeError) for wrong dtypes; a kernel failure becomes a RuntimeError whose
+// message starts with kernel_failure_prefix (ops.hpp), which python/railyard turns
+// into railyard.TimeoutError or railyard.AbortedError.
 
 [[noreturn]] void value_error(const string& msg) { TORCH_CHECK_VALUE(false, msg); }
 [[noreturn]] void type_error(const string& msg) { TORCH_CHECK_TYPE(false, msg); }
@@ -52,7 +51,7 @@ auto translate_errors(const char* op, F&& body) {
   } catch (const std::invalid_argument& e) {
     value_error(e.what());
   } catch (const railyard::Error& e) {
-    if (e.code() == StatusCode::Timeout) TORCH_CHECK(false, kTimeoutPrefix, e.what());
+    if (const char* prefix = kernel_failure_prefix(e.code())) TORCH_CHECK(false, prefix, e.what());
     TORCH_CHECK(false, "railyard.", op, ": ", e.what());
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "railyard.", op, ": ", e.what());
@@ -466,6 +465,14 @@ std::shared_ptr<BufferEntry> get_buffer(int64_t id, const char* op) {
     value_error(string("railyard.") + op + ": buffer " + std::to_string(id) +
                 " is not a live buffer (destroyed, or of the other flavour); expected a Buffer's id");
   return it->second;
+}
+
+const char* kernel_failure_prefix(StatusCode code) {
+  switch (code) {
+    case StatusCode::Timeout: return "railyard.TimeoutError: ";
+    case StatusCode::Aborted: return "railyard.AbortedError: ";
+    default: return nullptr;
+  }
 }
 
 std::shared_ptr<BufferEntry> remove_buffer(int64_t id) {

@@ -28,6 +28,11 @@ std::shared_ptr<BufferEntry> get_buffer(int64_t id, const char* op);
 // Removes it from the registry (the caller destroys the buffer).
 std::shared_ptr<BufferEntry> remove_buffer(int64_t id);
 
+// The start of the message of a kernel failure's RuntimeError, by which
+// python/railyard raises its class ("railyard.TimeoutError: ", "railyard.AbortedError: "),
+// or null for a code that is no kernel failure.
+const char* kernel_failure_prefix(StatusCode code);
+
 // Where the Buffer's handles and outputs come from, process-wide (it outlives every
 // tensor made from them): the simulator flavour registers plain host memory with the
 // simulator, so the outputs stay valid CPU tensors across sim::reset; the CUDA flavour

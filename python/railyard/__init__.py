@@ -27,6 +27,7 @@ except ImportError as _error:
     ) from _error
 from ._flavours import has_cuda_flavour, has_sim_flavour  # noqa: E402
 from ._buffer import (  # noqa: E402
+    AbortedError,
     Buffer,
     CombineResult,
     DispatchResult,
@@ -37,6 +38,7 @@ from ._buffer import (  # noqa: E402
 from . import _fake  # noqa: E402,F401  (fake implementations for torch.compile)
 
 __all__ = [
+    "AbortedError",
     "Buffer",
     "CombineResult",
     "DispatchResult",

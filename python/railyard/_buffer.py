@@ -16,7 +16,6 @@ from . import _flavours
 RECEIVED = 0
 EXPERT_GROUPED = 1
 _LAYOUT_NAMES = {RECEIVED: "received", EXPERT_GROUPED: "expert_grouped"}
-_TIMEOUT_PREFIX = "railyard.TimeoutError: "
 
 # Buffer id -> (hidden, num_experts, num_local_experts, fp8): what the fake
 # implementations need to shape their outputs (python/railyard/_fake.py).
@@ -26,6 +25,20 @@ _configs: dict[int, tuple[int, int, int, bool]] = {}
 class TimeoutError(RuntimeError):  # noqa: A001  (railyard.TimeoutError, by design)
     """A kernel's bounded wait gave up: the message names the rank, what it waited
     for (a peer's flag, a row) and the budget."""
+
+
+class AbortedError(RuntimeError):
+    """A kernel gave up the operation on every rank, each rank raising the same message:
+    one rank's bad routing (``rank 1 gave up the operation: topk_idx[2][1] = 99 is not
+    -1 or an expert id below num_experts``, with ``check_routing`` off) or ranks whose
+    operations differ (``the ranks use different handles: rank 1's was made by operation
+    3, rank 0's by operation 1``). On a GPU the CUDA context is lost, as after any
+    kernel fault."""
+
+
+# The start of the RuntimeError message by which the C++ side (python/csrc/ops.cpp,
+# kernel_failure_prefix) marks a kernel failure, and the class raised for it.
+_KERNEL_FAILURES = {"railyard.TimeoutError: ": TimeoutError, "railyard.AbortedError: ": AbortedError}
 
 
 class Handle(NamedTuple):
@@ -150,8 +163,9 @@ def _check_group(group):
 
 def _reraise(error: RuntimeError):
     message = str(error)
-    if _TIMEOUT_PREFIX in message:
-        raise TimeoutError(message[message.index(_TIMEOUT_PREFIX) + len(_TIMEOUT_PREFIX) :]) from None
+    for prefix, kind in _KERNEL_FAILURES.items():
+        if prefix in message:
+            raise kind(message[message.index(prefix) + len(prefix) :]) from None
     raise error
 
 
@@ -327,8 +341,10 @@ class Buffer:
     def synchronize(self) -> None:
         """Waits for this rank's stream (PyTorch's current CUDA stream; in the simulator
         every op has already finished). A kernel's wait that timed out raises
-        railyard.TimeoutError naming the rank, what it waited for and the peer or row,
-        where CUDA itself would only report a launch failure."""
+        railyard.TimeoutError naming the rank, what it waited for and the peer or row;
+        a kernel that gave up the operation (bad routing on a rank, ranks whose
+        operations differ) raises railyard.AbortedError naming the rank and why: where
+        CUDA itself would only report a launch failure."""
         if self._id is None:
             raise RuntimeError("railyard.Buffer: this buffer was destroyed")
         try:
@@ -340,7 +356,7 @@ class Buffer:
         """Collective: returns once every rank of the group has entered this barrier on
         its buffer (after the buffer's earlier operations). Ranks that run different
         operations (one rank's barrier against another's dispatch) fail, every one with
-        the same RuntimeError naming the first rank that differs from rank 0."""
+        the same railyard.AbortedError naming the first rank that differs from rank 0."""
         if self._id is None:
             raise RuntimeError("railyard.Buffer: this buffer was destroyed")
         try:

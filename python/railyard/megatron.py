@@ -289,8 +289,8 @@ class HybridEPBuffer:
         # agree on its capacity.
         try:
             buf.barrier()
-        except RuntimeError as e:
-            raise RuntimeError(
+        except RuntimeError as e:  # railyard.AbortedError: keep the class, add the batch and capacity
+            raise type(e)(
                 f"railyard.megatron.HybridEPBuffer: this rank's batch of {num_tokens} tokens exceeds the buffer's "
                 f"capacity of {buf.max_num_of_tokens_per_rank}, and not every rank grows its buffer in the same call "
                 f"(every rank must; pass the largest count up front with install(max_num_of_tokens_per_rank=...)): "

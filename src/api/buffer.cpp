@@ -105,12 +105,13 @@ struct Buffer::State {
     for (std::size_t r = 0; r < peers.size(); ++r) domain.peers.ptr[r] = peers[r];
     if (options.timeout_cycles > 0) domain.timeout_cycles = options.timeout_cycles;
     if (options.handshake_timeout_cycles > 0) domain.handshake_timeout_cycles = options.handshake_timeout_cycles;
-    // Pinned host memory: still readable after a kernel trapped on a timed-out wait.
-    wait_record = static_cast<pipeline::WaitRecord*>(runtime::gpu::malloc_host(sizeof(pipeline::WaitRecord), "wait record"));
-    std::memset(wait_record, 0, sizeof(pipeline::WaitRecord));
-    domain.wait_record = wait_record;
+    // Pinned host memory: still readable after a kernel trapped.
+    failure_record = static_cast<pipeline::FailureRecord*>(
+        runtime::gpu::malloc_host(sizeof(pipeline::FailureRecord), "failure record"));
+    std::memset(failure_record, 0, sizeof(pipeline::FailureRecord));
+    domain.failure_record = failure_record;
   }
-  ~State() { runtime::gpu::free_host(wait_record); }
+  ~State() { runtime::gpu::free_host(failure_record); }
   State(const State&) = delete;
   State& operator=(const State&) = delete;
 
@@ -144,7 +145,7 @@ struct Buffer::State {
   int dispatch_chunk_rows = 0;  // 0: the kernel's default
   int combine_chunk_rows = 0;
   ki::DomainParams domain;
-  pipeline::WaitRecord* wait_record = nullptr;
+  pipeline::FailureRecord* failure_record = nullptr;
 
   // Cross-stream order: every operation of the buffer (metadata, dispatch, combine)
   // is a collective on the same registered buffer, so it must not overlap the previous
@@ -228,25 +229,48 @@ Buffer::State& Buffer::state(const char* what) const {
   return *state_;
 }
 
-std::string WaitTimeout::to_string() const {
-  return "rank " + std::to_string(rank) + " gave up after " + std::to_string(cycles) + " cycles waiting for " + what +
-         " (peer or row " + std::to_string(index) + ", value " + std::to_string(value) + ") in block " +
-         std::to_string(block) + " warp " + std::to_string(warp) + " lane " + std::to_string(lane);
+StatusCode KernelFailure::code() const {
+  return kind == pipeline::FailureKind::Timeout ? StatusCode::Timeout : StatusCode::Aborted;
 }
 
-std::optional<WaitTimeout> Buffer::timed_out_wait() const {
-  const pipeline::WaitRecord* r = state("timed_out_wait").wait_record;
-  if (std::atomic_ref<const uint32_t>(r->timed_out).load(std::memory_order_acquire) == 0) return std::nullopt;
-  WaitTimeout t;
-  t.rank = r->rank;
-  t.block = r->block;
-  t.warp = r->warp;
-  t.lane = r->lane;
-  t.what = std::string(r->what, strnlen(r->what, sizeof(r->what)));
-  t.index = r->index;
-  t.value = r->value;
-  t.cycles = r->cycles;
-  return t;
+std::string KernelFailure::to_string() const {
+  if (kind == pipeline::FailureKind::Timeout)
+    return "rank " + std::to_string(rank) + " gave up after " + std::to_string(cycles) + " cycles waiting for " +
+           what + " (peer or row " + std::to_string(index) + ", value " + std::to_string(value) + ") in block " +
+           std::to_string(block) + " warp " + std::to_string(warp) + " lane " + std::to_string(lane);
+  // The device's trap prints the same formats (pipeline/abort.cuh).
+  char head[64] = "";
+  if (kind == pipeline::FailureKind::Aborted)
+    std::snprintf(head, sizeof head, pipeline::gave_up_format(), static_cast<long long>(rank));
+  char why[256];
+  std::snprintf(why, sizeof why, pipeline::abort_format(static_cast<int32_t>(reason)), static_cast<long long>(a),
+                static_cast<long long>(b), static_cast<long long>(c));
+  return std::string(head) + why;
+}
+
+std::optional<KernelFailure> Buffer::failure() const {
+  const pipeline::FailureRecord* r = state("failure").failure_record;
+  const auto kind = static_cast<pipeline::FailureKind>(
+      std::atomic_ref<const uint32_t>(r->kind).load(std::memory_order_acquire));
+  if (kind == pipeline::FailureKind::None) return std::nullopt;
+  KernelFailure f;
+  f.kind = kind;
+  f.rank = r->rank;
+  f.block = r->block;
+  f.warp = r->warp;
+  f.lane = r->lane;
+  if (kind == pipeline::FailureKind::Timeout) {
+    f.what = std::string(r->what, strnlen(r->what, sizeof(r->what)));
+    f.index = r->index;
+    f.value = r->value;
+    f.cycles = r->cycles;
+  } else {
+    f.reason = static_cast<pipeline::AbortReason>(r->reason);
+    f.a = r->a;
+    f.b = r->b;
+    f.c = r->c;
+  }
+  return f;
 }
 
 void Buffer::synchronize(GpuStream stream) {
@@ -254,8 +278,8 @@ void Buffer::synchronize(GpuStream stream) {
   try {
     runtime::gpu::stream_synchronize(resolve_stream(stream, s.device));
   } catch (const std::exception& e) {
-    if (const auto timeout = timed_out_wait())
-      std::throw_with_nested(Error(StatusCode::Timeout, "railyard Buffer: " + timeout->to_string()));
+    if (const auto failed = failure())
+      std::throw_with_nested(Error(failed->code(), "railyard Buffer: " + failed->to_string()));
     throw;
   }
 }

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <cstring>
@@ -466,8 +467,8 @@ TEST(BufferFootprint, RequiredBytesIsWhatEachRankAllocates) {
         boot->barrier();
       });
       // Device memory: the registered buffer, exactly required_bytes. Besides it each
-      // rank holds one pinned host WaitRecord (where a timed-out wait reports itself).
-      EXPECT_EQ(grown[0], n * (required + sizeof(pipeline::WaitRecord)))
+      // rank holds one pinned host FailureRecord (where a kernel reports a fatal error).
+      EXPECT_EQ(grown[0], n * (required + sizeof(pipeline::FailureRecord)))
           << "ranks " << n << " " << runtime::dtype_name(dtype);
       EXPECT_EQ(sim::live_allocation_bytes(), before);
     }
@@ -690,7 +691,7 @@ TEST(BufferTimeouts, APeerThatNeverDispatchesIsReportedAsATimeout) {
   const int n = 2, T = 4, H = 128;
   reset_sim(n);
   auto group = make_group(n);
-  std::optional<WaitTimeout> seen;
+  std::optional<KernelFailure> seen;
   const std::vector<std::string> errors = errors_on_ranks(n, [&](int rank) {
     auto boot = group->bootstrap(rank);
     // The missing peer is noticed in the count exchange, a handshake: its budget counts.
@@ -706,7 +707,7 @@ TEST(BufferTimeouts, APeerThatNeverDispatchesIsReportedAsATimeout) {
       buffer.dispatch({.hidden = dx.get(), .num_tokens = T, .topk_idx = static_cast<const int64_t*>(didx.get()),
                        .topk_weights = static_cast<const float*>(dw.get()), .num_topk = 2});
     } catch (...) {
-      seen = buffer.timed_out_wait();
+      seen = buffer.failure();
       throw;
     }
   });
@@ -716,31 +717,82 @@ TEST(BufferTimeouts, APeerThatNeverDispatchesIsReportedAsATimeout) {
             std::string::npos)
       << errors[0];
   ASSERT_TRUE(seen.has_value());
+  EXPECT_EQ(seen->kind, pipeline::FailureKind::Timeout);
   EXPECT_EQ(seen->rank, 0);
   EXPECT_EQ(seen->what, "count row of rank");
   EXPECT_EQ(seen->index, 1);
 }
 
+// How a rank's calls ended: the railyard::Error that Buffer threw ("<code>: <what>"),
+// and what the buffer's failure() said afterwards.
+struct RankFailure {
+  std::string error = "(no error)";
+  std::optional<KernelFailure> failure;
+};
+
+// Runs fn(rank, buffer) on every rank, each with a buffer of `config`, and records how
+// each rank's calls ended. A rank whose calls fail otherwise than by railyard::Error says so.
+std::vector<RankFailure> failures_on_ranks(int n, const BufferConfig& config,
+                                           const std::function<void(int rank, Buffer& buffer)>& fn) {
+  auto group = make_group(n);
+  std::vector<RankFailure> ends(static_cast<std::size_t>(n));
+  sim::run_ranks(n, [&](int rank) {
+    runtime::gpu::set_current(rank);
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(config, *boot);
+    RankFailure& end = ends[static_cast<std::size_t>(rank)];
+    try {
+      fn(rank, buffer);
+    } catch (const Error& e) {
+      end.error = std::string(to_string(e.code())) + ": " + e.what();
+    } catch (const std::exception& e) {
+      end.error = std::string("not a railyard::Error: ") + e.what();
+    }
+    end.failure = buffer.failure();
+  });
+  return ends;
+}
+
+// Every rank ended with `error` (whole), and failure() says `kind`, `rank`, `reason`, (a, b, c).
+void expect_same_failure_everywhere(const std::vector<RankFailure>& ends, const std::string& error,
+                                    pipeline::FailureKind kind, int rank, pipeline::AbortReason reason,
+                                    std::array<int64_t, 3> numbers) {
+  for (std::size_t r = 0; r < ends.size(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(ends[r].error, error);
+    ASSERT_TRUE(ends[r].failure.has_value());
+    const KernelFailure& f = *ends[r].failure;
+    EXPECT_EQ(f.kind, kind);
+    EXPECT_EQ(f.code(), StatusCode::Aborted);
+    EXPECT_EQ(f.rank, rank);
+    EXPECT_EQ(f.reason, reason);
+    EXPECT_EQ((std::array<int64_t, 3>{f.a, f.b, f.c}), numbers);
+    EXPECT_EQ("Aborted: railyard Buffer: " + f.to_string(), error);
+  }
+}
+
 // Bad routing on one rank only: that rank's metadata kernel gives up the operation and
 // tells every peer, whose waits watch for it, so every rank's dispatch fails at once
-// with the same message naming the rank, the token and the expert (with the default
-// budgets a waiting rank would otherwise end in the simulator's hang report).
+// with the same railyard::Error (Aborted) naming the rank, the token and the expert
+// (with the default budgets a waiting rank would otherwise end in the simulator's hang
+// report). The message comes from each rank's pinned failure record, as on a GPU.
 TEST(BufferAbort, BadRoutingOnOneRankFailsEveryRankWithItsReport) {
   const int n = 4, T = 4, H = 128;
   struct Bad {
     int64_t slot1;  // topk_idx[2][1] on rank 1
     std::string report;
+    pipeline::AbortReason reason;
+    std::array<int64_t, 3> numbers;
   };
   for (const Bad& bad : {Bad{99, "rank 1 gave up the operation: topk_idx[2][1] = 99 is not -1 or an expert id below "
-                                 "num_experts"},
+                                 "num_experts",
+                             pipeline::AbortReason::ExpertOutOfRange, {2, 1, 99}},
                          Bad{5, "rank 1 gave up the operation: topk_idx[2] chooses expert 5 twice (slot 0 and a later "
-                                "one)"}}) {
+                                "one)",
+                             pipeline::AbortReason::ExpertChosenTwice, {2, 5, 0}}}) {
     SCOPED_TRACE(bad.report);
     reset_sim(n);
-    auto group = make_group(n);
-    const std::vector<std::string> errors = errors_on_ranks(n, [&](int rank) {
-      auto boot = group->bootstrap(rank);
-      Buffer buffer(make_config(n, H, T, 2, 2, DType::BF16), *boot);
+    const auto ends = failures_on_ranks(n, make_config(n, H, T, 2, 2, DType::BF16), [&](int rank, Buffer& buffer) {
       std::vector<bf16> x(static_cast<std::size_t>(T) * H, float_to_bf16(1.0f));
       std::vector<int64_t> idx(static_cast<std::size_t>(T) * 2);
       for (int t = 0; t < T; ++t) idx[2 * t] = 5, idx[2 * t + 1] = (t + 2 * rank) % 5;  // 8 experts
@@ -750,26 +802,23 @@ TEST(BufferAbort, BadRoutingOnOneRankFailsEveryRankWithItsReport) {
       buffer.dispatch({.hidden = dx.get(), .num_tokens = T, .topk_idx = static_cast<const int64_t*>(didx.get()),
                        .topk_weights = static_cast<const float*>(dw.get()), .num_topk = 2});
     });
-    for (int rank = 0; rank < n; ++rank) {
-      EXPECT_NE(errors[rank].find(bad.report), std::string::npos) << "rank " << rank << ": " << errors[rank];
-      EXPECT_EQ(errors[rank].find("hang"), std::string::npos) << "rank " << rank << ": " << errors[rank];
-      EXPECT_EQ(errors[rank].find("gave up after"), std::string::npos) << "rank " << rank << ": " << errors[rank];
-    }
+    expect_same_failure_everywhere(ends, "Aborted: railyard Buffer: " + bad.report, pipeline::FailureKind::Aborted, 1,
+                                   bad.reason, bad.numbers);
   }
 }
 
 // Mismatched collectives are an error on every rank, the same one: the entry barrier
 // carries what the ranks' operations must agree on (the kind, the handle, the layout,
 // the probs combine), and every rank reports the first rank that differs from rank 0.
-// The data does not matter: every rank fails before any row moves.
-std::vector<std::string> combine_mismatch(int n, const std::function<bool(int rank)>& second_handle,
-                                          const std::function<bool(int rank)>& with_probs) {
+// The data does not matter: every rank fails before any row moves. `ops_between`:
+// operations every rank skips (its operation counter jumps) between the two dispatches,
+// so that their handles are made 2 + ops_between operations apart.
+std::vector<RankFailure> combine_mismatch(int n, const std::function<bool(int rank)>& second_handle,
+                                          const std::function<bool(int rank)>& with_probs, uint64_t ops_between = 0) {
   const int T = 4, H = 128;
   reset_sim(n);
-  auto group = make_group(n);
-  return errors_on_ranks(n, [&](int rank) {
-    auto boot = group->bootstrap(rank);
-    Buffer buffer(make_config(n, H, T, 2, 2, DType::BF16), *boot);
+  const BufferConfig config = make_config(n, H, T, 2, 2, DType::BF16);
+  return failures_on_ranks(n, config, [&](int rank, Buffer& buffer) {
     std::vector<bf16> x(static_cast<std::size_t>(T) * H, float_to_bf16(1.0f));
     std::vector<int64_t> idx(static_cast<std::size_t>(T) * 2);
     for (int t = 0; t < T; ++t) idx[2 * t] = t % (2 * n), idx[2 * t + 1] = (t + 1) % (2 * n);
@@ -778,6 +827,14 @@ std::vector<std::string> combine_mismatch(int n, const std::function<bool(int ra
     const DispatchArgs args{.hidden = dx.get(), .num_tokens = T, .topk_idx = static_cast<const int64_t*>(didx.get()),
                             .topk_weights = static_cast<const float*>(dw.get()), .num_topk = 2};
     const DispatchResult first = buffer.dispatch(args);
+    if (ops_between > 0) {
+      // As if every rank had run ops_between more operations: the host may write the
+      // simulated device's memory between kernels.
+      buffer.synchronize();
+      uint64_t* done = layout::IntranodeLayout(runtime::RegisteredBuffer::shape_of(config))
+                           .local_state(buffer.registered_buffer().local_ptr());
+      *done += ops_between;
+    }
     const DispatchResult second = buffer.dispatch(args);  // two dispatches in flight
     const DispatchResult& mine = second_handle(rank) ? second : first;
     DeviceAllocation y(runtime::default_allocator(), std::max<std::size_t>(mine.hidden.bytes(), 16));
@@ -789,22 +846,66 @@ std::vector<std::string> combine_mismatch(int n, const std::function<bool(int ra
 }
 
 TEST(BufferMismatch, RanksCombiningDifferentHandlesFailAlike) {
-  const int n = 3;
-  // Rank 0 combines the first dispatch's handle, the others the second's.
-  const auto errors = combine_mismatch(n, [](int rank) { return rank != 0; }, [](int) { return false; });
-  for (int rank = 0; rank < n; ++rank)
-    EXPECT_NE(errors[rank].find("the ranks use different handles: rank 1's was made by operation 3, rank 0's by "
-                                "operation 1"),
-              std::string::npos)
-        << "rank " << rank << ": " << errors[rank];
+  // Rank 0 combines the first dispatch's handle (made by operation 1), the others the
+  // second's (operation 3).
+  const auto ends = combine_mismatch(3, [](int rank) { return rank != 0; }, [](int) { return false; });
+  expect_same_failure_everywhere(ends,
+                                 "Aborted: railyard Buffer: the ranks use different handles: rank 1's was made by "
+                                 "operation 3, rank 0's by operation 1 (every rank must pass the handle of the same "
+                                 "dispatch)",
+                                 pipeline::FailureKind::Mismatch, 1, pipeline::AbortReason::DifferentHandles, {1, 3, 1});
+}
+
+// The descriptor holds the handle's whole made_by_op: handles made 2^12 or 2^16
+// operations apart (alike in the low 12 or 16 bits an earlier flag word carried)
+// are told apart.
+TEST(BufferMismatch, HandlesAPowerOfTwoOperationsApartAreDifferent) {
+  for (const uint64_t apart : {uint64_t{1} << 12, uint64_t{1} << 16}) {
+    SCOPED_TRACE("handles made " + std::to_string(apart) + " operations apart");
+    const auto ends = combine_mismatch(2, [](int rank) { return rank == 1; }, [](int) { return false; }, apart - 2);
+    const int64_t second = 1 + static_cast<int64_t>(apart);
+    expect_same_failure_everywhere(ends,
+                                   "Aborted: railyard Buffer: the ranks use different handles: rank 1's was made by "
+                                   "operation " + std::to_string(second) + ", rank 0's by operation 1 (every rank "
+                                   "must pass the handle of the same dispatch)",
+                                   pipeline::FailureKind::Mismatch, 1, pipeline::AbortReason::DifferentHandles,
+                                   {1, second, 1});
+  }
+}
+
+// A dispatch on one rank against a combine on the other, both on the same handle (one
+// kernel each, the n-th operation on both ranks): the kinds differ.
+TEST(BufferMismatch, ADispatchAgainstACombineFailsAlike) {
+  const int n = 2, T = 4, H = 128;
+  reset_sim(n);
+  const auto ends = failures_on_ranks(n, make_config(n, H, T, 2, 2, DType::BF16), [&](int rank, Buffer& buffer) {
+    std::vector<bf16> x(static_cast<std::size_t>(T) * H, float_to_bf16(1.0f));
+    std::vector<int64_t> idx(static_cast<std::size_t>(T) * 2);
+    for (int t = 0; t < T; ++t) idx[2 * t] = t % 4, idx[2 * t + 1] = (t + 1) % 4;
+    std::vector<float> w(idx.size(), 0.5f);
+    DeviceAllocation dx = to_device<bf16>(x), didx = to_device<int64_t>(idx), dw = to_device<float>(w);
+    const DispatchResult d = buffer.dispatch({.hidden = dx.get(), .num_tokens = T,
+                                              .topk_idx = static_cast<const int64_t*>(didx.get()),
+                                              .topk_weights = static_cast<const float*>(dw.get()), .num_topk = 2});
+    if (rank == 0) {
+      (void)buffer.combine({.handle = &d.handle, .hidden = d.hidden.data()});
+    } else {
+      (void)buffer.dispatch({.hidden = dx.get(), .num_tokens = T, .handle = &d.handle});
+    }
+    buffer.synchronize();
+  });
+  expect_same_failure_everywhere(ends,
+                                 "Aborted: railyard Buffer: the ranks run different operations: rank 1 runs kind 1, "
+                                 "rank 0 kind 2 (kinds: 0=a dispatch's metadata 1=dispatch 2=combine 3=barrier)",
+                                 pipeline::FailureKind::Mismatch, 1, pipeline::AbortReason::DifferentKinds, {1, 1, 2});
 }
 
 TEST(BufferMismatch, OnlySomeRanksPassingProbsFailAlike) {
-  const int n = 3;
-  const auto errors = combine_mismatch(n, [](int) { return false; }, [](int rank) { return rank == 2; });
-  for (int rank = 0; rank < n; ++rank)
-    EXPECT_NE(errors[rank].find("combine: probs passed on rank 2: 1, on rank 0: 0"), std::string::npos)
-        << "rank " << rank << ": " << errors[rank];
+  const auto ends = combine_mismatch(3, [](int) { return false; }, [](int rank) { return rank == 2; });
+  expect_same_failure_everywhere(ends,
+                                 "Aborted: railyard Buffer: combine: probs passed on rank 2: 1, on rank 0: 0 (1: yes, "
+                                 "0: no; every rank passes probs or none does)",
+                                 pipeline::FailureKind::Mismatch, 2, pipeline::AbortReason::DifferentProbs, {2, 1, 0});
 }
 
 // Ranks in different operations at the same point of their sequence, where one of

@@ -435,8 +435,8 @@ TEST(IntranodeCombine, SmallSlotsSplitRowsIntoManyPieces) {
 // (token, peer) pair that has data, 8 header bytes (seq, num_entries) per pair the
 // peer's dispatch kept, and 8 bytes (local expert, prob) per chosen expert for the
 // probs combine, plus 4 bytes for every poll of a header that was not ready yet;
-// nothing for pairs the dispatch dropped. Writes to peers: the entry barrier's flag,
-// nothing else (combine pulls).
+// nothing for pairs the dispatch dropped. Writes to peers: the entry barrier's flag
+// and operation descriptor, nothing else (combine pulls).
 TEST(IntranodeCombine, NvlinkTrafficIsThePairMinimum) {
   const std::vector<Case> cases = {
       {4, {64, 65, 1, 63}, 112, 8, 2, 2, Routing::Uniform, kReceived, true, recv_bounds({30, -1, 50, 7})},
@@ -498,7 +498,8 @@ TEST(IntranodeCombine, NvlinkTrafficIsThePairMinimum) {
         total_min += minimum[k];
         EXPECT_GE(read, minimum[k]) << "home " << s << " peer " << d;
         EXPECT_EQ((read - minimum[k]) % 8, 0u) << "home " << s << " peer " << d << ": only 8-byte seq polls may add";
-        EXPECT_EQ(traffic.written(s, d), 4u) << "home " << s << " peer " << d << ": only the entry-barrier flag";
+        EXPECT_EQ(traffic.written(s, d), 4 + sizeof(layout::OpDescriptor))
+            << "home " << s << " peer " << d << ": only the entry barrier's flag and operation descriptor";
         if (R <= 4) {
           std::printf("  %d <- %d: %8llu = %8llu [%8llu] + %llu polls\n", s, d,
                       static_cast<unsigned long long>(read), static_cast<unsigned long long>(minimum[k]),

@@ -223,7 +223,7 @@ TEST(IntranodeDispatch, BackToBackCallsReuseStaging) {
 
 // Bytes rank s writes into rank d's memory (s != d) against the minimum: for every
 // (token, d) pair the row, its FP8 scales and its header (16 bytes + 12 per entry);
-// plus the entry barrier's 4-byte flag; the metadata kernel's count row + flag
+// plus the entry barrier's 4-byte flag and 16-byte operation descriptor; the metadata kernel's count row + flag
 // measured apart. Dispatch pushes, so it reads nothing from peers.
 void check_traffic(const Case& c, uint64_t seed) {
   const std::string where = describe(c) + " seed " + std::to_string(seed);
@@ -249,7 +249,7 @@ void check_traffic(const Case& c, uint64_t seed) {
       // The unique (token of s, d) pairs and their entries, from the reference.
       const ref::ReceivedRows& rr = call.reference.received.ranks[d];
       const int64_t bound = c.options.recv_bound(d);
-      uint64_t minimum = 4;  // entry barrier flag
+      uint64_t minimum = 4 + sizeof(layout::OpDescriptor);  // entry barrier flag and operation descriptor
       uint64_t pairs = 0;
       for (int64_t r = 0; r < rr.num_rows(); ++r) {
         if (rr.src_rank[r] != s || (bound >= 0 && r >= bound)) continue;
@@ -291,29 +291,29 @@ TEST(IntranodeDispatch, AMissingHeaderTimesOutWithAReport) {
   for (int t = 0; t < 5; ++t) layout::HandleView::carve(w.layout(), call.ranks[1].handle, call.capacity).slot_pos[t] = -1;
   // A data wait: it gives up after the data budget, although the handshake budget
   // (entry barrier) is longer.
-  std::vector<pipeline::WaitRecord*> records;
+  std::vector<pipeline::FailureRecord*> records;
   for (int rank = 0; rank < 2; ++rank) {
-    records.push_back(static_cast<pipeline::WaitRecord*>(sim::malloc_host(sizeof(pipeline::WaitRecord), "wait record")));
-    std::memset(records.back(), 0, sizeof(pipeline::WaitRecord));
+    records.push_back(static_cast<pipeline::FailureRecord*>(sim::malloc_host(sizeof(pipeline::FailureRecord), "failure record")));
+    std::memset(records.back(), 0, sizeof(pipeline::FailureRecord));
   }
   const std::string report = test::expect_sim_error(sim::ErrorKind::Trap, [&] {
     w.run([&](int rank, GpuStream stream) {
       DispatchArguments a = dispatch_args(w, call, rank, /*timeout_cycles=*/uint64_t{1} << 22);
       a.domain.handshake_timeout_cycles = uint64_t{1} << 24;
-      a.domain.wait_record = records[rank];
+      a.domain.failure_record = records[rank];
       ASSERT_TRUE(launch_dispatch(a, stream).ok());
     });
   });
   EXPECT_NE(report.find("row header seq of received row"), std::string::npos) << report;
   int timed_out = 0;
-  for (const pipeline::WaitRecord* r : records) {
-    if (r->timed_out == 0) continue;
+  for (const pipeline::FailureRecord* r : records) {
+    if (r->kind != static_cast<uint32_t>(pipeline::FailureKind::Timeout)) continue;
     ++timed_out;
     EXPECT_STREQ(r->what, "dispatch: row header seq of received row");
     EXPECT_EQ(r->cycles, uint64_t{1} << 22);
   }
   EXPECT_GE(timed_out, 1);
-  for (pipeline::WaitRecord* r : records) sim::free(r);
+  for (pipeline::FailureRecord* r : records) sim::free(r);
 }
 
 // A rank that never starts its dispatch: its peer waits at the entry barrier, a
@@ -324,19 +324,19 @@ TEST(IntranodeDispatch, TheEntryBarrierWaitsWithTheHandshakeBudget) {
   layout::IntranodeShape shape{2, 1, 5, 16, 1, DType::BF16};
   IntranodeWorld w(shape, 1);
   const Call call = prepare(w, c, 1);
-  auto* record = static_cast<pipeline::WaitRecord*>(sim::malloc_host(sizeof(pipeline::WaitRecord), "wait record"));
+  auto* record = static_cast<pipeline::FailureRecord*>(sim::malloc_host(sizeof(pipeline::FailureRecord), "failure record"));
   std::memset(record, 0, sizeof *record);
   const std::string report = test::expect_sim_error(sim::ErrorKind::Trap, [&] {
     w.run([&](int rank, GpuStream stream) {
       if (rank == 1) return;  // never dispatches
       DispatchArguments a = dispatch_args(w, call, rank, /*timeout_cycles=*/uint64_t{1} << 21);
       a.domain.handshake_timeout_cycles = uint64_t{1} << 23;
-      a.domain.wait_record = record;
+      a.domain.failure_record = record;
       ASSERT_TRUE(launch_dispatch(a, stream).ok());
     });
   });
   EXPECT_NE(report.find("entry barrier flag of peer rank (index 1"), std::string::npos) << report;
-  EXPECT_EQ(record->timed_out, 1u);
+  EXPECT_EQ(record->kind, static_cast<uint32_t>(pipeline::FailureKind::Timeout));
   EXPECT_EQ(record->rank, 0);
   EXPECT_EQ(record->index, 1);
   EXPECT_EQ(record->cycles, uint64_t{1} << 23);

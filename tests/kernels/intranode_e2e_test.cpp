@@ -175,11 +175,10 @@ void run_near_the_wrap(uint64_t first_done, DType dtype, test::DispatchOutput ou
     uint8_t* base = w.registered(r);
     std::memcpy(L.local_state(base), &first_done, sizeof first_done);
     // The flags hold what the last operation stored in them.
-    const uint32_t count_flag = kernels::intranode::flag_of(first_done);
-    const uint32_t barrier_flag = kernels::intranode::barrier_word(first_done, 0);
+    const uint32_t flag = kernels::intranode::flag_of(first_done);
     for (int peer = 0; peer < R; ++peer) {
-      std::memcpy(L.barrier_flag(base, peer), &barrier_flag, sizeof barrier_flag);
-      std::memcpy(L.count_flag(base, peer), &count_flag, sizeof count_flag);
+      std::memcpy(L.barrier_flag(base, peer), &flag, sizeof flag);
+      std::memcpy(L.count_flag(base, peer), &flag, sizeof flag);
     }
   }
   // 8 calls of 3 operations each: past the wrap whichever way it is counted.

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/arch/sim_harness.hpp"
 #include "tests/kernels/intranode_harness.hpp"
 #include "tests/kernels/refusals.hpp"
 
@@ -297,23 +298,44 @@ TEST(IntranodeMetadata, DuplicateExpertsAndOverfullMapsTrap) {
   }
 }
 
-TEST(IntranodeMetadata, MismatchedPadMultipleTraps) {
-  layout::IntranodeShape shape{2, 1, 4, 16, 1, DType::BF16};
+// Ranks that pass different pad_multiples: every rank compares every count row with
+// rank 0's and reports the first rank that differs, in its trap and in its failure record.
+TEST(IntranodeMetadata, MismatchedPadMultipleIsTheSameReportOnEveryRank) {
+  layout::IntranodeShape shape{3, 1, 4, 16, 1, DType::BF16};
   IntranodeWorld w(shape, 1);
-  ref::World world{2, 2, 2, 16, 4};
-  const auto inputs = test::make_inputs({world, {4, 4}, 1, DType::BF16, Routing::Uniform, false, 3});
-  std::vector<uint8_t*> handles = {w.alloc_handle(0, 8), w.alloc_handle(1, 8)};
-  std::vector<test::DeviceRouting> routing = {test::upload_routing(w, 0, inputs[0]), test::upload_routing(w, 1, inputs[1])};
-  try {
+  ref::World world{3, 3, 3, 16, 4};
+  const auto inputs = test::make_inputs({world, {4, 4, 4}, 1, DType::BF16, Routing::Uniform, false, 3});
+  std::vector<uint8_t*> handles;
+  std::vector<test::DeviceRouting> routing;
+  std::vector<pipeline::FailureRecord*> records;
+  for (int rank = 0; rank < 3; ++rank) {
+    handles.push_back(w.alloc_handle(rank, 12));
+    routing.push_back(test::upload_routing(w, rank, inputs[rank]));
+    records.push_back(static_cast<pipeline::FailureRecord*>(sim::malloc_host(sizeof(pipeline::FailureRecord), "failure record")));
+    std::memset(records.back(), 0, sizeof(pipeline::FailureRecord));
+  }
+  const std::string why = "pad_multiple differs between ranks: rank 1 passed 8, rank 0 passed 4 (every rank passes "
+                          "the same)";
+  const std::string report = test::expect_sim_error(sim::ErrorKind::Trap, [&] {
     w.run([&](int rank, GpuStream stream) {
       CallOptions o;
-      o.pad_multiple = rank == 0 ? 4 : 8;
-      ASSERT_TRUE(launch_metadata(args_for(w, rank, inputs[rank], routing[rank], o, handles[rank], 8), stream).ok());
+      o.pad_multiple = rank == 1 ? 8 : 4;
+      MetadataArguments a = args_for(w, rank, inputs[rank], routing[rank], o, handles[rank], 12);
+      a.domain.failure_record = records[rank];
+      ASSERT_TRUE(launch_metadata(a, stream).ok());
     });
-    FAIL() << "expected a trap";
-  } catch (const sim::Error& e) {
-    EXPECT_EQ(e.kind(), sim::ErrorKind::Trap);
-    EXPECT_NE(std::string(e.what()).find("pad_multiple differs between ranks"), std::string::npos) << e.what();
+  });
+  EXPECT_NE(report.find(why), std::string::npos) << report;
+  for (int rank = 0; rank < 3; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const pipeline::FailureRecord& r = *records[rank];
+    EXPECT_EQ(r.kind, static_cast<uint32_t>(pipeline::FailureKind::Mismatch));
+    EXPECT_EQ(r.rank, 1);
+    EXPECT_EQ(r.reason, static_cast<int32_t>(pipeline::AbortReason::DifferentPadMultiples));
+    EXPECT_EQ(r.a, 1);
+    EXPECT_EQ(r.b, 8);
+    EXPECT_EQ(r.c, 4);
+    sim::free(records[rank]);
   }
 }
 
@@ -324,23 +346,23 @@ namespace railyard {
 namespace {
 
 // A rank that never arrives: rank 0's wait for its count row gives up after its cycle
-// budget, and the first timed-out wait fills the WaitRecord in pinned host memory,
+// budget, and the first timed-out wait fills the FailureRecord in pinned host memory,
 // which the host can still read after the kernel has trapped.
-TEST(IntranodeMetadata, AMissingRankIsReportedInTheWaitRecord) {
+TEST(IntranodeMetadata, AMissingRankIsReportedInTheFailureRecord) {
   layout::IntranodeShape shape{2, 1, 4, 16, 1, DType::BF16};
   IntranodeWorld w(shape, 1);
   ref::World world{2, 2, 2, 16, 4};
   const auto inputs = test::make_inputs({world, {4, 4}, 1, DType::BF16, Routing::Uniform, false, 3});
   uint8_t* handle = w.alloc_handle(0, 8);
   const test::DeviceRouting routing = test::upload_routing(w, 0, inputs[0]);
-  auto* record = static_cast<pipeline::WaitRecord*>(sim::malloc_host(sizeof(pipeline::WaitRecord), "wait record"));
+  auto* record = static_cast<pipeline::FailureRecord*>(sim::malloc_host(sizeof(pipeline::FailureRecord), "failure record"));
   std::memset(record, 0, sizeof *record);
   MetadataArguments a = args_for(w, 0, inputs[0], routing, {}, handle, 8);
   // The count exchange is a handshake: it waits with the handshake budget, not the
   // (here shorter) data budget. Both well before the simulator's own hang limit.
   a.domain.handshake_timeout_cycles = uint64_t{1} << 22;
   a.domain.timeout_cycles = uint64_t{1} << 21;
-  a.domain.wait_record = record;
+  a.domain.failure_record = record;
   try {
     w.run([&](int rank, GpuStream stream) {
       if (rank == 0) {  // rank 1 never calls
@@ -352,7 +374,7 @@ TEST(IntranodeMetadata, AMissingRankIsReportedInTheWaitRecord) {
     EXPECT_EQ(e.kind(), sim::ErrorKind::Trap) << e.what();
     EXPECT_NE(std::string(e.what()).find("count row of rank (index 1"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(record->timed_out, 1u);
+  EXPECT_EQ(record->kind, static_cast<uint32_t>(pipeline::FailureKind::Timeout));
   EXPECT_EQ(record->rank, 0);
   EXPECT_EQ(record->index, 1);  // the peer it waited for
   EXPECT_EQ(record->value, 1);  // the sequence number of the first operation

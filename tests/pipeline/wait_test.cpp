@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "railyard/arch/memory.cuh"
@@ -77,24 +78,41 @@ TEST(TimeoutWhile, DefaultBudgetRunsOutInVirtualTime) {
 }
 
 // A wait watching an abort record traps with the aborting rank's report once the
-// record is raised; a reason the format table does not know is still reported with
-// its three numbers.
+// record is raised, after copying it into its failure record (pinned host memory, what
+// the host can read after a trap on a GPU); a reason the format table does not know is
+// still reported with its three numbers.
 TEST(TimeoutWhile, ARaisedAbortRecordTrapsTheWaitWithItsReport) {
   reset_sim(1);
   DeviceArray<uint32_t> flag(0, 1, "flag");
   flag[0] = 0;
   DeviceArray<pipeline::AbortRecord> record(0, 1, "abort record");
   record[0] = pipeline::AbortRecord{};
+  auto* failure = static_cast<pipeline::FailureRecord*>(sim::malloc_host(sizeof(pipeline::FailureRecord), "failure"));
+  std::memset(failure, 0, sizeof *failure);
   uint32_t* f = flag.ptr;
   pipeline::AbortRecord* r = record.ptr;
   const std::string report = expect_sim_error(sim::ErrorKind::Trap, [&] {
     run_kernel(1, 32, 0, [=] {
       if (threadIdx.x == 0) pipeline::raise_abort(r, 3, static_cast<pipeline::AbortReason>(99), 1, 2, 3);
-      const pipeline::WaitPolicy policy(pipeline::kDefaultTimeoutCycles, nullptr, 0, r);
+      const pipeline::WaitPolicy policy(pipeline::kDefaultTimeoutCycles, failure, 0, r);
       pipeline::timeout_while([&] { return arch::ld_acquire_gpu(f) == 0; }, {"never-set flag"}, policy);
     });
   });
   EXPECT_NE(report.find("rank 3 gave up the operation: unknown reason (1, 2, 3)"), std::string::npos) << report;
+  EXPECT_EQ(failure->kind, static_cast<uint32_t>(pipeline::FailureKind::Aborted));
+  EXPECT_EQ(failure->rank, 3);
+  EXPECT_EQ(failure->reason, 99);
+  EXPECT_EQ(failure->a, 1);
+  EXPECT_EQ(failure->b, 2);
+  EXPECT_EQ(failure->c, 3);
+  sim::free(failure);
+}
+
+// The mismatch reports list the operation kinds from one table (RAILYARD_OP_KINDS).
+TEST(AbortFormat, TheKindMismatchListsEveryKind) {
+  EXPECT_STREQ(pipeline::abort_format(static_cast<int32_t>(pipeline::AbortReason::DifferentKinds)),
+               "the ranks run different operations: rank %lld runs kind %lld, rank 0 kind %lld (kinds: 0=a "
+               "dispatch's metadata 1=dispatch 2=combine 3=barrier)");
 }
 
 }  // namespace

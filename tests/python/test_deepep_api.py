@@ -212,7 +212,8 @@ def test_growth_on_some_ranks_only_fails_every_rank_at_once():
     """A batch past the capacity on rank 0 only: rank 0 would create a larger buffer
     (a collective) while rank 1 dispatches on the old one. Neither waits for a budget:
     rank 0's barrier and rank 1's dispatch differ, so both fail with the same report,
-    rank 0's naming its batch and the capacity. No TimeoutError on either."""
+    rank 0's naming its batch and the capacity: railyard.AbortedError on both, no
+    TimeoutError."""
     world = 2
     small = inputs(world, [40, 30], seed=13)
     skewed = inputs(world, [700, 30], seed=14)
@@ -228,12 +229,12 @@ def test_growth_on_some_ranks_only_fails_every_rank_at_once():
             failures[d] = (type(e).__name__, str(e))
             raise
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(import_railyard().AbortedError):
         run_ranks(world, fn)
     for d, failure in enumerate(failures):
         assert failure is not None, f"rank {d}: the skewed dispatch succeeded"
         kind, message = failure
-        assert kind == "RuntimeError", f"rank {d}: {kind}: {message}"
+        assert kind == "AbortedError", f"rank {d}: {kind}: {message}"
         assert "the ranks run different operations: rank 1 runs kind 0, rank 0 kind 3" in message, \
             f"rank {d}: {message}"
     assert "batch of 700 tokens exceeds the buffer's capacity of 512" in failures[0][1], failures[0][1]

@@ -56,7 +56,8 @@ void print_footprint(const Example& example) {
   } regions[] = {
       {"count_table", L.count_table_offset(), L.count_flags_offset()},
       {"count_flags", L.count_flags_offset(), L.barrier_flags_offset()},
-      {"barrier_flags", L.barrier_flags_offset(), L.local_state_offset()},
+      {"barrier_flags", L.barrier_flags_offset(), L.op_descriptors_offset()},
+      {"op_descriptors", L.op_descriptors_offset(), L.local_state_offset()},
       {"local_state (+ pad to 128)", L.local_state_offset(), L.headers_offset()},
       {"stage_headers", L.headers_offset(), L.scales_offset()},
       {"stage_scales", L.scales_offset(), L.rows_offset()},
@@ -82,9 +83,9 @@ TEST(RegisteredBufferFootprint, WorkedExamplesOfDocsBuffersMd) {
   for (const Example& e : {seed, deepep, deepep_bf16}) print_footprint(e);
 
   // The totals docs/buffers.md quotes; a layout change must update the page.
-  EXPECT_EQ(RegisteredBuffer::required_bytes(seed.config), 538'445'696u);
-  EXPECT_EQ(RegisteredBuffer::required_bytes(deepep.config), 1'923'163'520u);
-  EXPECT_EQ(RegisteredBuffer::required_bytes(deepep_bf16.config), 1'893'803'392u);
+  EXPECT_EQ(RegisteredBuffer::required_bytes(seed.config), 538'445'952u);
+  EXPECT_EQ(RegisteredBuffer::required_bytes(deepep.config), 1'923'164'544u);
+  EXPECT_EQ(RegisteredBuffer::required_bytes(deepep_bf16.config), 1'893'804'416u);
 }
 
 TEST(RegisteredBufferFootprint, ShapeComesFromTheConfigAndBadConfigsAreRefused) {

@@ -135,7 +135,7 @@ TEST(SimRanks, AMissingPeerWithTheDefaultBudgetsIsTheKernelsTimeout) {
   reset_sim(n, 3);
   auto group = runtime::make_sim_group(n);
   std::vector<std::string> errors(n);
-  std::optional<WaitTimeout> seen;
+  std::optional<KernelFailure> seen;
   const auto start = std::chrono::steady_clock::now();
   sim::run_ranks(n, [&](int rank) {
     runtime::gpu::set_current(rank);
@@ -149,7 +149,7 @@ TEST(SimRanks, AMissingPeerWithTheDefaultBudgetsIsTheKernelsTimeout) {
                        .topk_weights = static_cast<const float*>(w.get()), .num_topk = 2});
     } catch (const Error& e) {
       errors[rank] = std::string(to_string(e.code())) + ": " + e.what();
-      seen = buffer.timed_out_wait();
+      seen = buffer.failure();
     } catch (const std::exception& e) {
       errors[rank] = std::string("not a railyard::Error: ") + e.what();
     }
@@ -158,6 +158,7 @@ TEST(SimRanks, AMissingPeerWithTheDefaultBudgetsIsTheKernelsTimeout) {
   EXPECT_EQ(errors[0].rfind("Timeout: railyard Buffer: rank 0 gave up after ", 0), 0u) << errors[0];
   EXPECT_NE(errors[0].find("(peer or row 1, value 1)"), std::string::npos) << errors[0];
   ASSERT_TRUE(seen.has_value()) << errors[0];
+  EXPECT_EQ(seen->kind, pipeline::FailureKind::Timeout);
   EXPECT_EQ(seen->rank, 0);
   EXPECT_EQ(seen->index, 1);
   EXPECT_GE(seen->cycles, uint64_t{1} << 34);  // a default budget (pipeline::kDefaultTimeoutCycles or longer)

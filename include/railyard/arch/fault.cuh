@@ -42,20 +42,23 @@ namespace railyard::arch {
 #endif
 }
 
-// trap_with() for an error found by another rank: the message starts with
-// "rank <rank> gave up the operation: ", so every rank reports it alike.
-[[noreturn]] RAILYARD_DEVICE void trap_from_rank(int64_t rank, const char* format, int64_t a, int64_t b,
-                                                 int64_t c RAILYARD_LOC_PARAM) {
+// trap_with() preceded by `prefix`, a printf format with one %lld taking `p` (e.g.
+// "rank %lld gave up the operation: " for an error another rank found).
+[[noreturn]] RAILYARD_DEVICE void trap_with_prefix(const char* prefix, int64_t p, const char* format, int64_t a,
+                                                   int64_t b, int64_t c RAILYARD_LOC_PARAM) {
 #if RAILYARD_IS_SIM
+  char head[64];
+  std::snprintf(head, sizeof head, prefix, static_cast<long long>(p));
   char reason[224];
   std::snprintf(reason, sizeof reason, format, static_cast<long long>(a), static_cast<long long>(b),
                 static_cast<long long>(c));
   char why[288];
-  std::snprintf(why, sizeof why, "rank %lld gave up the operation: %s", static_cast<long long>(rank), reason);
+  std::snprintf(why, sizeof why, "%s%s", head, reason);
   ::railyard::sim::device::trap(why, railyard_loc);
 #else
-  printf("railyard: device trap in block (%u,%u,%u) thread (%u,%u,%u): rank %lld gave up the operation: ",
-         blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z, static_cast<long long>(rank));
+  printf("railyard: device trap in block (%u,%u,%u) thread (%u,%u,%u): ", blockIdx.x, blockIdx.y, blockIdx.z,
+         threadIdx.x, threadIdx.y, threadIdx.z);
+  printf(prefix, static_cast<long long>(p));
   printf(format, static_cast<long long>(a), static_cast<long long>(b), static_cast<long long>(c));
   printf("\n");
   __trap();

@@ -13,6 +13,8 @@ enum class StatusCode {
   Unsupported,      // valid, but no compiled configuration handles it
   LaunchFailed,     // the runtime refused the launch
   Timeout,          // a kernel's bounded wait gave up (a peer never answered)
+  Aborted,          // a kernel gave up the operation on every rank: one rank's bad routing, or ranks whose
+                    // operations differ (the device context is lost on a GPU, unlike InvalidArgument's refusals)
 };
 
 inline const char* to_string(StatusCode code) {
@@ -22,6 +24,7 @@ inline const char* to_string(StatusCode code) {
     case StatusCode::Unsupported: return "Unsupported";
     case StatusCode::LaunchFailed: return "LaunchFailed";
     case StatusCode::Timeout: return "Timeout";
+    case StatusCode::Aborted: return "Aborted";
   }
   return "?";
 }

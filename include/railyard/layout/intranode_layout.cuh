@@ -67,6 +67,18 @@ struct RowHeader {
 };
 static_assert(sizeof(RowHeader) == 16 && sizeof(HeaderEntry) == 12);
 
+// What a rank's dispatch or combine must agree on with every other rank's. The entry
+// barrier stores it into the rank's slot of every peer before the barrier flag and
+// compares the slots after the barrier (kernels/intranode/protocol.cuh). The handle's
+// identity is its whole made_by_op, so two different handles never look alike.
+struct OpDescriptor {
+  uint32_t kind;               // pipeline::OpKind
+  uint16_t grouped;            // 1: expert-grouped layout (dispatch) or permuted input (combine)
+  uint16_t probs;              // 1: combine with probs
+  uint64_t handle_made_by_op;  // the sequence number of the metadata operation that filled the handle
+};
+static_assert(sizeof(OpDescriptor) == 16);
+
 // A received row's routing, kept in the handle: (local expert, permuted position).
 struct RecvEntry {
   int32_t local_expert;
@@ -111,7 +123,7 @@ class IntranodeLayout {
 
   // ---- the registered buffer ---------------------------------------------------------------
   // [count_table: 2 parities x R sources x count_row_ints]
-  // [count_flags: R] [barrier_flags: R] [local_state: 64 B]
+  // [count_flags: R] [barrier_flags: R] [op_descriptors: 2 parities x R] [local_state: 64 B]
   // [headers: R*M x header_bytes] [scales: R*M x stage_scale_bytes] [rows: R*M x stage_row_bytes]
   RAILYARD_HOST_DEVICE int64_t count_table_offset() const { return 0; }
   RAILYARD_HOST_DEVICE int64_t count_flags_offset() const {
@@ -120,8 +132,11 @@ class IntranodeLayout {
   RAILYARD_HOST_DEVICE int64_t barrier_flags_offset() const {
     return count_flags_offset() + round_up(int64_t{s_.num_ranks} * 4, 16);
   }
-  RAILYARD_HOST_DEVICE int64_t local_state_offset() const {
+  RAILYARD_HOST_DEVICE int64_t op_descriptors_offset() const {
     return barrier_flags_offset() + round_up(int64_t{s_.num_ranks} * 4, 16);
+  }
+  RAILYARD_HOST_DEVICE int64_t local_state_offset() const {
+    return op_descriptors_offset() + int64_t{2} * s_.num_ranks * int64_t{sizeof(OpDescriptor)};
   }
   RAILYARD_HOST_DEVICE int64_t headers_offset() const { return round_up(local_state_offset() + 64, 128); }
   RAILYARD_HOST_DEVICE int64_t scales_offset() const {
@@ -144,6 +159,13 @@ class IntranodeLayout {
   }
   RAILYARD_HOST_DEVICE uint32_t* barrier_flag(uint8_t* base, int src_rank) const {
     return reinterpret_cast<uint32_t*>(base + barrier_flags_offset()) + src_rank;
+  }
+  // Rank src_rank's descriptor of its dispatch or combine whose `seq` has this parity.
+  // Two slots: a peer can be one operation ahead (every operation starts with a
+  // handshake), and must not overwrite the slot of the operation this rank checks.
+  RAILYARD_HOST_DEVICE OpDescriptor* op_descriptor(uint8_t* base, uint32_t parity, int src_rank) const {
+    return reinterpret_cast<OpDescriptor*>(base + op_descriptors_offset()) +
+           (int64_t{parity & 1u} * s_.num_ranks + src_rank);
   }
   // The sequence number of the last operation this rank finished (64-bit: it never
   // wraps); then blocks_finished; the rest is reserved for cumulative counters.

@@ -43,27 +43,11 @@ inline constexpr uint64_t kDefaultTimeoutCycles = uint64_t{1} << 34;
 // 2^38 cycles is about 160 s at 1.7 GHz and 139 s at 1.98 GHz (DeepEP: about 100 s).
 inline constexpr uint64_t kDefaultHandshakeTimeoutCycles = uint64_t{1} << 38;
 
-// Where a timed-out wait leaves its report for the host: pinned host memory, because
-// after the trap the device context is gone and only host memory can still be read.
-// The first wait to give up (of any block) fills it; `timed_out` is written last.
-struct WaitRecord {
-  uint32_t timed_out;  // 0 until a wait gives up
-  int32_t rank;        // the waiting rank (WaitPolicy::rank), -1 if not given
-  uint32_t block;      // blockIdx.x
-  uint32_t warp;
-  uint32_t lane;
-  uint32_t claimed;    // set by the first waiter to give up, before it fills the rest
-  int64_t index;       // WaitTarget::index: the peer, the row, the stage
-  int64_t value;       // WaitTarget::value: the flag value or parity awaited
-  uint64_t cycles;     // the budget that ran out
-  char what[96];       // WaitTarget::what, truncated
-};
-
 // How long a kernel's waits may take, and where a timeout is reported. Built from a
 // bare cycle count too.
 struct WaitPolicy {
   uint64_t timeout_cycles = kDefaultTimeoutCycles;
-  WaitRecord* record = nullptr;  // pinned host memory, or null: only the trap message
+  FailureRecord* record = nullptr;  // pinned host memory, or null: only the trap message
   int32_t rank = -1;
   // This rank's abort record (in its registered buffer), or null: a wait also gives
   // up, with the aborting rank's report, once another rank raised it.
@@ -71,7 +55,7 @@ struct WaitPolicy {
 
   constexpr WaitPolicy() = default;
   RAILYARD_HOST_DEVICE constexpr WaitPolicy(uint64_t cycles) : timeout_cycles(cycles) {}  // NOLINT: implicit on purpose
-  RAILYARD_HOST_DEVICE constexpr WaitPolicy(uint64_t cycles, WaitRecord* rec, int32_t r,
+  RAILYARD_HOST_DEVICE constexpr WaitPolicy(uint64_t cycles, FailureRecord* rec, int32_t r,
                                             const AbortRecord* abort_record = nullptr)
       : timeout_cycles(cycles), record(rec), rank(r), abort(abort_record) {}
 };
@@ -79,12 +63,9 @@ struct WaitPolicy {
 namespace detail {
 
 RAILYARD_DEVICE void fill_record(const WaitPolicy& policy, const WaitTarget& target RAILYARD_LOC_PARAM) {
-  WaitRecord* rec = policy.record;
-  if (!rec || atomicCAS_system(&rec->claimed, 0u, 1u RAILYARD_LOC_ARG) != 0u) return;  // another waiter won
-  arch::st_global(&rec->rank, policy.rank RAILYARD_LOC_ARG);
-  arch::st_global(&rec->block, static_cast<uint32_t>(blockIdx.x) RAILYARD_LOC_ARG);
-  arch::st_global(&rec->warp, arch::warp_idx() RAILYARD_LOC_ARG);
-  arch::st_global(&rec->lane, arch::lane_idx() RAILYARD_LOC_ARG);
+  FailureRecord* rec = policy.record;
+  if (!claim_failure(rec RAILYARD_LOC_ARG)) return;  // no record, or another thread failed first
+  fill_failure_origin(rec, policy.rank RAILYARD_LOC_ARG);
   arch::st_global(&rec->index, target.index RAILYARD_LOC_ARG);
   arch::st_global(&rec->value, target.value RAILYARD_LOC_ARG);
   arch::st_global(&rec->cycles, policy.timeout_cycles RAILYARD_LOC_ARG);
@@ -92,7 +73,7 @@ RAILYARD_DEVICE void fill_record(const WaitPolicy& policy, const WaitTarget& tar
   for (; target.what[i] != '\0' && i < static_cast<int>(sizeof(rec->what)) - 1; ++i)
     arch::st_global(&rec->what[i], target.what[i] RAILYARD_LOC_ARG);
   arch::st_global(&rec->what[i], '\0' RAILYARD_LOC_ARG);
-  arch::st_release_sys(&rec->timed_out, 1u RAILYARD_LOC_ARG);
+  publish_failure(rec, FailureKind::Timeout RAILYARD_LOC_ARG);
 }
 
 [[noreturn]] RAILYARD_DEVICE void report_timeout(const WaitTarget& target,
@@ -125,15 +106,15 @@ RAILYARD_DEVICE void fill_record(const WaitPolicy& policy, const WaitTarget& tar
 
 // Calls `still_waiting()` until it returns false. When that takes more than
 // policy.timeout_cycles cycles: fills policy.record (if any) and traps with a report
-// naming `target`. While it spins it also watches policy.abort (if any) and traps
-// with the aborting rank's report once that is raised.
+// naming `target`. While it spins it also watches policy.abort (if any) and, once
+// that is raised, fills policy.record with the aborting rank's report and traps with it.
 template <class StillWaiting>
 RAILYARD_DEVICE void timeout_while(StillWaiting&& still_waiting, const WaitTarget& target,
                                    const WaitPolicy& policy = {} RAILYARD_LOC_PARAM) {
   if (!still_waiting()) return;  // the common case reads no clock
   const uint64_t start = static_cast<uint64_t>(clock64());
   while (still_waiting()) {
-    if (policy.abort != nullptr) trap_if_aborted(policy.abort RAILYARD_LOC_ARG);
+    if (policy.abort != nullptr) trap_if_aborted(policy.abort, policy.record RAILYARD_LOC_ARG);
     if (static_cast<uint64_t>(clock64()) - start > policy.timeout_cycles) {
       detail::report_timeout(target, policy RAILYARD_LOC_ARG);
     }
