@@ -145,12 +145,6 @@ std::string short_file(const char* path) {
   return p;
 }
 
-std::string format_loc(const Loc& loc) {
-  std::ostringstream os;
-  os << short_file(loc.file_name()) << ":" << loc.line();
-  return os.str();
-}
-
 std::string hex(const void* p) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%p", p);
@@ -163,6 +157,12 @@ std::string dim(const Dim3& d) {
   return os.str();
 }
 }  // namespace
+
+std::string format_loc(const Loc& loc) {
+  std::ostringstream os;
+  os << short_file(loc.file_name()) << ":" << loc.line();
+  return os.str();
+}
 
 Engine& Engine::get() {
   // Leaked on purpose: the engine thread may still wait on its condition variable at exit.
@@ -385,6 +385,7 @@ void Engine::reset(const Config& config) {
   quiescent_ = false;
   traffic_write_.clear();
   traffic_read_.clear();
+  proxy_.reset();
   stats_ = Stats{};
 }
 
@@ -756,6 +757,7 @@ void Engine::start_block(KernelRun& k) {
   std::memset(block->smem.get(), 0xA5, smem_alloc);
   const Dim3 bd = k.config.block;
   const unsigned threads = bd.count();
+  if (k.proxy_threads.empty()) k.proxy_threads.resize(std::size_t{k.blocks_total} * threads);
   block->fibers.reserve(threads);
   for (unsigned t = 0; t < threads; ++t) {
     auto f = std::make_unique<Fiber>();
@@ -764,6 +766,8 @@ void Engine::start_block(KernelRun& k) {
     fp->block = block.get();
     fp->tid = t;
     fp->thread_idx = Dim3(t % bd.x, (t / bd.x) % bd.y, t / (bd.x * bd.y));
+    fp->kernel_thread = linear * threads + t;
+    fp->proxy = &k.proxy_threads[fp->kernel_thread];
     fp->groups.emplace_back();  // the open bulk group
     fp->context = bctx::fiber(std::allocator_arg, stack, [this, fp](bctx::fiber&& sink) {
       asan_fiber_started();
@@ -805,6 +809,7 @@ void Engine::retire_finished() {
     }
     if (k.blocks_done == k.blocks_total) {
       const int stream = k.stream;
+      proxy_.forget_kernel(&k);
       kernels_.erase(kernels_.begin() + static_cast<std::ptrdiff_t>(ki));
       finish_head(stream);
     } else {
@@ -892,6 +897,8 @@ void Engine::complete_tx(Mbarrier& bar, uint32_t bytes) {
   bar.tx_count -= bytes;
   if (bar.pending_arrivals == 0 && bar.tx_count == 0) {
     ++bar.phases_completed;
+    std::swap(bar.phases_released, bar.phases_arrived);  // keeps both capacities
+    bar.phases_arrived.clear();
     bar.pending_arrivals = bar.expected_arrivals;
     for (Fiber* f : bar.waiters) wake(f);
     bar.waiters.clear();
@@ -958,6 +965,7 @@ void Engine::destroy_kernel(KernelRun& k) {
   std::erase_if(async_, [&](const AsyncOp& op) { return op.block->kernel == &k; });
   devices_[k.device].resident_blocks -= static_cast<unsigned>(k.resident.size());
   k.resident.clear();  // unwinds the suspended fibers' stacks
+  proxy_.forget_kernel(&k);
 }
 
 namespace {
