@@ -222,12 +222,20 @@ void warp_collective(uint32_t mask, uint64_t value, uint64_t* all_values, const 
   if (c->arrived == mask) {
     // A warp collective is a barrier of its lanes: what any lane knew of mbarrier
     // phases, every lane knows after it.
-    std::vector<uint64_t>& seen = b->collective_phases;
-    seen.clear();
-    for (unsigned l = 0; l < 32; ++l)
-      if ((mask >> l) & 1u) detail::join_phases(seen, b->fibers[warp * 32 + l]->phases_seen);
-    for (unsigned l = 0; l < 32; ++l)
-      if ((mask >> l) & 1u) b->fibers[warp * 32 + l]->phases_seen = seen;
+    // Usually the lanes know the same already (they waited on the same barriers).
+    const unsigned first_lane = static_cast<unsigned>(__builtin_ctz(mask));
+    const std::vector<uint64_t>& first = b->fibers[warp * 32 + first_lane]->phases_seen;
+    bool differ = false;
+    for (unsigned l = 0; l < 32 && !differ; ++l)
+      differ = ((mask >> l) & 1u) && b->fibers[warp * 32 + l]->phases_seen != first;
+    if (differ) {
+      std::vector<uint64_t>& seen = b->collective_phases;
+      seen.clear();
+      for (unsigned l = 0; l < 32; ++l)
+        if ((mask >> l) & 1u) detail::join_phases(seen, b->fibers[warp * 32 + l]->phases_seen);
+      for (unsigned l = 0; l < 32; ++l)
+        if ((mask >> l) & 1u) b->fibers[warp * 32 + l]->phases_seen = seen;
+    }
     // Deliver the lanes' values (not for __syncwarp, which passes no buffer).
     for (unsigned i = 0; i < c->num_waiters; ++i) {
       Fiber* w = c->waiters[i];
@@ -382,8 +390,7 @@ void mbarrier_init(uint64_t* bar, unsigned arrival_count, Loc loc) {
   Block* b = self()->block;
   Mbarrier& m = b->mbarriers[reinterpret_cast<uintptr_t>(bar)];
   if (!m.waiters.empty()) fail(ErrorKind::Misuse, "mbarrier_init on a barrier that threads wait on", loc);
-  m = Mbarrier{};
-  m.id = b->next_mbarrier_id++;  // a new barrier: what threads knew of the old one is void
+  m = Mbarrier{};  // a new barrier (and id): what threads knew of the old one is void
   m.expected_arrivals = m.pending_arrivals = arrival_count;
   *bar = 0;
   e.progress();
@@ -427,9 +434,13 @@ namespace {
 // completed on it included) and what the threads that arrived on it knew.
 bool wait_sees_phase(Fiber* f, const Mbarrier& m, uint32_t parity) {
   if ((m.phases_completed & 1u) == (parity & 1u)) return false;
+  const bool tracked = m.id != Mbarrier::kNoId;
+  if (tracked && m.id < f->phases_seen.size() && f->phases_seen[m.id] >= m.phases_completed)
+    return true;  // this completion was seen (and its release joined) before
   detail::join_phases(f->phases_seen, m.phases_released);
+  if (!tracked) return true;
   if (f->phases_seen.size() <= m.id) f->phases_seen.resize(m.id + 1, 0);
-  f->phases_seen[m.id] = std::max(f->phases_seen[m.id], m.phases_completed);
+  f->phases_seen[m.id] = m.phases_completed;
   return true;
 }
 }  // namespace
@@ -487,8 +498,9 @@ void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_
   check_bulk_size(bytes, op, loc);
   check_shared(smem_dst, bytes, 16, op, loc);
   check_global(gmem_src, bytes, 16, false, op, loc);
-  const Mbarrier* m = e.mbarrier(bar, loc, true);
+  Mbarrier* m = e.mbarrier(bar, loc, true);
   Fiber* f = self();
+  if (m->id == Mbarrier::kNoId) m->id = f->block->next_mbarrier_id++;
   // Its bytes complete on the phase in progress (expect_tx armed it before the issue).
   e.proxy().bulk_g2s(f, smem_dst, gmem_src, bytes, m->id, m->phases_completed, loc);
   e.issue_async(AsyncOp{AsyncOp::Kind::G2S, f->block, f, smem_dst, gmem_src, bytes, bar, nullptr, loc});

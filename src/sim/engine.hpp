@@ -133,7 +133,10 @@ struct Mbarrier {
   int64_t tx_count = 0;         // expected minus completed transaction bytes
   uint64_t phases_completed = 0;
   std::vector<Fiber*> waiters;
-  uint32_t id = 0;  // in its block, for Fiber::phases_seen; a new one at every init
+  // Its index in Fiber::phases_seen, given when a bulk copy first completes on it: only
+  // such barriers' phases say that shared memory holds a copy's bytes.
+  static constexpr uint32_t kNoId = UINT32_MAX;
+  uint32_t id = kNoId;
   // What the arrivals of the current phase knew of mbarrier phases, and what those of
   // the last completed phase knew: a waiter that sees the phase complete learns it.
   std::vector<uint64_t> phases_arrived, phases_released;
