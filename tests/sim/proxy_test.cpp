@@ -278,5 +278,44 @@ TEST(ProxyRace, ReadingATmaStoreDestinationBeforeWaitGroupIsReported) {
   expect_race_only_when_planted(read_destination_before_wait_group);
 }
 
+// ---- not a race: a completion observed by one thread, passed on by a barrier -------------------
+// Lane 0 of warp 0 waits for the copy; __syncwarp passes that on to its lanes, and
+// __syncthreads to warp 1. Every reader is ordered after the copy's completion.
+TEST(ProxyRace, ACompletionSeenByOneThreadReachesOthersThroughBarriers) {
+  constexpr uint32_t kLanes = 32;
+  for (uint64_t seed : test::seeds(kSeeds)) {
+    reset_sim(seed);
+    DeviceArray<Vec> src(0, kLanes, "src"), dst(0, 2 * kLanes, "dst");
+    for (uint32_t i = 0; i < kLanes; ++i)
+      for (uint32_t w = 0; w < 4; ++w) src[i].word[w] = value_of(i, w);
+    const Vec* s = src.ptr;
+    Vec* d = dst.ptr;
+    ASSERT_NO_THROW(run_kernel(1, 2 * kLanes, 128 + kLanes * sizeof(Vec), [=] {
+      auto* bar = reinterpret_cast<uint64_t*>(arch::dynamic_smem());
+      auto* slot = reinterpret_cast<Vec*>(arch::dynamic_smem() + 128);
+      const uint32_t lane = arch::lane_idx(), warp = arch::warp_idx();
+      if (threadIdx.x == 0) {
+        arch::mbarrier_init(bar, 1);
+        arch::fence_mbarrier_init_release_cluster();
+        arch::mbarrier_arrive_expect_tx(bar, kLanes * sizeof(Vec));
+        arch::bulk_copy_g2s(slot, s, kLanes * sizeof(Vec), bar);
+        wait_parity(bar, 0);
+      }
+      if (warp == 0) {
+        __syncwarp();
+        arch::st_global(d + lane, arch::ld_shared(&slot[lane]));
+      }
+      __syncthreads();
+      if (warp == 1) arch::st_global(d + kLanes + lane, arch::ld_shared(&slot[kLanes - 1 - lane]));
+    })) << "seed " << seed;
+    for (uint32_t i = 0; i < kLanes; ++i) {
+      for (uint32_t w = 0; w < 4; ++w) {
+        EXPECT_EQ(dst[i].word[w], value_of(i, w)) << "seed " << seed;
+        EXPECT_EQ(dst[kLanes + i].word[w], value_of(kLanes - 1 - i, w)) << "seed " << seed;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace railyard
