@@ -153,7 +153,7 @@ struct Block {
   NamedBarrier barriers[16];
   std::vector<WarpCollective> warp_collectives[32];  // in progress, by warp
   std::map<uintptr_t, Mbarrier> mbarriers;
-  uint32_t next_mbarrier_id = 0;
+  uint32_t next_mbarrier_id = 0;  // the next Mbarrier::id
   std::vector<uint64_t> collective_phases;  // scratch of warp_collective, kept for its capacity
   std::vector<SharedGranule> proxy_granules;  // dynamic shared memory by 16 bytes, made on first use
 };

@@ -8,10 +8,11 @@
 //  - a generic access of bytes a bulk copy writes needs the copy's completion to be
 //    observed first (the mbarrier phase that carried its transaction bytes, or
 //    cp.async.bulk.wait_group), which carries an implicit generic-async proxy fence.
-// The tracker keeps, per 16-byte granule (the bulk-copy unit), the last generic read,
-// the last generic write and the last bulk-copy read and write, and reports a
-// ProxyRace when an access is not ordered after them. docs/simulator.md
-// ("Async-proxy separation") states the rules and what they leave out.
+// The tracker keeps, per 16-byte granule (the bulk-copy unit), the last generic read
+// and write, and the last bulk-copy read and write (for global memory: the bulk
+// writes not yet waited for, as ranges), and reports a ProxyRace when an access is
+// not ordered after them. docs/simulator.md ("Async-proxy separation") states the
+// rules and what they leave out.
 #pragma once
 
 #include <cstddef>
