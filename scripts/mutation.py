@@ -16,8 +16,8 @@ serves every mutant:
 
 Kinds the simulator cannot tell apart from their weakened form today are listed, not
 run: with sequentially consistent memory, release -> relaxed, acquire -> relaxed and a
-deleted fence change nothing, so they would survive whatever the tests do
-(--kinds runs them anyway).
+deleted memory fence change nothing, so they would survive whatever the tests do
+(--kinds runs them anyway). A deleted proxy fence is observable (async-proxy tracking).
 
     python3 scripts/mutation.py --build build
     python3 scripts/mutation.py --build build --sites 'combine.cuh' --kinds bulk_wait,mbarrier_wait
@@ -35,7 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # The kernel tests: every kernel and pipeline protocol, small shapes, many seeds.
 DEFAULT_TESTS = r"^(IntranodeEndToEnd|IntranodeDispatch|IntranodeCombine|IntranodeMetadata|Pipeline)\."
-KINDS = ["release", "acquire", "fence", "bulk_wait", "bulk_wait_read", "mbarrier_wait", "bar_sync", "syncwarp"]
+KINDS = ["release", "acquire", "fence", "proxy_fence", "bulk_wait", "bulk_wait_read", "mbarrier_wait", "bar_sync",
+         "syncwarp"]
 # Observable only with a weak memory model (docs/simulator.md, "Fidelity limits").
 NEEDS_WEAK_MEMORY = {"release", "acquire", "fence"}
 # Where the ordering sites of the kernels are (a site's line is the kernel-side call).

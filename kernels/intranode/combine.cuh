@@ -460,7 +460,7 @@ struct Combine {
         for (uint32_t v = 0; v < kVectorsPerLane; ++v) {
           const uint32_t vector = thread + v * kNumReduceThreads;
           if (vector * kVectorBytes >= tag.bytes) break;
-          const Bf16x8 x = *reinterpret_cast<const Bf16x8*>(slot + vector * kVectorBytes);
+          const Bf16x8 x = arch::ld_shared(reinterpret_cast<const Bf16x8*>(slot + vector * kVectorBytes));
           for (uint32_t w = 0; w < 4; ++w) {
             partial[v * kElemsPerVector + 2 * w] += bf16_to_float(bf16{static_cast<uint16_t>(x.word[w])});
             partial[v * kElemsPerVector + 2 * w + 1] += bf16_to_float(bf16{static_cast<uint16_t>(x.word[w] >> 16)});
@@ -500,7 +500,7 @@ struct Combine {
           const uint32_t hi = float_to_bf16(rounded ? total[k + 1] : partial[k + 1]).bits;
           y.word[w] = lo | (hi << 16);
         }
-        *reinterpret_cast<Bf16x8*>(out_slot + vector * kVectorBytes) = y;
+        arch::st_shared(reinterpret_cast<Bf16x8*>(out_slot + vector * kVectorBytes), y);
       }
       if (leader) storage.store_tags[store_state.index] = tag;
       // Generic-proxy writes to shared memory, read next by the async proxy (TMA store).

@@ -58,6 +58,10 @@ struct Dispatch {
 
   using Pipeline = pipeline::Pipeline<Stages>;
   using PipelineState = typename Pipeline::State;
+  // The zero slot is written 16 bytes a store (st.shared.v4), the bulk-copy unit.
+  struct alignas(16) ZeroVector {
+    uint32_t word[4];
+  };
   static constexpr int kMaxRanks = layout::kMaxRanksPerDomain;
 
   struct SharedStorage {
@@ -163,8 +167,10 @@ struct Dispatch {
     if (ctx.grouped) {
       // Generic-proxy writes that TMA (the async proxy) reads later: the fence is the
       // hardware's requirement, the block barrier below orders the other threads.
-      auto* words = reinterpret_cast<uint32_t*>(storage.zero_slot);
-      for (uint32_t i = thread; i < SlotBytes / 4; i += kMaxThreadsPerBlock) words[i] = 0;
+      auto* vectors = reinterpret_cast<ZeroVector*>(storage.zero_slot);
+      for (uint32_t i = thread; i < SlotBytes / sizeof(ZeroVector); i += kMaxThreadsPerBlock) {
+        arch::st_shared(&vectors[i], ZeroVector{});
+      }
       arch::fence_proxy_async_shared_cta();
     }
     // Ends with __syncthreads: barrier inits, bounds and the zero slot are visible to

@@ -140,8 +140,16 @@ void barrier(unsigned id, unsigned num_threads, bool wait, const char* what, Loc
   ++bar.arrived;
   e.progress();
   forget_polls(f);
+  // A barrier orders every participant's earlier accesses before every waiter's later
+  // ones: what any of them knew of mbarrier phases, all of them know after it.
+  detail::join_phases(bar.phases_seen, f->phases_seen);
   if (bar.arrived == bar.expected) {
-    for (Fiber* w : bar.waiters) e.wake(w);
+    for (Fiber* w : bar.waiters) {
+      detail::join_phases(w->phases_seen, bar.phases_seen);
+      e.wake(w);
+    }
+    detail::join_phases(f->phases_seen, bar.phases_seen);
+    bar.phases_seen.clear();
     bar.waiters.clear();
     bar.arrived = 0;
     bar.expected = 0;
@@ -219,6 +227,22 @@ void warp_collective(uint32_t mask, uint64_t value, uint64_t* all_values, const 
   c->values[lane] = value;
   c->arrived |= 1u << lane;
   if (c->arrived == mask) {
+    // A warp collective is a barrier of its lanes: what any lane knew of mbarrier
+    // phases, every lane knows after it.
+    // Usually the lanes know the same already (they waited on the same barriers).
+    const unsigned first_lane = static_cast<unsigned>(__builtin_ctz(mask));
+    const std::vector<uint64_t>& first = b->fibers[warp * 32 + first_lane]->phases_seen;
+    bool differ = false;
+    for (unsigned l = 0; l < 32 && !differ; ++l)
+      differ = ((mask >> l) & 1u) && b->fibers[warp * 32 + l]->phases_seen != first;
+    if (differ) {
+      std::vector<uint64_t>& seen = b->collective_phases;
+      seen.clear();
+      for (unsigned l = 0; l < 32; ++l)
+        if ((mask >> l) & 1u) detail::join_phases(seen, b->fibers[warp * 32 + l]->phases_seen);
+      for (unsigned l = 0; l < 32; ++l)
+        if ((mask >> l) & 1u) b->fibers[warp * 32 + l]->phases_seen = seen;
+    }
     // Deliver the lanes' values (not for __syncwarp, which passes no buffer).
     for (unsigned i = 0; i < c->num_waiters; ++i) {
       Fiber* w = c->waiters[i];
@@ -258,18 +282,35 @@ void check_global(const void* ptr, std::size_t bytes, std::size_t align, bool wr
   engine().count_traffic(current_device(), owner, bytes, write);
 }
 
+namespace {
+// Generic addressing: shared if the address is in (or just past) this block's shared
+// memory and not in a global allocation. Returns whether it is shared.
+bool check_generic(const void* ptr, std::size_t bytes, std::size_t align, bool write, const char* op, Loc loc) {
+  const Block* b = self()->block;
+  if (in_smem(b, ptr, 1) || (near_smem(b, ptr) && !engine().find(ptr))) {
+    check_shared(ptr, bytes, align, op, loc);
+    return true;
+  }
+  check_global(ptr, bytes, align, write, op, loc);
+  return false;
+}
+
+// Checks the access, and records it for the async-proxy tracker (every load, store
+// and atomic is a generic-proxy access).
+void check_tracked(const void* ptr, std::size_t bytes, bool write, const char* op, Loc loc) {
+  const bool shared = check_generic(ptr, bytes, bytes, write, op, loc);
+  engine().proxy().generic(self(), ptr, bytes, write, shared, op, loc);
+}
+}  // namespace
+
 void check_global_or_shared(const void* ptr, std::size_t bytes, std::size_t align, bool write, const char* op,
                             Loc loc) {
-  const Block* b = self()->block;
-  // Generic addressing: shared if the address is in (or just past) this block's
-  // shared memory and not in a global allocation.
-  if (in_smem(b, ptr, 1) || (near_smem(b, ptr) && !engine().find(ptr))) check_shared(ptr, bytes, align, op, loc);
-  else check_global(ptr, bytes, align, write, op, loc);
+  check_generic(ptr, bytes, align, write, op, loc);
 }
 
 void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope scope, const char* op, Loc loc) {
   if (order == Order::Acquire && mutation::mutated(mutation::SiteKind::Acquire, loc)) order = Order::Relaxed;
-  check_global_or_shared(ptr, bytes, bytes, false, op, loc);
+  check_tracked(ptr, bytes, false, op, loc);
   std::memcpy(data, ptr, bytes);
   if (order == Order::Plain) return;
   Engine& e = engine();
@@ -291,7 +332,7 @@ void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope sco
 
 void store(void* ptr, const void* data, std::size_t bytes, Order order, Scope scope, const char* op, Loc loc) {
   if (order == Order::Release && mutation::mutated(mutation::SiteKind::Release, loc)) order = Order::Relaxed;
-  check_global_or_shared(ptr, bytes, bytes, true, op, loc);
+  check_tracked(ptr, bytes, true, op, loc);
   std::memcpy(ptr, data, bytes);
   Engine& e = engine();
   e.progress();
@@ -302,7 +343,7 @@ void store(void* ptr, const void* data, std::size_t bytes, Order order, Scope sc
 uint64_t atomic_rmw(void* ptr, std::size_t bytes, RmwFn fn, uint64_t a, uint64_t b, Scope scope, const char* op,
                     Loc loc) {
   if (bytes != 4 && bytes != 8) fail(ErrorKind::Misuse, std::string(op) + ": atomics take 4 or 8 bytes", loc);
-  check_global_or_shared(ptr, bytes, bytes, true, op, loc);
+  check_tracked(ptr, bytes, true, op, loc);
   uint64_t old = 0;
   std::memcpy(&old, ptr, bytes);
   uint64_t next = fn(old, a, b);
@@ -346,6 +387,12 @@ void fence(const char* op, Loc loc) {
   engine().yield_runnable();
 }
 
+void fence_proxy_async(ProxySpace space, const char* op, Loc loc) {
+  if (mutation::mutated(mutation::SiteKind::ProxyFence, loc)) return;
+  engine().proxy().fence(self(), space);
+  engine().yield_runnable();
+}
+
 // ---- mbarrier ---------------------------------------------------------------------------------------
 void mbarrier_init(uint64_t* bar, unsigned arrival_count, Loc loc) {
   Engine& e = engine();
@@ -356,7 +403,7 @@ void mbarrier_init(uint64_t* bar, unsigned arrival_count, Loc loc) {
   Block* b = self()->block;
   Mbarrier& m = b->mbarriers[reinterpret_cast<uintptr_t>(bar)];
   if (!m.waiters.empty()) fail(ErrorKind::Misuse, "mbarrier_init on a barrier that threads wait on", loc);
-  m = Mbarrier{};
+  m = Mbarrier{};  // a new barrier (and id): what threads knew of the old one is void
   m.expected_arrivals = m.pending_arrivals = arrival_count;
   *bar = 0;
   e.progress();
@@ -382,18 +429,40 @@ uint64_t mbarrier_arrive(uint64_t* bar, unsigned arrivals, uint32_t tx_bytes, Lo
          loc);
   const uint64_t token = m->phases_completed;
   m->tx_count += tx_bytes;
-  if (arrivals) e.arrive(*m, arrivals);
+  if (arrivals) {
+    // An arrival releases: a thread that sees this phase complete learns what the
+    // arriving thread knew.
+    detail::join_phases(m->phases_arrived, self()->phases_seen);
+    e.arrive(*m, arrivals);
+  }
   e.progress();
   forget_polls(self());
   e.yield_runnable();
   return token;
 }
 
+namespace {
+// Whether the phase with this parity has completed. A wait that sees it complete
+// acquires: the thread knows the phase (the transaction bytes of the bulk copies that
+// completed on it included) and what the threads that arrived on it knew.
+bool wait_sees_phase(Fiber* f, const Mbarrier& m, uint32_t parity) {
+  if ((m.phases_completed & 1u) == (parity & 1u)) return false;
+  const bool tracked = m.id != Mbarrier::kNoId;
+  if (tracked && m.id < f->phases_seen.size() && f->phases_seen[m.id] >= m.phases_completed)
+    return true;  // this completion was seen (and its release joined) before
+  detail::join_phases(f->phases_seen, m.phases_released);
+  if (!tracked) return true;
+  if (f->phases_seen.size() <= m.id) f->phases_seen.resize(m.id + 1, 0);
+  f->phases_seen[m.id] = m.phases_completed;
+  return true;
+}
+}  // namespace
+
 bool mbarrier_test_wait_parity(uint64_t* bar, uint32_t parity, Loc loc) {
   if (mutation::mutated(mutation::SiteKind::MbarrierWait, loc)) return true;
   Engine& e = engine();
   Mbarrier* m = e.mbarrier(bar, loc, true);
-  const bool done = (m->phases_completed & 1u) != (parity & 1u);
+  const bool done = wait_sees_phase(self(), *m, parity);
   uint64_t observed = m->phases_completed;
   if (!done && idle_poll(self(), bar, &observed, 8)) {
     WaitInfo wi;
@@ -412,8 +481,8 @@ bool mbarrier_try_wait_parity(uint64_t* bar, uint32_t parity, Loc loc) {
   if (mutation::mutated(mutation::SiteKind::MbarrierWait, loc)) return true;
   Engine& e = engine();
   Mbarrier* m = e.mbarrier(bar, loc, true);
-  if ((m->phases_completed & 1u) != (parity & 1u)) return true;
   Fiber* f = self();
+  if (wait_sees_phase(f, *m, parity)) return true;
   m->waiters.push_back(f);
   WaitInfo wi;
   wi.kind = WaitInfo::Kind::Mbarrier;
@@ -426,7 +495,7 @@ bool mbarrier_try_wait_parity(uint64_t* bar, uint32_t parity, Loc loc) {
     auto it = std::find(m->waiters.begin(), m->waiters.end(), f);
     if (it != m->waiters.end()) m->waiters.erase(it);
   }
-  return (m->phases_completed & 1u) != (parity & 1u);
+  return wait_sees_phase(f, *m, parity);
 }
 
 // ---- bulk asynchronous copies ---------------------------------------------------------------------------
@@ -444,8 +513,11 @@ void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_
   check_bulk_size(bytes, op, loc);
   check_shared(smem_dst, bytes, 16, op, loc);
   check_global(gmem_src, bytes, 16, false, op, loc);
-  e.mbarrier(bar, loc, true);
+  Mbarrier* m = e.mbarrier(bar, loc, true);
   Fiber* f = self();
+  if (m->id == Mbarrier::kNoId) m->id = f->block->next_mbarrier_id++;
+  // Its bytes complete on the phase in progress (expect_tx armed it before the issue).
+  e.proxy().bulk_g2s(f, smem_dst, gmem_src, bytes, m->id, m->phases_completed, loc);
   e.issue_async(AsyncOp{AsyncOp::Kind::G2S, f->block, f, smem_dst, gmem_src, bytes, bar, nullptr, loc});
   e.progress();
   e.yield_runnable();
@@ -458,6 +530,7 @@ void bulk_copy_s2g(void* gmem_dst, const void* smem_src, uint32_t bytes, Loc loc
   check_shared(smem_src, bytes, 16, op, loc);
   check_global(gmem_dst, bytes, 16, true, op, loc);
   Fiber* f = self();
+  e.proxy().bulk_s2g(f, gmem_dst, smem_src, bytes, loc);
   e.issue_async(AsyncOp{AsyncOp::Kind::S2G, f->block, f, gmem_dst, smem_src, bytes, nullptr, &f->groups.back(), loc});
   e.progress();
   e.yield_runnable();
@@ -466,6 +539,7 @@ void bulk_copy_s2g(void* gmem_dst, const void* smem_src, uint32_t bytes, Loc loc
 void bulk_commit_group(Loc loc) {
   Fiber* f = self();
   f->groups.emplace_back();
+  engine().proxy().bulk_commit(f);
 }
 
 void bulk_wait_group(unsigned max_pending, bool read_only, Loc loc) {
@@ -495,6 +569,7 @@ void bulk_wait_group(unsigned max_pending, bool read_only, Loc loc) {
     e.yield_blocked(wi);
   }
   while (f->groups.size() > 1 && f->groups.front().pending_writes == 0) f->groups.pop_front();
+  e.proxy().bulk_waited(f, max_pending, read_only);
   e.yield_runnable();
 }
 

@@ -129,12 +129,6 @@ struct ThreadRegistration {
 };
 thread_local ThreadRegistration t_registration;
 
-std::string format_loc(const Loc& loc) {
-  std::ostringstream os;
-  os << project_file(loc.file_name()) << ":" << loc.line();
-  return os.str();
-}
-
 std::string hex(const void* p) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%p", p);
@@ -155,6 +149,12 @@ std::string project_file(const char* path) {
     if (pos != std::string::npos) return p.substr(pos + 1);
   }
   return p;
+}
+
+std::string format_loc(const Loc& loc) {
+  std::ostringstream os;
+  os << project_file(loc.file_name()) << ":" << loc.line();
+  return os.str();
 }
 
 Engine& Engine::get() {
@@ -357,6 +357,7 @@ void Engine::reset(const Config& config) {
   quiescent_ = false;
   traffic_write_.clear();
   traffic_read_.clear();
+  proxy_.reset();
   stats_ = Stats{};
 }
 
@@ -728,6 +729,7 @@ void Engine::start_block(KernelRun& k) {
   std::memset(block->smem.get(), 0xA5, smem_alloc);
   const Dim3 bd = k.config.block;
   const unsigned threads = bd.count();
+  if (k.proxy_threads.empty()) k.proxy_threads.resize(std::size_t{k.blocks_total} * threads);
   block->fibers.reserve(threads);
   for (unsigned t = 0; t < threads; ++t) {
     auto f = std::make_unique<Fiber>();
@@ -736,6 +738,8 @@ void Engine::start_block(KernelRun& k) {
     fp->block = block.get();
     fp->tid = t;
     fp->thread_idx = Dim3(t % bd.x, (t / bd.x) % bd.y, t / (bd.x * bd.y));
+    fp->kernel_thread = linear * threads + t;
+    fp->proxy = &k.proxy_threads[fp->kernel_thread];
     fp->groups.emplace_back();  // the open bulk group
     fp->context = bctx::fiber(std::allocator_arg, stack, [this, fp](bctx::fiber&& sink) {
       asan_fiber_started();
@@ -777,6 +781,7 @@ void Engine::retire_finished() {
     }
     if (k.blocks_done == k.blocks_total) {
       const int stream = k.stream;
+      proxy_.forget_kernel(&k);
       kernels_.erase(kernels_.begin() + static_cast<std::ptrdiff_t>(ki));
       finish_head(stream);
     } else {
@@ -864,6 +869,8 @@ void Engine::complete_tx(Mbarrier& bar, uint32_t bytes) {
   bar.tx_count -= bytes;
   if (bar.pending_arrivals == 0 && bar.tx_count == 0) {
     ++bar.phases_completed;
+    std::swap(bar.phases_released, bar.phases_arrived);  // keeps both capacities
+    bar.phases_arrived.clear();
     bar.pending_arrivals = bar.expected_arrivals;
     for (Fiber* f : bar.waiters) wake(f);
     bar.waiters.clear();
@@ -930,6 +937,7 @@ void Engine::destroy_kernel(KernelRun& k) {
   std::erase_if(async_, [&](const AsyncOp& op) { return op.block->kernel == &k; });
   devices_[k.device].resident_blocks -= static_cast<unsigned>(k.resident.size());
   k.resident.clear();  // unwinds the suspended fibers' stacks
+  proxy_.forget_kernel(&k);
 }
 
 namespace {

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "proxy.hpp"
 #include "railyard/sim/device.hpp"
 #include "railyard/sim/sim.hpp"
 
@@ -39,6 +40,9 @@ class Rng {
 
 struct Block;
 struct KernelRun;
+
+// "file:line" of a source location, the file relative to the repository, for reports.
+std::string format_loc(const Loc& loc);
 
 // What a blocked or waiting fiber waits for; formatted only for reports.
 struct WaitInfo {
@@ -89,6 +93,12 @@ struct Fiber {
   std::deque<BulkGroup> groups;
   // Warp collective in progress: where to deliver the lanes' values.
   uint64_t* collective_out = nullptr;
+  // Async-proxy tracking (proxy.hpp): this thread's index in the kernel, its state,
+  // and what it knows of mbarrier phases (by the barrier's id in the block: phases it
+  // saw complete itself or learnt of through a barrier, collective or mbarrier).
+  uint32_t kernel_thread = 0;
+  ThreadProxyState* proxy = nullptr;
+  std::vector<uint64_t> phases_seen;
   std::size_t runnable_index = 0;
   // Its stack, and AddressSanitizer's fake stack while it is switched out.
   const void* stack_bottom = nullptr;
@@ -105,6 +115,7 @@ struct NamedBarrier {
   unsigned expected = 0;  // 0: idle
   unsigned arrived = 0;
   std::vector<Fiber*> waiters;
+  std::vector<uint64_t> phases_seen;  // joined from the arrivals, handed to every participant
 };
 
 struct WarpCollective {
@@ -122,6 +133,13 @@ struct Mbarrier {
   int64_t tx_count = 0;         // expected minus completed transaction bytes
   uint64_t phases_completed = 0;
   std::vector<Fiber*> waiters;
+  // Its index in Fiber::phases_seen, given when a bulk copy first completes on it: only
+  // such barriers' phases say that shared memory holds a copy's bytes.
+  static constexpr uint32_t kNoId = UINT32_MAX;
+  uint32_t id = kNoId;
+  // What the arrivals of the current phase knew of mbarrier phases, and what those of
+  // the last completed phase knew: a waiter that sees the phase complete learns it.
+  std::vector<uint64_t> phases_arrived, phases_released;
 };
 
 struct Block {
@@ -135,6 +153,9 @@ struct Block {
   NamedBarrier barriers[16];
   std::vector<WarpCollective> warp_collectives[32];  // in progress, by warp
   std::map<uintptr_t, Mbarrier> mbarriers;
+  uint32_t next_mbarrier_id = 0;  // the next Mbarrier::id
+  std::vector<uint64_t> collective_phases;  // scratch of warp_collective, kept for its capacity
+  std::vector<SharedGranule> proxy_granules;  // dynamic shared memory by 16 bytes, made on first use
 };
 
 struct KernelRun {
@@ -147,6 +168,7 @@ struct KernelRun {
   unsigned blocks_total = 0;
   unsigned blocks_done = 0;
   std::vector<std::unique_ptr<Block>> resident;
+  std::vector<ThreadProxyState> proxy_threads;  // by linear thread index in the kernel
 };
 
 struct AsyncOp {
@@ -317,6 +339,7 @@ class Engine {
     ++clock_reads_;
     return stats_.virtual_cycles;
   }
+  ProxyTracker& proxy() { return proxy_; }
   Mbarrier* mbarrier(uint64_t* bar, Loc loc, bool must_exist);
   void complete_tx(Mbarrier& bar, uint32_t bytes);
   void arrive(Mbarrier& bar, unsigned count);
@@ -396,6 +419,7 @@ class Engine {
   bool admission_dirty_ = false;
   bool quiescent_ = false;
   std::vector<uint64_t> traffic_write_, traffic_read_;
+  ProxyTracker proxy_;
   Stats stats_;
 };
 

@@ -49,6 +49,7 @@ const char* to_string(ErrorKind kind) {
     case ErrorKind::Trap: return "trap";
     case ErrorKind::Misuse: return "misuse";
     case ErrorKind::PeerAccess: return "peer access violation";
+    case ErrorKind::ProxyRace: return "async-proxy race";
   }
   return "error";
 }

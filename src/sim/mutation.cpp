@@ -13,8 +13,8 @@
 namespace railyard::sim::detail::mutation {
 namespace {
 
-constexpr const char* kKindNames[] = {"release", "acquire", "fence", "bulk_wait", "bulk_wait_read",
-                                      "mbarrier_wait", "bar_sync", "syncwarp"};
+constexpr const char* kKindNames[] = {"release",        "acquire",       "fence",    "proxy_fence", "bulk_wait",
+                                      "bulk_wait_read", "mbarrier_wait", "bar_sync", "syncwarp"};
 
 struct Mutant {
   std::string file;
@@ -46,7 +46,7 @@ bool parse_mutant(const char* spec, Mutant& mutant) {
   if (!ok) {
     std::fprintf(stderr,
                  "railyard simulator: RAILYARD_SIM_MUTANT is '%s'; expected <file>:<line>:<kind> with kind one of "
-                 "release, acquire, fence, bulk_wait, bulk_wait_read, mbarrier_wait, bar_sync, syncwarp\n",
+                 "release, acquire, fence, proxy_fence, bulk_wait, bulk_wait_read, mbarrier_wait, bar_sync, syncwarp\n",
                  spec);
     std::exit(2);
   }

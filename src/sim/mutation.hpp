@@ -21,7 +21,8 @@ namespace railyard::sim::detail::mutation {
 enum class SiteKind : uint8_t {
   Release,       // st.release -> st.relaxed
   Acquire,       // ld.acquire -> ld.relaxed
-  Fence,         // fence.* deleted
+  Fence,         // fence.acq_rel / fence.sc (and fence.mbarrier_init) deleted
+  ProxyFence,    // fence.proxy.async.* deleted
   BulkWait,      // cp.async.bulk.wait_group -> wait_group.read (writes not awaited)
   BulkWaitRead,  // cp.async.bulk.wait_group.read deleted
   MbarrierWait,  // mbarrier try_wait / test_wait deleted (returns "completed")

@@ -55,6 +55,10 @@ __global__ void ptx_wrappers_check(uint32_t* g32, uint64_t* g64, int32_t* gs32, 
   st_global(g128 + 1, ld_global(g128));
 
   st_global(g32 + 2, ld_volatile_shared(&s.word) + static_cast<uint32_t>(ld_volatile_shared(&s.dword)));
+  st_shared(&s.word, ld_shared(&s.word) + 1u);
+  st_shared(&s.dword, ld_shared(&s.dword) + 1u);
+  st_shared(reinterpret_cast<uint4*>(s.slot), ld_shared(reinterpret_cast<const uint4*>(s.slot) + 1));
+  fence_proxy_async_global();
   fence_acq_rel_gpu();
   fence_acq_rel_sys();
   fence_sc_sys();

@@ -8,7 +8,10 @@ Combine (kernels/intranode/combine.cuh) has, per arch:
                                     TMA refill) and before the TMA store of a store slot;
   fence.proxy.async.global       4: after the entry barrier, the gather's reader side
                                     (two) and the store lane before releasing a row.
-The simulator has no proxies, so losing one of them shows only here. A plain presence
+The simulator reports a missing .shared::cta fence (a ProxyRace, docs/simulator.md
+"Async-proxy separation"), but not a missing .global one: those order a generic flag
+against bulk copies of other bytes, or one operation against the next kernel, which it
+does not model, so losing one of them shows only here. A plain presence
 check (scripts/check_ptx.py) cannot tell one fence of a kind from two. Exit 77 (skip)
 without cuobjdump.
 """

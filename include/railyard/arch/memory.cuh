@@ -11,6 +11,7 @@
 // semantics, so a reader never has to decode an asm string.
 //   plain     ld_global / st_global        data; no ordering (1, 2, 4, 8, 16 bytes;
 //                                          16 bytes is ld.global.v4 / st.global.v4)
+//             ld_shared / st_shared        shared-memory data (4, 8, 16 bytes)
 //   volatile  ld_volatile_shared           re-read shared memory every time
 //   relaxed   ld_relaxed_*, st_relaxed_*   single-copy atomic, no ordering
 //   acquire   ld_acquire_*                 later accesses stay after it
@@ -117,6 +118,63 @@ RAILYARD_DEVICE void st_global(T* ptr, const T& value RAILYARD_LOC_PARAM) {
   } else {
     const uint4 r = detail::bit_cast<uint4>(value);
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(r.x), "r"(r.y),
+                 "r"(r.z), "r"(r.w)
+                 : "memory");
+  }
+#endif
+}
+
+// ld.shared / st.shared: plain data accesses of shared memory (4, 8 or 16 bytes; 16
+// bytes is ld.shared.v4 / st.shared.v4, one LDS.128 / STS.128). Shared memory that a
+// bulk copy also reads or writes is accessed through these, so that the simulator sees
+// the generic-proxy side of every async-proxy hand-off (docs/simulator.md).
+template <class T>
+RAILYARD_DEVICE T ld_shared(const T* ptr RAILYARD_LOC_PARAM) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16, "ld_shared moves 4, 8 or 16 bytes");
+#if RAILYARD_IS_SIM
+  ::railyard::sim::device::check_shared(ptr, sizeof(T), sizeof(T), "ld.shared", railyard_loc);
+  T value;
+  ::railyard::sim::device::load(ptr, &value, sizeof(T), ::railyard::sim::device::Order::Plain,
+                                ::railyard::sim::device::Scope::Block, "ld.shared", railyard_loc);
+  return value;
+#else
+  if constexpr (sizeof(T) == 4) {
+    uint32_t r;
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r) : "r"(detail::smem_addr(ptr)));
+    return detail::bit_cast<T>(r);
+  } else if constexpr (sizeof(T) == 8) {
+    uint64_t r;
+    asm volatile("ld.shared.b64 %0, [%1];" : "=l"(r) : "r"(detail::smem_addr(ptr)));
+    return detail::bit_cast<T>(r);
+  } else {
+    uint4 r;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "r"(detail::smem_addr(ptr)));
+    return detail::bit_cast<T>(r);
+  }
+#endif
+}
+
+template <class T>
+RAILYARD_DEVICE void st_shared(T* ptr, const T& value RAILYARD_LOC_PARAM) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16, "st_shared moves 4, 8 or 16 bytes");
+#if RAILYARD_IS_SIM
+  ::railyard::sim::device::check_shared(ptr, sizeof(T), sizeof(T), "st.shared", railyard_loc);
+  ::railyard::sim::device::store(ptr, &value, sizeof(T), ::railyard::sim::device::Order::Plain,
+                                 ::railyard::sim::device::Scope::Block, "st.shared", railyard_loc);
+#else
+  if constexpr (sizeof(T) == 4) {
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(detail::smem_addr(ptr)), "r"(detail::bit_cast<uint32_t>(value))
+                 : "memory");
+  } else if constexpr (sizeof(T) == 8) {
+    asm volatile("st.shared.b64 [%0], %1;" ::"r"(detail::smem_addr(ptr)), "l"(detail::bit_cast<uint64_t>(value))
+                 : "memory");
+  } else {
+    const uint4 r = detail::bit_cast<uint4>(value);
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(detail::smem_addr(ptr)), "r"(r.x), "r"(r.y),
                  "r"(r.z), "r"(r.w)
                  : "memory");
   }
@@ -319,11 +377,15 @@ RAILYARD_DEVICE void fence_sc_sys(RAILYARD_LOC_ONLY_PARAM) {
 #endif
 }
 
-// Orders this thread's generic-proxy shared-memory writes before later async-proxy
-// (TMA) operations on them: needed before bulk_copy_s2g of data written with st.shared.
+// Orders this thread's generic-proxy shared-memory accesses before later async-proxy
+// (TMA) operations on the same bytes, both ways: needed before bulk_copy_s2g of data
+// written with st.shared, and before a bulk_copy_g2s refills bytes read with ld.shared.
+// The fence covers the executing thread's own accesses: every thread that accessed
+// the bytes fences, then a barrier hands them to the thread that issues the copy.
 RAILYARD_DEVICE void fence_proxy_async_shared_cta(RAILYARD_LOC_ONLY_PARAM) {
 #if RAILYARD_IS_SIM
-  ::railyard::sim::device::fence("fence.proxy.async.shared::cta", railyard_loc);
+  ::railyard::sim::device::fence_proxy_async(::railyard::sim::device::ProxySpace::SharedCta,
+                                             "fence.proxy.async.shared::cta", railyard_loc);
 #else
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
@@ -336,7 +398,8 @@ RAILYARD_DEVICE void fence_proxy_async_shared_cta(RAILYARD_LOC_ONLY_PARAM) {
 // (reader: after the acquire, before bulk_copy_g2s).
 RAILYARD_DEVICE void fence_proxy_async_global(RAILYARD_LOC_ONLY_PARAM) {
 #if RAILYARD_IS_SIM
-  ::railyard::sim::device::fence("fence.proxy.async.global", railyard_loc);
+  ::railyard::sim::device::fence_proxy_async(::railyard::sim::device::ProxySpace::Global,
+                                             "fence.proxy.async.global", railyard_loc);
 #else
   asm volatile("fence.proxy.async.global;" ::: "memory");
 #endif

@@ -78,6 +78,12 @@ uint64_t atomic_rmw(void* ptr, std::size_t bytes, RmwFn fn, uint64_t a, uint64_t
 // is sequentially consistent).
 void fence(const char* op, Loc loc);
 
+// fence.proxy.async.<space>: a scheduling point that also covers the calling thread's
+// earlier generic-proxy accesses of that state space, so that later bulk copies of
+// the same bytes are ordered after them (docs/simulator.md, "Async-proxy separation").
+enum class ProxySpace : uint8_t { SharedCta, Global };
+void fence_proxy_async(ProxySpace space, const char* op, Loc loc);
+
 // ---- mbarrier (Hopper transaction barriers in shared memory) ---------------------------
 void mbarrier_init(uint64_t* bar, unsigned arrival_count, Loc loc);
 void mbarrier_inval(uint64_t* bar, Loc loc);
@@ -99,8 +105,7 @@ void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_
 void bulk_copy_s2g(void* gmem_dst, const void* smem_src, uint32_t bytes, Loc loc);
 void bulk_commit_group(Loc loc);
 // Waits until at most `max_pending` of this thread's committed groups are pending.
-// read_only: only their shared-memory reads need be done (the simulator completes
-// reads and writes together, so both wait for completion).
+// read_only: only their shared-memory reads need be done.
 void bulk_wait_group(unsigned max_pending, bool read_only, Loc loc);
 
 // ---- time and faults -------------------------------------------------------------------------

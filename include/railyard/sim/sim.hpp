@@ -65,7 +65,10 @@ struct Config {
   double preemption = 1.0;
 };
 
-enum class ErrorKind { Hang, OutOfBounds, Misaligned, Trap, Misuse, PeerAccess };
+// ProxyRace: a generic-proxy access and an async-proxy (bulk copy) access of the same
+// bytes without the proxy fence or the completion wait that orders them
+// (docs/simulator.md, "Async-proxy separation").
+enum class ErrorKind { Hang, OutOfBounds, Misaligned, Trap, Misuse, PeerAccess, ProxyRace };
 const char* to_string(ErrorKind kind);
 
 // A kernel fault or a hang, reported to the host thread that synchronizes on the
