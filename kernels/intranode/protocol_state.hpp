@@ -29,7 +29,7 @@ struct SequenceStateImage {
 // against the current one.
 inline SequenceStateImage sequence_state_after(const layout::IntranodeLayout& layout, uint64_t operations_done) {
   const int64_t first = layout.count_flags_offset();
-  SequenceStateImage image{first, 
+  SequenceStateImage image{first,
                            std::vector<uint8_t>(static_cast<std::size_t>(layout.local_state_offset()) + sizeof(uint64_t) -
                                                 static_cast<std::size_t>(first))};
   // Offsets from the layout, as the kernels address the buffer; each flag array is a

@@ -346,10 +346,10 @@ std::vector<Case> make_cases(const Options& o) {
       c.max_tokens = std::max<int64_t>(o.tokens / 2, 1), c.seed = o.seed + 1;
     } else if (name == "long_run" || name == "wrap_2_31") {
       // Both cross a wrap of the sequence numbers' low bits (flag_of, barrier_word in
-      // kernels/intranode/protocol.cuh) within their first six calls: 2^32 wraps the
-      // count flags' 32 bits, 2^31 flips the sign of their distance.
+      // kernels/intranode/protocol.cuh) in their sixth call, so they make at least 8:
+      // 2^32 wraps the count flags' 32 bits, 2^31 flips the sign of their distance.
       const bool long_run = name == "long_run";
-      c.calls = long_run ? o.long_calls : o.calls, c.max_tokens = std::max<int64_t>(o.tokens / 4, 1);
+      c.calls = std::max(long_run ? o.long_calls : o.calls, 8), c.max_tokens = std::max<int64_t>(o.tokens / 4, 1);
       c.operations_done_before = (uint64_t{1} << (long_run ? 32 : 31)) - 16;
       c.seed = o.seed + (long_run ? 2 : 3);
     } else if (name != "bf16") {
