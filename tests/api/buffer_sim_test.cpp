@@ -17,9 +17,12 @@
 //  - SmOptions: blocks above the SM count refused at creation on every rank.
 //  - Streams: dispatch on stream A, combine on B, no synchronisation: call order kept.
 //  - Destroy: destroy() right after an asynchronous dispatch waits for it.
+//  - BufferTesting: railyard::testing::start_sequence_numbers_at, across 2^32 and refused
+//    for different values on the ranks.
 //  - Handles: a refused fabric allocation falls back to POSIX fds; ranks in different
 //    network namespaces need RAILYARD_FD_SOCKET_DIR (a clear error without it).
 #include "railyard/railyard.hpp"
+#include "railyard/testing.hpp"
 
 #include <gtest/gtest.h>
 #include <sched.h>
@@ -1281,6 +1284,63 @@ TEST(BufferDestroy, DestroyRightAfterAnAsynchronousDispatchWaitsForIt) {
     check_dispatch(d, e, bounded, f.w, rank, "rank " + std::to_string(rank));
   });
   EXPECT_EQ(sim::live_allocation_count(), live_before);
+}
+
+// ---- railyard::testing (include/railyard/testing.hpp) -------------------------------------
+
+// The last operation a rank's buffer finished, as its kernels keep it.
+uint64_t last_operation_done(const Buffer& buffer) {
+  const runtime::RegisteredBuffer& registered = buffer.registered_buffer();
+  return *registered.layout().local_state(registered.local_ptr());
+}
+
+// A buffer started 4 operations below 2^32 crosses it within the second forward pass
+// (metadata, dispatch, combine: 3 operations each); both passes equal the reference
+// and the buffer's count goes on from where it was started.
+TEST(BufferTesting, StartSequenceNumbersAtContinuesFromThere) {
+  const TwoRankForward f;
+  const int n = TwoRankForward::kRanks;
+  const uint64_t start = (uint64_t{1} << 32) - 4;
+  reset_sim(n);
+  auto group = make_group(n);
+  sim::run_ranks(n, [&](int rank) {
+    runtime::gpu::set_current(rank);
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(make_config(n, TwoRankForward::kHidden, TwoRankForward::kTokens, 2, 2, DType::BF16), *boot,
+                  {.dispatch_sms = 2, .combine_sms = 2});
+    const GpuStream stream = sim::default_stream(rank);
+    railyard::testing::start_sequence_numbers_at(buffer, *boot, start, stream);
+    EXPECT_EQ(last_operation_done(buffer), start);
+    const DeviceInputs in = to_device(f.inputs[rank]);
+    const auto x = f.expert_rows(rank);
+    for (int pass = 0; pass < 2; ++pass)
+      f.forward(buffer, in, x, rank, stream, "rank " + std::to_string(rank) + " pass " + std::to_string(pass));
+    EXPECT_EQ(last_operation_done(buffer), start + 6);
+  });
+}
+
+// Ranks passing different values: the same error on every rank, nothing written.
+TEST(BufferTesting, StartSequenceNumbersAtRefusesDifferentValues) {
+  const int n = 2;
+  reset_sim(n);
+  auto group = make_group(n);
+  std::vector<uint64_t> last(n, 1);
+  const auto errors = errors_on_ranks(n, [&](int rank) {
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(make_config(n, 128, 8, 2, 2, DType::BF16), *boot);
+    try {
+      railyard::testing::start_sequence_numbers_at(buffer, *boot, rank == 1 ? 99 : 100, sim::default_stream(rank));
+    } catch (...) {
+      last[rank] = last_operation_done(buffer);
+      throw;
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(errors[r],
+              "railyard::testing::start_sequence_numbers_at: operations_done is 99 on rank 1 and 100 on rank 0; "
+              "every rank passes the same");
+    EXPECT_EQ(last[r], 0u) << "rank " << r;
+  }
 }
 
 }  // namespace

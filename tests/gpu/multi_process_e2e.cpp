@@ -35,7 +35,7 @@ struct Cli {
 void usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--ranks R] [--calls N] [--long-calls N] [--hidden H] [--tokens T]\n"
-               "          [--many-sources-hidden H] [--sms S] [--seed S] [--cases bf16,fp8,many_sources,long_run]\n"
+               "          [--many-sources-hidden H] [--sms S] [--seed S] [--cases bf16,fp8,many_sources,long_run,wrap_2_31]\n"
                "          [--timeout-s S] [--bootstrap-selftest] [--inject-mismatch]\n",
                argv0);
 }

@@ -3,6 +3,7 @@
 #include "e2e_check.hpp"
 
 #include <railyard/reference/reference.hpp>
+#include <railyard/testing.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -245,6 +246,13 @@ struct RankTally {
   char first[160] = {};
 };
 
+// The sequence number of the last operation this rank's buffer finished
+// (IntranodeLayout::local_state), read back from the device.
+uint64_t last_operation_done(const Buffer& buffer, GpuStream stream) {
+  const runtime::RegisteredBuffer& registered = buffer.registered_buffer();
+  return to_host(registered.layout().local_state(registered.local_ptr()), 1, stream)[0];
+}
+
 BufferConfig config_of(const Case& c) {
   BufferConfig config;
   config.hidden = c.hidden;
@@ -260,11 +268,6 @@ BufferConfig config_of(const Case& c) {
 
 }  // namespace
 
-std::optional<std::string> start_sequence_numbers_near_wrap(Buffer&) {
-  return std::string("the runtime has no public setter for a Buffer's sequence numbers yet (their width is "
-                     "changing); this long run starts at 0 and does not reach the wrap");
-}
-
 CaseResult run_case(const Case& c, runtime::Bootstrap& bootstrap, GpuStream stream) {
   const auto start = std::chrono::steady_clock::now();
   const int rank = bootstrap.rank();
@@ -277,8 +280,8 @@ CaseResult run_case(const Case& c, runtime::Bootstrap& bootstrap, GpuStream stre
   Tally tally;
   {
     Buffer buffer(config_of(c), bootstrap, options);
-    if (c.near_wrap)
-      if (auto why = start_sequence_numbers_near_wrap(buffer)) result.note = *why;
+    if (c.operations_done_before > 0)
+      railyard::testing::start_sequence_numbers_at(buffer, bootstrap, c.operations_done_before, stream);
     bool inject = c.inject_mismatch && rank == c.ranks - 1;
     for (int i = 0; i < c.calls; ++i) {
       const Call call = make_call(c, i);
@@ -291,6 +294,13 @@ CaseResult run_case(const Case& c, runtime::Bootstrap& bootstrap, GpuStream stre
       combine_and_check(c, call, e, d, buffer, rank, stream, where, &tally);
     }
     buffer.synchronize(stream);
+    // Every call is three operations (metadata, dispatch, combine): the count proves
+    // the calls ran from where the case started, across the wrap for the wrap cases.
+    const uint64_t last = last_operation_done(buffer, stream);
+    tally.compare("rank " + std::to_string(rank) + ": last operation done", std::vector<uint64_t>{last},
+                  std::vector<uint64_t>{c.operations_done_before + 3 * static_cast<uint64_t>(c.calls)});
+    if (c.operations_done_before > 0)
+      result.note = "operations " + std::to_string(c.operations_done_before + 1) + " to " + std::to_string(last);
   }  // collective destroy
   RankTally mine{.checked = tally.checked, .mismatches = tally.mismatches};
   std::snprintf(mine.first, sizeof(mine.first), "%s", tally.first.c_str());
@@ -334,11 +344,16 @@ std::vector<Case> make_cases(const Options& o) {
       // combine cycles its load slots many times per token.
       c.hidden = o.many_sources_hidden, c.experts_per_rank = 2, c.topk = 2 * o.ranks, c.all_experts = true;
       c.max_tokens = std::max<int64_t>(o.tokens / 2, 1), c.seed = o.seed + 1;
-    } else if (name == "long_run") {
-      c.calls = o.long_calls, c.near_wrap = true, c.max_tokens = std::max<int64_t>(o.tokens / 4, 1);
-      c.seed = o.seed + 2;
+    } else if (name == "long_run" || name == "wrap_2_31") {
+      // Both cross a wrap of the sequence numbers' low bits (flag_of in
+      // kernels/intranode/protocol.cuh) in their sixth call, so they make at least 8:
+      // 2^32 wraps the count and barrier flags' 32 bits, 2^31 flips the sign of their distance.
+      const bool long_run = name == "long_run";
+      c.calls = std::max(long_run ? o.long_calls : o.calls, 8), c.max_tokens = std::max<int64_t>(o.tokens / 4, 1);
+      c.operations_done_before = (uint64_t{1} << (long_run ? 32 : 31)) - 16;
+      c.seed = o.seed + (long_run ? 2 : 3);
     } else if (name != "bf16") {
-      throw std::invalid_argument("unknown case '" + name + "' (bf16, fp8, many_sources, long_run)");
+      throw std::invalid_argument("unknown case '" + name + "' (bf16, fp8, many_sources, long_run, wrap_2_31)");
     }
     c.topk = std::min(c.topk, c.ranks * c.experts_per_rank);
     out.push_back(c);

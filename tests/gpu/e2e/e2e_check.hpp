@@ -8,7 +8,6 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,9 +27,10 @@ struct Case {
   // Every token picks every expert (topk = ranks x experts_per_rank): each combined
   // row has a source on every rank, and in the grouped layout one per expert.
   bool all_experts = false;
-  // Starts the Buffer's sequence numbers just below their wrap where the runtime
-  // offers a way to (start_sequence_numbers_near_wrap); otherwise a plain long run.
-  bool near_wrap = false;
+  // The Buffer starts as if it had run this many operations
+  // (railyard::testing::start_sequence_numbers_at): the wrap cases start 16 below
+  // 2^32 or 2^31, so their calls cross it.
+  uint64_t operations_done_before = 0;
   int calls = 8;
   int sms = 2;  // blocks per dispatch and per combine (R ranks share one device)
   uint64_t seed = 1;
@@ -46,7 +46,7 @@ struct CaseResult {
   uint64_t elements_checked = 0;  // this group's output elements compared, all ranks
   uint64_t mismatches = 0;        // of them, differing from the reference
   std::string first_mismatch;     // "rank 1, call 3 (grouped, fp8): combine hidden: 12 of 4096"
-  std::string note;               // e.g. why the near-wrap start was not available
+  std::string note;               // the sequence numbers a wrap case ran through
   double seconds = 0;             // wall time on rank 0
   bool ok() const { return mismatches == 0 && calls > 0; }
 };
@@ -60,7 +60,7 @@ struct Options {
   int64_t many_sources_hidden = 4096;
   int sms = 2;
   uint64_t seed = 1;
-  std::vector<std::string> cases{"bf16", "fp8", "many_sources", "long_run"};
+  std::vector<std::string> cases{"bf16", "fp8", "many_sources", "long_run", "wrap_2_31"};
   bool inject_mismatch = false;  // see Case::inject_mismatch
 };
 
@@ -74,12 +74,5 @@ CaseResult run_case(const Case& c, runtime::Bootstrap& bootstrap, GpuStream stre
 // Runs every case on this rank and prints rank 0's summary lines; returns 0 when every
 // case passed, 1 otherwise. Collective, like run_case.
 int run_all(const std::vector<Case>& cases, runtime::Bootstrap& bootstrap, GpuStream stream);
-
-// The hook of the near-wrap variant: sets this Buffer's operation sequence numbers
-// to just below their wrap on every rank (collective), so the long run crosses it.
-// The sequence-number state (IntranodeLayout::local_state) is changing width, so this
-// check does not write it itself: until the runtime offers a setter, the hook returns
-// why it cannot, and the long run starts at 0 as every Buffer does.
-std::optional<std::string> start_sequence_numbers_near_wrap(Buffer& buffer);
 
 }  // namespace railyard::e2e
