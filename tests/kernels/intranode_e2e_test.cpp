@@ -205,7 +205,11 @@ TEST(SequenceStateImage, HoldsTheFlagsTheKernelsRead) {
   EXPECT_EQ(*L.local_state(base), done);
   for (int peer = 0; peer < R; ++peer) {
     EXPECT_EQ(*L.count_flag(base, peer), 0x12345u) << "count flag of peer " << peer;
-    EXPECT_EQ(*L.barrier_flag(base, peer), 0x23450000u) << "barrier flag of peer " << peer;
+    EXPECT_EQ(*L.barrier_flag(base, peer), 0x12345u) << "barrier flag of peer " << peer;
+    for (uint32_t parity : {0u, 1u}) {
+      const layout::OpDescriptor d = *L.op_descriptor(base, parity, peer);
+      EXPECT_EQ(d.kind | d.grouped | d.probs | d.handle_made_by_op, 0u) << "descriptor of peer " << peer;
+    }
   }
   // The range lies between the count table and blocks_finished.
   const auto offset = [&](const void* p) { return static_cast<const uint8_t*>(p) - base; };
