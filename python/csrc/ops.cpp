@@ -500,7 +500,7 @@ class SimOutputAllocator final : public runtime::Allocator {
     sim::register_memory(runtime::gpu::current(), p, bytes, "railyard output");
     return p;
   }
-  void deallocate(void* ptr, std::size_t) override {
+  void deallocate(void* ptr, std::size_t) noexcept override {
     if (!ptr) return;
     try {
       sim::unregister_memory(ptr);
@@ -528,7 +528,7 @@ class TorchCudaAllocator final : public runtime::Allocator {
   void* allocate(std::size_t bytes, std::size_t) override {
     return bytes == 0 ? nullptr : c10::cuda::CUDACachingAllocator::raw_alloc(bytes);
   }
-  void deallocate(void* ptr, std::size_t) override {
+  void deallocate(void* ptr, std::size_t) noexcept override {
     if (ptr) c10::cuda::CUDACachingAllocator::raw_delete(ptr);
   }
 };

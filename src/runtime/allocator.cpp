@@ -16,8 +16,15 @@ void* DeviceAllocator::allocate(std::size_t bytes, std::size_t alignment) {
   return gpu::malloc_device(bytes, "DeviceAllocator");
 }
 
-void DeviceAllocator::deallocate(void* ptr, std::size_t) {
-  if (ptr) gpu::free_device(ptr);
+// Called from destructors, so it never throws. After a kernel fault the device's
+// context is lost and every cudaFree reports that fault: the allocation is then left
+// (the context takes it) and the fault surfaces where the caller synchronizes.
+void DeviceAllocator::deallocate(void* ptr, std::size_t) noexcept {
+  if (!ptr) return;
+  try {
+    gpu::free_device(ptr);
+  } catch (const std::exception&) {
+  }
 }
 
 Allocator& default_allocator() {

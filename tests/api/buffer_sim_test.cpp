@@ -970,6 +970,17 @@ TEST(BufferMismatch, ACombineAgainstADispatchFailsAlike) {
   expect_on_every_rank(errors, "the ranks run different operations: rank 1 runs kind 0, rank 0 kind 2");
 }
 
+TEST(BufferMismatch, DifferentLayoutsFailAlike) {
+  // A second fresh dispatch on every rank (so the handles agree), expert-grouped on rank 1 only.
+  const auto errors = mixed_operations(2, [](int rank, Buffer& buffer, const DispatchArgs& args, const DispatchResult&) {
+    DispatchArgs mine = args;
+    if (rank == 1) mine.layout = TokenLayout::ExpertGrouped;
+    const DispatchResult second = buffer.dispatch(mine);  // alive until the kernel has run
+    buffer.synchronize();
+  });
+  expect_on_every_rank(errors, "the ranks use different layouts: rank 1's is 1, rank 0's is 0");
+}
+
 // A barrier waits for every rank: with a short handshake budget, a rank that never
 // enters it is reported as the peer the others waited for.
 TEST(BufferBarrier, ARankThatNeverEntersIsReportedAsATimeout) {

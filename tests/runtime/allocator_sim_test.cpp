@@ -52,7 +52,7 @@ class CountingAllocator final : public Allocator {
     live_bytes += bytes;
     return inner.allocate(bytes, alignment);
   }
-  void deallocate(void* ptr, std::size_t bytes) override {
+  void deallocate(void* ptr, std::size_t bytes) noexcept override {
     live_bytes -= bytes;
     inner.deallocate(ptr, bytes);
   }

@@ -31,8 +31,9 @@ class Allocator {
   // two). Throws (std::bad_alloc, DeviceError, ...) rather than return null; 0 bytes
   // may return null.
   virtual void* allocate(std::size_t bytes, std::size_t alignment = kDeviceAllocationAlignment) = 0;
-  // Returns memory from allocate(bytes, ...) of this allocator.
-  virtual void deallocate(void* ptr, std::size_t bytes) = 0;
+  // Returns memory from allocate(bytes, ...) of this allocator. Must not throw: it runs
+  // in destructors.
+  virtual void deallocate(void* ptr, std::size_t bytes) noexcept = 0;
 };
 
 // Over gpu::malloc_device / gpu::free_device: no caching, every allocation is the
@@ -40,7 +41,7 @@ class Allocator {
 class DeviceAllocator final : public Allocator {
  public:
   void* allocate(std::size_t bytes, std::size_t alignment = kDeviceAllocationAlignment) override;
-  void deallocate(void* ptr, std::size_t bytes) override;
+  void deallocate(void* ptr, std::size_t bytes) noexcept override;
 };
 
 // The process-wide DeviceAllocator, used where the caller passes none.
