@@ -1023,6 +1023,20 @@ struct TwoRankForward {
 
   int64_t rows(int rank) const { return e.received.ranks[rank].num_recv_tokens; }
 
+  // body(rank, buffer, bootstrap) on each rank thread of a fresh simulator, with a
+  // Buffer for these inputs (2 blocks per operation).
+  void on_every_rank(const std::function<void(int rank, Buffer&, runtime::Bootstrap&)>& body) const {
+    reset_sim(kRanks);
+    auto group = make_group(kRanks);
+    sim::run_ranks(kRanks, [&](int rank) {
+      runtime::gpu::set_current(rank);
+      auto boot = group->bootstrap(rank);
+      Buffer buffer(make_config(kRanks, kHidden, kTokens, 2, 2, DType::BF16), *boot,
+                    {.dispatch_sms = 2, .combine_sms = 2});
+      body(rank, buffer, *boot);
+    });
+  }
+
   // Expert outputs and probs of `rank` in device memory, as many rows as a bounded
   // dispatch may write (rows past the received ones: NaN and -7, never read).
   struct ExpertRows {
@@ -1069,16 +1083,10 @@ void expect_refused(const std::function<void()>& call, const std::string& expect
 // and the next call faulted.
 TEST(BufferArguments, EveryRefusedCallIsFollowedByACorrectOne) {
   const TwoRankForward f;
-  const int n = TwoRankForward::kRanks, T = TwoRankForward::kTokens;
+  const int T = TwoRankForward::kTokens;
   ASSERT_GT(f.rows(0), 1);
   ASSERT_GT(f.rows(1), 1);
-  reset_sim(n);
-  auto group = make_group(n);
-  sim::run_ranks(n, [&](int rank) {
-    runtime::gpu::set_current(rank);
-    auto boot = group->bootstrap(rank);
-    Buffer buffer(make_config(n, TwoRankForward::kHidden, T, 2, 2, DType::BF16), *boot,
-                  {.dispatch_sms = 2, .combine_sms = 2});
+  f.on_every_rank([&](int rank, Buffer& buffer, runtime::Bootstrap&) {
     const DeviceInputs in = to_device(f.inputs[rank]);
     const auto x = f.expert_rows(rank);
     const GpuStream stream = sim::default_stream(rank);
@@ -1219,13 +1227,7 @@ TEST(BufferCreation, SmOptionsAboveTheSmCountAreRefusedOnEveryRank) {
 TEST(BufferStreams, OperationsOnTwoStreamsRunInCallOrder) {
   const TwoRankForward f;
   const int n = TwoRankForward::kRanks, T = TwoRankForward::kTokens;
-  reset_sim(n);
-  auto group = make_group(n);
-  sim::run_ranks(n, [&](int rank) {
-    runtime::gpu::set_current(rank);
-    auto boot = group->bootstrap(rank);
-    Buffer buffer(make_config(n, TwoRankForward::kHidden, T, 2, 2, DType::BF16), *boot,
-                  {.dispatch_sms = 2, .combine_sms = 2});
+  f.on_every_rank([&](int rank, Buffer& buffer, runtime::Bootstrap&) {
     const DeviceInputs in = to_device(f.inputs[rank]);
     const auto x = f.expert_rows(rank);
     const GpuStream a = runtime::gpu::stream_create(), b = runtime::gpu::stream_create();
@@ -1251,14 +1253,7 @@ TEST(BufferStreams, OperationsOnTwoStreamsRunInCallOrder) {
 // operations around it, on its stream and on another, stay correct.
 TEST(BufferBarrier, OperationsAroundABarrierAreCorrect) {
   const TwoRankForward f;
-  const int n = TwoRankForward::kRanks;
-  reset_sim(n);
-  auto group = make_group(n);
-  sim::run_ranks(n, [&](int rank) {
-    runtime::gpu::set_current(rank);
-    auto boot = group->bootstrap(rank);
-    Buffer buffer(make_config(n, TwoRankForward::kHidden, TwoRankForward::kTokens, 2, 2, DType::BF16), *boot,
-                  {.dispatch_sms = 2, .combine_sms = 2});
+  f.on_every_rank([&](int rank, Buffer& buffer, runtime::Bootstrap&) {
     const DeviceInputs in = to_device(f.inputs[rank]);
     const auto x = f.expert_rows(rank);
     const GpuStream other = runtime::gpu::stream_create();
@@ -1310,17 +1305,10 @@ uint64_t last_operation_done(const Buffer& buffer) {
 // and the buffer's count goes on from where it was started.
 TEST(BufferTesting, StartSequenceNumbersAtContinuesFromThere) {
   const TwoRankForward f;
-  const int n = TwoRankForward::kRanks;
   const uint64_t start = (uint64_t{1} << 32) - 4;
-  reset_sim(n);
-  auto group = make_group(n);
-  sim::run_ranks(n, [&](int rank) {
-    runtime::gpu::set_current(rank);
-    auto boot = group->bootstrap(rank);
-    Buffer buffer(make_config(n, TwoRankForward::kHidden, TwoRankForward::kTokens, 2, 2, DType::BF16), *boot,
-                  {.dispatch_sms = 2, .combine_sms = 2});
+  f.on_every_rank([&](int rank, Buffer& buffer, runtime::Bootstrap& boot) {
     const GpuStream stream = sim::default_stream(rank);
-    railyard::testing::start_sequence_numbers_at(buffer, *boot, start, stream);
+    railyard::testing::start_sequence_numbers_at(buffer, boot, start, stream);
     EXPECT_EQ(last_operation_done(buffer), start);
     const DeviceInputs in = to_device(f.inputs[rank]);
     const auto x = f.expert_rows(rank);
