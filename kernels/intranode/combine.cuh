@@ -111,11 +111,11 @@ struct Combine {
     // 128: bulk copies need 16; 128 keeps every slot on its own lines.
     alignas(128) uint8_t load_slots[Stages][SlotBytes];
     alignas(128) uint8_t store_slots[kStoreStages][SlotBytes];
-    SlotTag load_tags[Stages];
-    SlotTag store_tags[kStoreStages];
+    arch::SharedVar<SlotTag> load_tags[Stages];
+    arch::SharedVar<SlotTag> store_tags[kStoreStages];
     // The current job's sources, in summation order (Load warp only).
-    const uint8_t* sources[kMaxSources];
-    int16_t source_rank[kMaxSources];
+    arch::SharedVar<const uint8_t*> sources[kMaxSources];
+    arch::SharedVar<int16_t> source_rank[kMaxSources];
     typename LoadPipeline::SharedStorage load_pipe;
     typename StorePipeline::SharedStorage store_pipe;
   };
@@ -242,7 +242,7 @@ struct Combine {
                                         typename LoadPipeline::State& state, const SlotTag& tag,
                                         const uint8_t* src) {
     pipe.producer_acquire(state);
-    storage.load_tags[state.index] = tag;
+    storage.load_tags[state.index].store(tag);
     uint64_t* full = pipe.full_barrier(state);
     arch::mbarrier_arrive_expect_tx(full, src != nullptr ? tag.bytes : 0u);
     if (src != nullptr) arch::bulk_copy_g2s(storage.load_slots[state.index], src, tag.bytes, full);
@@ -268,12 +268,12 @@ struct Combine {
         uint32_t flags = job_flags | kData;
         if (i == 0) flags |= kFirst;
         if (last) flags |= kLast;
-        if (gather && (last || storage.source_rank[i + 1] / p.ranks_per_domain !=
-                                   storage.source_rank[i] / p.ranks_per_domain)) {
+        if (gather && (last || storage.source_rank[i + 1].load() / p.ranks_per_domain !=
+                                   storage.source_rank[i].load() / p.ranks_per_domain)) {
           flags |= kDomainEnd;
         }
         const SlotTag tag{dst + offset, last && last_piece ? publish_row : -1, bytes, flags};
-        push_slot(storage, pipe, state, tag, storage.sources[i] + offset);
+        push_slot(storage, pipe, state, tag, storage.sources[i].load() + offset);
       }
     }
   }
@@ -330,7 +330,7 @@ struct Combine {
           const uint32_t keepers = __ballot_sync(arch::kFullWarpMask, keep);
           if (keep) {
             const int idx = kept + __popc(keepers & lower_lanes);
-            if (p.permuted_input) storage.sources[idx] = p.input + int64_t{entry.permuted_pos} * row_bytes;
+            if (p.permuted_input) storage.sources[idx].store(p.input + int64_t{entry.permuted_pos} * row_bytes);
             float prob = 0.0f;
             if (with_probs) {
               prob = arch::ld_global(p.permuted_input ? &p.input_probs[entry.permuted_pos]
@@ -343,7 +343,7 @@ struct Combine {
           kept += __popc(keepers);
         }
         const int num_sources = p.permuted_input ? kept : (kept > 0 ? 1 : 0);
-        if (!p.permuted_input && lane == 0) storage.sources[0] = p.input + r * row_bytes;
+        if (!p.permuted_input && lane == 0) storage.sources[0].store(p.input + r * row_bytes);
         __syncwarp();  // sources and header entries are written
         if (lane != 0) continue;
         // num_entries 0 tells home ranks the row has nothing for them (semantics.md 6:
@@ -407,8 +407,8 @@ struct Combine {
           const uint32_t holders = __ballot_sync(arch::kFullWarpMask, has_row);
           if (has_row) {
             const int idx = num_sources + __popc(holders & lower_lanes);
-            storage.sources[idx] = row;
-            storage.source_rank[idx] = static_cast<int16_t>(d);
+            storage.sources[idx].store(row);
+            storage.source_rank[idx].store(static_cast<int16_t>(d));
           }
           num_sources += __popc(holders);
         }
@@ -442,12 +442,12 @@ struct Combine {
     typename StorePipeline::State store_state;
     for (;;) {
       load_pipe.consumer_wait(load_state);
-      const SlotTag tag = storage.load_tags[load_state.index];
+      const SlotTag tag = storage.load_tags[load_state.index].load();
       if (tag.flags & kDone) {
         __syncwarp();
         if (lane == 0) load_pipe.consumer_release(load_state);
         store_pipe.producer_acquire(store_state);
-        if (leader) storage.store_tags[store_state.index] = tag;
+        if (leader) storage.store_tags[store_state.index].store(tag);
         __syncwarp();
         if (lane == 0) store_pipe.producer_commit(store_state);
         return;
@@ -502,7 +502,7 @@ struct Combine {
         }
         arch::st_shared(reinterpret_cast<Bf16x8*>(out_slot + vector * kVectorBytes), y);
       }
-      if (leader) storage.store_tags[store_state.index] = tag;
+      if (leader) storage.store_tags[store_state.index].store(tag);
       // Generic-proxy writes to shared memory, read next by the async proxy (TMA store).
       arch::fence_proxy_async_shared_cta();
       __syncwarp();
@@ -520,7 +520,7 @@ struct Combine {
     typename StorePipeline::State state;
     for (;;) {
       pipe.consumer_wait(state);
-      const SlotTag tag = storage.store_tags[state.index];
+      const SlotTag tag = storage.store_tags[state.index].load();
       if (tag.flags & kDone) {
         pipe.consumer_release(state);
         break;

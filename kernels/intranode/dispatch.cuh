@@ -70,12 +70,12 @@ struct Dispatch {
     alignas(128) uint8_t zero_slot[SlotBytes];           // source of the padding rows
     typename Pipeline::SharedStorage send_pipe;
     typename Pipeline::SharedStorage copy_pipe;
-    int32_t recv_bound[kMaxRanks];  // every rank's max_recv_rows, -1: none
+    arch::SharedVar<int32_t> recv_bound[kMaxRanks];  // every rank's max_recv_rows, -1: none
     // SendStore's view of its current token, written by its lanes for its leader:
     // the token's row at each destination (-1: no header there) and whether that
     // destination copies the row out (else only the header travels).
-    int32_t send_pos[kMaxRanks];
-    uint8_t send_bytes[kMaxRanks];
+    arch::SharedVar<int32_t> send_pos[kMaxRanks];
+    arch::SharedVar<uint8_t> send_bytes[kMaxRanks];
   };
   static_assert(sizeof(SharedStorage) <= arch::kMaxDynamicSmemBytes,
                 "Dispatch FIFOs exceed the 227 KiB shared-memory budget");
@@ -162,7 +162,8 @@ struct Dispatch {
     }
     const Context ctx(params);
     for (int d = static_cast<int>(thread); d < ctx.num_ranks; d += static_cast<int>(kMaxThreadsPerBlock)) {
-      storage.recv_bound[d] = arch::ld_global(ctx.count_row(params, d) + static_cast<int>(layout::CountRow::MaxRecvRows));
+      storage.recv_bound[d].store(
+          arch::ld_global(ctx.count_row(params, d) + static_cast<int>(layout::CountRow::MaxRecvRows)));
     }
     if (ctx.grouped) {
       // Generic-proxy writes that TMA (the async proxy) reads later: the fence is the
@@ -262,7 +263,8 @@ struct Dispatch {
     }
     for (int d = 0; d < c.num_ranks; ++d) {
       const int32_t pos = arch::ld_global(p.handle.recv_pos + t * c.num_ranks + d);
-      if (pos >= 0 && (s.recv_bound[d] < 0 || pos < s.recv_bound[d])) return true;
+      const int32_t bound = s.recv_bound[d].load();
+      if (pos >= 0 && (bound < 0 || pos < bound)) return true;
     }
     return false;
   }
@@ -300,7 +302,8 @@ struct Dispatch {
       //    row bytes when it copies them out.
       for (int d = lane; d < R; d += static_cast<int>(arch::kWarpSize)) {
         const int32_t pos = arch::ld_global(p.handle.recv_pos + t * R + d);
-        const bool header = pos >= 0 && (c.grouped || s.recv_bound[d] < 0 || pos < s.recv_bound[d]);
+        const int32_t bound = s.recv_bound[d].load();
+        const bool header = pos >= 0 && (c.grouped || bound < 0 || pos < bound);
         bool bytes = header && !c.grouped;
         if (header && c.grouped) {
           for (int k = 0; k < K && !bytes; ++k) {
@@ -308,8 +311,8 @@ struct Dispatch {
             bytes = e >= 0 && e / El == d && arch::ld_global(slot_pos + k) >= 0;
           }
         }
-        s.send_pos[d] = header ? pos : -1;
-        s.send_bytes[d] = bytes ? 1 : 0;
+        s.send_pos[d].store(header ? pos : -1);
+        s.send_bytes[d].store(static_cast<uint8_t>(bytes));
       }
       __syncwarp();
 
@@ -320,8 +323,8 @@ struct Dispatch {
           const uint32_t bytes = piece_bytes(c.row_bytes, offset);
           pipe.consumer_wait(state);
           for (int d = 0; d < R; ++d) {
-            if (!s.send_bytes[d]) continue;
-            arch::bulk_copy_s2g(c.layout.stage_row(p.domain.peers.ptr[d], s.send_pos[d]) + offset,
+            if (!s.send_bytes[d].load()) continue;
+            arch::bulk_copy_s2g(c.layout.stage_row(p.domain.peers.ptr[d], s.send_pos[d].load()) + offset,
                                 s.send_slots[state.index], bytes);
           }
           arch::bulk_commit_group();
@@ -340,7 +343,7 @@ struct Dispatch {
       // 3. Header fields and entries, and the FP8 scales. Entries are in ascending
       //    local expert order, the order combine sums in.
       for (int d = lane; d < R; d += static_cast<int>(arch::kWarpSize)) {
-        const int32_t pos = s.send_pos[d];
+        const int32_t pos = s.send_pos[d].load();
         if (pos < 0) continue;
         int32_t num_entries = 0;
         for (int k = 0; k < K; ++k) {
@@ -356,7 +359,7 @@ struct Dispatch {
         const int32_t e = arch::ld_global(slot_expert + k);
         if (e < 0) continue;
         const int d = e / El;
-        const int32_t pos = s.send_pos[d];
+        const int32_t pos = s.send_pos[d].load();
         if (pos < 0) continue;
         int32_t index = 0;  // this entry's place among the token's experts on d
         for (int other = 0; other < K; ++other) {
@@ -371,14 +374,15 @@ struct Dispatch {
       for (int i = lane; i < c.num_scales; i += static_cast<int>(arch::kWarpSize)) {
         const float scale = arch::ld_global(p.scales + t * c.num_scales + i);
         for (int d = 0; d < R; ++d) {
-          if (s.send_bytes[d]) arch::st_global(c.layout.stage_scales(p.domain.peers.ptr[d], s.send_pos[d]) + i, scale);
+          if (s.send_bytes[d].load())
+            arch::st_global(c.layout.stage_scales(p.domain.peers.ptr[d], s.send_pos[d].load()) + i, scale);
         }
       }
       // 4. `seq` last: the release (after the warp barrier, so it covers every lane's
       //    writes and the leader's completed bulk stores) publishes the row.
       __syncwarp();
       for (int d = lane; d < R; d += static_cast<int>(arch::kWarpSize)) {
-        const int32_t pos = s.send_pos[d];
+        const int32_t pos = s.send_pos[d].load();
         if (pos >= 0) arch::st_release_sys(&c.layout.header(p.domain.peers.ptr[d], pos)->seq, seq);
       }
       __syncwarp();  // send_pos and send_bytes are rewritten for the next token

@@ -21,6 +21,7 @@
 #include "kernels/intranode/protocol.cuh"
 #include "railyard/arch/fault.cuh"
 #include "railyard/arch/memory.cuh"
+#include "railyard/arch/smem.cuh"
 #include "railyard/arch/thread.cuh"
 #include "railyard/common/macros.cuh"
 #include "railyard/layout/intranode_layout.cuh"
@@ -56,7 +57,7 @@ struct Metadata {
 
   // This rank's count row while counting, then the global offsets (phase 5).
   struct SharedStorage {
-    alignas(16) int32_t row[kMaxCountRowInts];
+    alignas(16) arch::SharedVar<int32_t> row[kMaxCountRowInts];
   };
   static_assert(sizeof(SharedStorage) <= 227 * 1024, "metadata shared memory exceeds the per-block budget");
 
@@ -87,17 +88,17 @@ struct Metadata {
     const uint32_t lane = arch::lane_idx();
     const uint32_t lower_lanes = (1u << lane) - 1u;
     const layout::HandleView h = layout::HandleView::carve(lay, p.handle, p.recv_capacity);
-    int32_t* row = storage.row;
+    arch::SharedVar<int32_t>* row = storage.row;
     const uint64_t seq = op_begin(dom);
 
-    for (int i = static_cast<int>(lane); i < row_ints; i += 32) row[i] = 0;
+    for (int i = static_cast<int>(lane); i < row_ints; i += 32) row[i].store(0);
     __syncwarp();
     if (lane == 0) {
       arch::st_global(h.made_by_op, seq);  // the handle's identity (entry_barrier)
-      row[static_cast<int>(layout::CountRow::NumTokens)] = T;
-      row[static_cast<int>(layout::CountRow::MaxRecvRows)] = p.max_recv_rows;
-      row[static_cast<int>(layout::CountRow::MaxPermutedRows)] = p.max_permuted_rows;
-      row[static_cast<int>(layout::CountRow::PadMultiple)] = p.pad_multiple;
+      row[static_cast<int>(layout::CountRow::NumTokens)].store(T);
+      row[static_cast<int>(layout::CountRow::MaxRecvRows)].store(p.max_recv_rows);
+      row[static_cast<int>(layout::CountRow::MaxPermutedRows)].store(p.max_permuted_rows);
+      row[static_cast<int>(layout::CountRow::PadMultiple)].store(p.pad_multiple);
     }
     __syncwarp();
 
@@ -119,11 +120,11 @@ struct Metadata {
         const bool mine = my_first == d;
         const uint32_t holders = __ballot_sync(arch::kFullWarpMask, mine);
         if (mine) {
-          arch::st_global(&h.recv_pos[int64_t{t} * R + d], row[layout::count_to_rank(d)] + __popc(holders & lower_lanes));
+          arch::st_global(&h.recv_pos[int64_t{t} * R + d], row[layout::count_to_rank(d)].load() + __popc(holders & lower_lanes));
           ranks[d / 32] &= ~(1u << (d % 32));
         }
         __syncwarp();
-        if (lane == 0) row[layout::count_to_rank(d)] += __popc(holders);
+        if (lane == 0) row[layout::count_to_rank(d)].store(row[layout::count_to_rank(d)].load() + __popc(holders));
         __syncwarp();
       }
       // Experts, in ascending order of global expert id.
@@ -143,9 +144,9 @@ struct Metadata {
         const bool mine = my_next == e;
         const uint32_t holders = __ballot_sync(arch::kFullWarpMask, mine);
         const int key = layout::count_to_expert(R, El, e / El, e % El);
-        if (mine) arch::st_global(&h.slot_pos[int64_t{t} * K + my_slot], row[key] + __popc(holders & lower_lanes));
+        if (mine) arch::st_global(&h.slot_pos[int64_t{t} * K + my_slot], row[key].load() + __popc(holders & lower_lanes));
         __syncwarp();
-        if (lane == 0) row[key] += __popc(holders);
+        if (lane == 0) row[key].store(row[key].load() + __popc(holders));
         __syncwarp();
         last = e;
       }
@@ -155,7 +156,7 @@ struct Metadata {
     const auto parity = static_cast<uint32_t>(seq & 1u);
     for (int peer = 0; peer < R; ++peer) {
       int32_t* dst = lay.count_row(dom.peers.ptr[peer], parity, me);
-      for (int i = static_cast<int>(lane); i < row_ints; i += 32) arch::st_global(&dst[i], row[i]);
+      for (int i = static_cast<int>(lane); i < row_ints; i += 32) arch::st_global(&dst[i], row[i].load());
       arch::fence_acq_rel_sys();
       __syncwarp();
       if (lane == 0) arch::st_release_sys(lay.count_flag(dom.peers.ptr[peer], me), flag_of(seq));
@@ -223,7 +224,7 @@ struct Metadata {
     for (int d = static_cast<int>(lane); d < R; d += 32) {
       int32_t recv_off = 0;
       for (int src = 0; src < me; ++src) recv_off += column(lay, dom, parity, src, layout::count_to_rank(d));
-      row[layout::count_to_rank(d)] = recv_off;
+      row[layout::count_to_rank(d)].store(recv_off);
       int64_t group_base = 0;
       for (int j = 0; j < El; ++j) {
         const int key = layout::count_to_expert(R, El, d, j);
@@ -233,7 +234,7 @@ struct Metadata {
           total += c;
           if (src < me) before_me += c;
         }
-        row[key] = static_cast<int32_t>(group_base + before_me);
+        row[key].store(static_cast<int32_t>(group_base + before_me));
         group_base += layout::round_up(total, p.pad_multiple);
       }
     }
@@ -244,14 +245,14 @@ struct Metadata {
       for (int d = 0; d < R; ++d) {
         int32_t* pos = &h.recv_pos[int64_t{t} * R + d];
         const int32_t local = arch::ld_global(pos);
-        if (local >= 0) arch::st_global(pos, local + row[layout::count_to_rank(d)]);
+        if (local >= 0) arch::st_global(pos, local + row[layout::count_to_rank(d)].load());
       }
       for (int k = 0; k < K; ++k) {
         const int e = arch::ld_global(&h.slot_expert[int64_t{t} * K + k]);
         if (e < 0) continue;
         const int d = e / El;
         int32_t* pos = &h.slot_pos[int64_t{t} * K + k];
-        int32_t final_pos = arch::ld_global(pos) + row[layout::count_to_expert(R, El, d, e % El)];
+        int32_t final_pos = arch::ld_global(pos) + row[layout::count_to_expert(R, El, d, e % El)].load();
         const int32_t bound =
             column(lay, dom, parity, d, static_cast<int>(layout::CountRow::MaxPermutedRows));
         if (bound >= 0 && final_pos >= bound) final_pos = -1;

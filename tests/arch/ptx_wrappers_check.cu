@@ -20,6 +20,8 @@ struct CheckStorage {
   uint64_t bar;
   uint32_t word;
   uint64_t dword;
+  uint16_t half;
+  uint8_t byte;
 };
 
 template <class T>
@@ -57,6 +59,8 @@ __global__ void ptx_wrappers_check(uint32_t* g32, uint64_t* g64, int32_t* gs32, 
   st_global(g32 + 2, ld_volatile_shared(&s.word) + static_cast<uint32_t>(ld_volatile_shared(&s.dword)));
   st_shared(&s.word, ld_shared(&s.word) + 1u);
   st_shared(&s.dword, ld_shared(&s.dword) + 1u);
+  st_shared(&s.half, static_cast<uint16_t>(ld_shared(&s.half) + 1));
+  st_shared(&s.byte, static_cast<uint8_t>(ld_shared(&s.byte) + 1));
   st_shared(reinterpret_cast<uint4*>(s.slot), ld_shared(reinterpret_cast<const uint4*>(s.slot) + 1));
   fence_proxy_async_global();
   fence_acq_rel_gpu();

@@ -11,7 +11,7 @@
 // semantics, so a reader never has to decode an asm string.
 //   plain     ld_global / st_global        data; no ordering (1, 2, 4, 8, 16 bytes;
 //                                          16 bytes is ld.global.v4 / st.global.v4)
-//             ld_shared / st_shared        shared-memory data (4, 8, 16 bytes)
+//             ld_shared / st_shared        shared-memory data (1, 2, 4, 8, 16 bytes)
 //   volatile  ld_volatile_shared           re-read shared memory every time
 //   relaxed   ld_relaxed_*, st_relaxed_*   single-copy atomic, no ordering
 //   acquire   ld_acquire_*                 later accesses stay after it
@@ -131,7 +131,8 @@ RAILYARD_DEVICE void st_global(T* ptr, const T& value RAILYARD_LOC_PARAM) {
 template <class T>
 RAILYARD_DEVICE T ld_shared(const T* ptr RAILYARD_LOC_PARAM) {
   static_assert(std::is_trivially_copyable_v<T>);
-  static_assert(sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16, "ld_shared moves 4, 8 or 16 bytes");
+  static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16,
+                "ld_shared moves 1, 2, 4, 8 or 16 bytes");
 #if RAILYARD_IS_SIM
   ::railyard::sim::device::check_shared(ptr, sizeof(T), sizeof(T), "ld.shared", railyard_loc);
   T value;
@@ -139,7 +140,15 @@ RAILYARD_DEVICE T ld_shared(const T* ptr RAILYARD_LOC_PARAM) {
                                 ::railyard::sim::device::Scope::Block, "ld.shared", railyard_loc);
   return value;
 #else
-  if constexpr (sizeof(T) == 4) {
+  if constexpr (sizeof(T) == 1) {
+    uint32_t r;  // ld may write a register wider than its type (zero-extended)
+    asm volatile("ld.shared.u8 %0, [%1];" : "=r"(r) : "r"(detail::smem_addr(ptr)));
+    return detail::bit_cast<T>(static_cast<uint8_t>(r));
+  } else if constexpr (sizeof(T) == 2) {
+    uint16_t r;
+    asm volatile("ld.shared.b16 %0, [%1];" : "=h"(r) : "r"(detail::smem_addr(ptr)));
+    return detail::bit_cast<T>(r);
+  } else if constexpr (sizeof(T) == 4) {
     uint32_t r;
     asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r) : "r"(detail::smem_addr(ptr)));
     return detail::bit_cast<T>(r);
@@ -160,13 +169,21 @@ RAILYARD_DEVICE T ld_shared(const T* ptr RAILYARD_LOC_PARAM) {
 template <class T>
 RAILYARD_DEVICE void st_shared(T* ptr, const T& value RAILYARD_LOC_PARAM) {
   static_assert(std::is_trivially_copyable_v<T>);
-  static_assert(sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16, "st_shared moves 4, 8 or 16 bytes");
+  static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16,
+                "st_shared moves 1, 2, 4, 8 or 16 bytes");
 #if RAILYARD_IS_SIM
   ::railyard::sim::device::check_shared(ptr, sizeof(T), sizeof(T), "st.shared", railyard_loc);
   ::railyard::sim::device::store(ptr, &value, sizeof(T), ::railyard::sim::device::Order::Plain,
                                  ::railyard::sim::device::Scope::Block, "st.shared", railyard_loc);
 #else
-  if constexpr (sizeof(T) == 4) {
+  if constexpr (sizeof(T) == 1) {
+    asm volatile("st.shared.u8 [%0], %1;" ::"r"(detail::smem_addr(ptr)),
+                 "r"(static_cast<uint32_t>(detail::bit_cast<uint8_t>(value)))
+                 : "memory");
+  } else if constexpr (sizeof(T) == 2) {
+    asm volatile("st.shared.b16 [%0], %1;" ::"r"(detail::smem_addr(ptr)), "h"(detail::bit_cast<uint16_t>(value))
+                 : "memory");
+  } else if constexpr (sizeof(T) == 4) {
     asm volatile("st.shared.b32 [%0], %1;" ::"r"(detail::smem_addr(ptr)), "r"(detail::bit_cast<uint32_t>(value))
                  : "memory");
   } else if constexpr (sizeof(T) == 8) {

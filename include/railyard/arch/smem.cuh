@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "railyard/arch/fault.cuh"
+#include "railyard/arch/memory.cuh"
 #include "railyard/common/macros.cuh"
 
 namespace railyard::arch {
@@ -55,5 +56,45 @@ RAILYARD_DEVICE SharedStorage& carve(RAILYARD_LOC_ONLY_PARAM) {
   }
   return *reinterpret_cast<SharedStorage*>(dynamic_smem());
 }
+
+// A variable of a SharedStorage that threads of the block hand to each other (a count
+// row, the sources of a job, a token's destinations). Every access is an ld.shared or
+// st.shared through arch/memory.cuh, never a raw dereference, so that the simulator
+// sees it and its line: in weak mode, a read that no barrier, warp collective or
+// mbarrier orders after another thread's write is reported (docs/simulator.md). On a
+// GPU it is the same instruction a dereference would be.
+// A type of 1, 2, 4, 8 or 16 bytes is one access; a larger one (a struct of 8-byte
+// aligned fields) is one 8-byte access per word.
+template <class T>
+class SharedVar {
+  static constexpr bool kOneAccess =
+      sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16;
+  static_assert(kOneAccess || (sizeof(T) % 8 == 0 && alignof(T) >= 8),
+                "SharedVar holds 1, 2, 4, 8 or 16 bytes, or a multiple of 8 bytes aligned to 8");
+  static constexpr int kWords = static_cast<int>(sizeof(T) / 8);
+
+ public:
+  RAILYARD_DEVICE T load(RAILYARD_LOC_ONLY_PARAM) const {
+    if constexpr (kOneAccess) {
+      return ld_shared(&value_ RAILYARD_LOC_ARG);
+    } else {
+      uint64_t words[kWords];
+      for (int i = 0; i < kWords; ++i) words[i] = ld_shared(reinterpret_cast<const uint64_t*>(&value_) + i RAILYARD_LOC_ARG);
+      return detail::bit_cast<T>(words);
+    }
+  }
+  RAILYARD_DEVICE void store(const T& value RAILYARD_LOC_PARAM) {
+    if constexpr (kOneAccess) {
+      st_shared(&value_, value RAILYARD_LOC_ARG);
+    } else {
+      uint64_t words[kWords];
+      memcpy(words, &value, sizeof(T));
+      for (int i = 0; i < kWords; ++i) st_shared(reinterpret_cast<uint64_t*>(&value_) + i, words[i] RAILYARD_LOC_ARG);
+    }
+  }
+
+ private:
+  T value_;
+};
 
 }  // namespace railyard::arch
