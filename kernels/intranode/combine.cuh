@@ -540,9 +540,10 @@ struct Combine {
         arch::st_release_sys(&lay.header(p.domain.self(), tag.publish_row)->seq, seq);
       }
     }
-    // Shared memory must outlive the reads and the writes must land before the
-    // block retires.
-    arch::bulk_wait_group<0>();
+    // Shared memory must outlive the stores' reads of it. Their writes (this rank's
+    // combined rows) need no wait: every staged row was waited for before its release
+    // above, and the kernel's completion orders the rest before later work.
+    arch::bulk_wait_group_read<0>();
   }
 };
 

@@ -535,8 +535,10 @@ struct Dispatch {
     });
 
     if (c.grouped) zero_padding_rows(p, c, s, leader, lane);
-    // The outputs must be written, and the slots read, before the block retires.
-    if (leader) arch::bulk_wait_group<0>();
+    // The slots must be read before the block retires. The writes (this rank's
+    // outputs) need no wait: rows sent to peers were waited for before their headers'
+    // release, and the kernel's completion orders the rest before later work.
+    if (leader) arch::bulk_wait_group_read<0>();
     __syncwarp();
   }
 

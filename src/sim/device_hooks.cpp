@@ -532,6 +532,8 @@ void bulk_copy_s2g(void* gmem_dst, const void* smem_src, uint32_t bytes, Loc loc
   Fiber* f = self();
   e.proxy().bulk_s2g(f, gmem_dst, smem_src, bytes, loc);
   e.issue_async(AsyncOp{AsyncOp::Kind::S2G, f->block, f, gmem_dst, smem_src, bytes, nullptr, &f->groups.back(), loc});
+  f->open_group_has_store = true;
+  f->last_bulk_store = loc;
   e.progress();
   e.yield_runnable();
 }
@@ -539,6 +541,9 @@ void bulk_copy_s2g(void* gmem_dst, const void* smem_src, uint32_t bytes, Loc loc
 void bulk_commit_group(Loc loc) {
   Fiber* f = self();
   f->groups.emplace_back();
+  ++f->groups_committed;
+  if (f->open_group_has_store) f->last_store_group = f->groups_committed;
+  f->open_group_has_store = false;
   engine().proxy().bulk_commit(f);
 }
 
@@ -569,6 +574,7 @@ void bulk_wait_group(unsigned max_pending, bool read_only, Loc loc) {
     e.yield_blocked(wi);
   }
   while (f->groups.size() > 1 && f->groups.front().pending_writes == 0) f->groups.pop_front();
+  f->groups_read_waited = std::max(f->groups_read_waited, f->groups_committed - std::min<uint64_t>(max_pending, f->groups_committed));
   e.proxy().bulk_waited(f, max_pending, read_only);
   e.yield_runnable();
 }

@@ -746,6 +746,7 @@ void Engine::start_block(KernelRun& k) {
       fp->sink = std::move(sink);
       try {
         fp->block->kernel->body();
+        check_bulk_reads_at_exit(fp);
       } catch (const KernelFault&) {
         // fault() recorded the report; the kernel is torn down by the scheduler.
       } catch (const bctx::detail::forced_unwind&) {
@@ -762,6 +763,19 @@ void Engine::start_block(KernelRun& k) {
   block->live_fibers = threads;
   ++devices_[k.device].resident_blocks;
   k.resident.push_back(std::move(block));
+}
+
+// Only the issuing thread can wait for its bulk stores (bulk_wait_group_read), so a
+// thread that exits without waiting leaves nothing to keep the block's shared memory
+// alive until they have read it: a fault naming the last store, in every schedule.
+void Engine::check_bulk_reads_at_exit(Fiber* f) {
+  if (!f->open_group_has_store && f->last_store_group <= f->groups_read_waited) return;
+  fault(ErrorKind::ProxyRace,
+        std::string("the thread exits without waiting for its bulk store (cp.async.bulk shared -> global) issued at ") +
+            format_loc(f->last_bulk_store) +
+            " to read its shared-memory source (bulk_wait_group_read); only the issuing thread can wait for it, and "
+            "the block's shared memory is released once its threads have exited",
+        f->last_bulk_store);
 }
 
 // Retires finished blocks and kernels; starts waiting blocks.

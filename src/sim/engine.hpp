@@ -89,8 +89,12 @@ struct Fiber {
   };
   std::vector<PollRecord> polls;
   // Bulk async-groups of this thread: the open group and the committed ones, oldest first.
-  unsigned open_group_ops = 0;
   std::deque<BulkGroup> groups;
+  // Whether this thread waited for its bulk stores' reads before exiting: groups it
+  // committed, the newest of them holding a store, and how many it has waited to read.
+  uint64_t groups_committed = 0, last_store_group = 0, groups_read_waited = 0;
+  bool open_group_has_store = false;
+  Loc last_bulk_store{};
   // Warp collective in progress: where to deliver the lanes' values.
   uint64_t* collective_out = nullptr;
   // Async-proxy tracking (proxy.hpp): this thread's index in the kernel, its state,
@@ -354,6 +358,7 @@ class Engine {
   void admit();
   void start_block(KernelRun& k);
   void retire_finished();
+  void check_bulk_reads_at_exit(Fiber* f);
   void complete_async(std::size_t index);
   void record_decision(uint64_t what, uint64_t a, uint64_t b, uint64_t c);
   void warp_or_hang();

@@ -278,6 +278,52 @@ TEST(ProxyRace, ReadingATmaStoreDestinationBeforeWaitGroupIsReported) {
   expect_race_only_when_planted(read_destination_before_wait_group);
 }
 
+// ---- 7. a thread that exits before its TMA store has read its source ---------------------------
+// Only the issuer can wait for the store; once its threads have exited, the block's
+// shared memory is released. The wait for the reads is enough: the kernel's completion
+// orders the writes (the dst check below reads them after the kernel).
+void exit_before_wait_group_read(uint64_t seed, bool planted) {
+  reset_sim(seed);
+  DeviceArray<Vec> dst(0, 1, "dst");
+  Vec* d = dst.ptr;
+  run_kernel(1, 1, sizeof(Vec), [=] {
+    auto* slot = reinterpret_cast<Vec*>(arch::dynamic_smem());
+    arch::st_shared(slot, Vec{{1, 2, 3, 4}});
+    arch::fence_proxy_async_shared_cta();
+    g_async_line = __LINE__; arch::bulk_copy_s2g(d, slot, sizeof(Vec));
+    arch::bulk_commit_group();
+    if (!planted) arch::bulk_wait_group_read<0>();
+  });
+  for (uint32_t w = 0; w < 4; ++w) EXPECT_EQ(dst[0].word[w], w + 1) << "seed " << seed;
+}
+
+TEST(ProxyRace, ExitingBeforeATmaStoreHasReadItsSourceIsReported) {
+  for (uint64_t seed : test::seeds(kSeeds)) {
+    g_async_line = 0;
+    const std::string report =
+        expect_sim_error(ErrorKind::ProxyRace, [&] { exit_before_wait_group_read(seed, /*planted=*/true); });
+    const std::string async_at = "tests/sim/proxy_test.cpp:" + std::to_string(g_async_line);
+    EXPECT_NE(report.find(async_at), std::string::npos) << "seed " << seed << ": no " << async_at << " in\n" << report;
+    ASSERT_NO_THROW(exit_before_wait_group_read(seed, /*planted=*/false)) << "seed " << seed;
+  }
+}
+
+// An uncommitted store is not waited for either.
+TEST(ProxyRace, ExitingWithAnUncommittedTmaStoreIsReported) {
+  reset_sim(1);
+  DeviceArray<Vec> dst(0, 1, "dst");
+  Vec* d = dst.ptr;
+  expect_sim_error(ErrorKind::ProxyRace, [&] {
+    run_kernel(1, 1, sizeof(Vec), [=] {
+      auto* slot = reinterpret_cast<Vec*>(arch::dynamic_smem());
+      arch::st_shared(slot, Vec{{1, 2, 3, 4}});
+      arch::fence_proxy_async_shared_cta();
+      arch::bulk_copy_s2g(d, slot, sizeof(Vec));
+      arch::bulk_wait_group_read<0>();  // waits for committed groups only
+    });
+  });
+}
+
 // ---- not a race: a completion observed by one thread, passed on by a barrier -------------------
 // Lane 0 of warp 0 waits for the copy; __syncwarp passes that on to its lanes, and
 // __syncthreads to warp 1. Every reader is ordered after the copy's completion.
