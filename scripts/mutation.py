@@ -14,10 +14,9 @@ serves every mutant:
 4. write the report (Markdown) and exit 1 if a mutant survived that
    tests/tools/mutation_explained.txt does not explain.
 
-Kinds the simulator cannot tell apart from their weakened form today are listed, not
-run: with sequentially consistent memory, release -> relaxed, acquire -> relaxed and a
-deleted memory fence change nothing, so they would survive whatever the tests do
-(--kinds runs them anyway). A deleted proxy fence is observable (async-proxy tracking).
+Every run is in the simulator's weak-memory mode (RAILYARD_SIM_MEMORY_MODEL=weak), where
+a release weakened to relaxed, an acquire weakened to relaxed and a deleted fence are
+observable, as are deleted proxy fences (async-proxy tracking).
 
     python3 scripts/mutation.py --build build
     python3 scripts/mutation.py --build build --sites 'combine.cuh' --kinds bulk_wait,mbarrier_wait
@@ -37,8 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TESTS = r"^(IntranodeEndToEnd|IntranodeDispatch|IntranodeCombine|IntranodeMetadata|Pipeline)\."
 KINDS = ["release", "acquire", "fence", "proxy_fence", "bulk_wait", "bulk_wait_read", "mbarrier_wait", "bar_sync",
          "syncwarp"]
-# Observable only with a weak memory model (docs/simulator.md, "Fidelity limits").
-NEEDS_WEAK_MEMORY = {"release", "acquire", "fence"}
+# The tests run in the weak-memory mode, which observes every kind.
+WEAK = {"RAILYARD_SIM_MEMORY_MODEL": "weak"}
 # Where the ordering sites of the kernels are (a site's line is the kernel-side call).
 SITE_FILES = re.compile(r"^(kernels/|include/railyard/(arch|pipeline)/)")
 
@@ -58,7 +57,7 @@ def ctest(build, tests, env_extra, timeout, stop_on_failure):
 def record_sites(build, tests, timeout):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "sites.txt"
-        rc, failed, secs, out = ctest(build, tests, {"RAILYARD_SIM_SITES": str(path)}, timeout, False)
+        rc, failed, secs, out = ctest(build, tests, dict(WEAK, RAILYARD_SIM_SITES=str(path)), timeout, False)
         if rc != 0:
             sys.exit(f"mutation.py: the unmutated tests fail ({failed}); fix them first\n{out[-4000:]}")
         lines = path.read_text().split() if path.exists() else []
@@ -82,8 +81,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=str(ROOT / "build"), help="a simulator-flavour build with the tests built")
     ap.add_argument("--tests", default=DEFAULT_TESTS, help="ctest -R regex of the tests that must kill mutants")
-    ap.add_argument("--kinds", default=",".join(k for k in KINDS if k not in NEEDS_WEAK_MEMORY),
-                    help="comma-separated kinds to run (default: those the simulator can observe)")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated kinds to run (default: all)")
     ap.add_argument("--sites", default="", help="only sites whose 'file:line:kind' matches this regex")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per test before it counts as failing")
     ap.add_argument("--report", default=None, help="Markdown report (default: <build>/mutation/report.md)")
@@ -108,9 +106,9 @@ def main():
         if args.sites and not re.search(args.sites, site):
             continue
         if kind not in kinds:
-            rows.append((site, "not run", "needs the weak-memory model" if kind in NEEDS_WEAK_MEMORY else "", 0.0))
+            rows.append((site, "not run", "", 0.0))
             continue
-        rc, failed, secs, _ = ctest(build, args.tests, {"RAILYARD_SIM_MUTANT": site}, args.timeout, True)
+        rc, failed, secs, _ = ctest(build, args.tests, dict(WEAK, RAILYARD_SIM_MUTANT=site), args.timeout, True)
         if rc != 0:
             rows.append((site, "killed", failed[0][0] if failed else "(ctest failed)", secs))
         else:
