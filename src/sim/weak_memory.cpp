@@ -98,14 +98,20 @@ std::string WeakMemory::thread_name(uint64_t id) const {
 }
 
 // ---- accesses -----------------------------------------------------------------------------------
-void WeakMemory::write(Fiber* f, const void* ptr, std::size_t bytes, const char* op, Loc loc) {
+// A plain write records its words; a strong one clears them: plain reads of a word a
+// strong store wrote (a flag re-read after its acquire, a header read whole with its
+// sequence word) are not checked.
+void WeakMemory::write(Fiber* f, const void* ptr, std::size_t bytes, bool strong, const char* op, Loc loc) {
   const uint64_t t = tick();
   WeakThread& w = f->weak;
   w.lastwrite = t;
   w.lastwrite_op = op;
   w.lastwrite_loc = loc;
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
-  for (uintptr_t i = addr / kWord; i <= (addr + bytes - 1) / kWord; ++i) words_[i] = WriteRecord{t, w.id, op, loc};
+  for (uintptr_t i = addr / kWord; i <= (addr + bytes - 1) / kWord; ++i) {
+    if (strong) words_.erase(i);
+    else words_[i] = WriteRecord{t, w.id, op, loc};
+  }
 }
 
 // A weak read of bytes whose last write is another thread's and not known to the reader.
@@ -157,7 +163,7 @@ void WeakMemory::store(Fiber* f, const void* ptr, std::size_t bytes, Order order
   if (!doorbells_.empty()) check_doorbell(f, ptr, bytes, order, scope, op, loc);
   const WeakThread& w = f->weak;
   const uint64_t known = w.knowledge();  // what precedes the store in its thread
-  write(f, ptr, bytes, op, loc);
+  write(f, ptr, bytes, order != Order::Plain, op, loc);
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
   if (order == Order::Plain) {
     sync_.erase(addr);  // its value carries nothing

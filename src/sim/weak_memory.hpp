@@ -54,7 +54,7 @@ struct WeakThread {
   uint64_t knowledge() const { return frontier > lastwrite ? frontier : lastwrite; }
 };
 
-// The last generic write of a 4-byte word.
+// The last plain write of a 4-byte word.
 struct WriteRecord {
   uint64_t time = 0;
   uint64_t writer = 0;  // WeakThread::id
@@ -118,7 +118,7 @@ class WeakMemory {
     Dim3 grid, block;
   };
   uint64_t tick() { return ++now_; }
-  void write(Fiber* f, const void* ptr, std::size_t bytes, const char* op, Loc loc);
+  void write(Fiber* f, const void* ptr, std::size_t bytes, bool strong, const char* op, Loc loc);
   void check_read(const Fiber* f, const void* ptr, std::size_t bytes, const char* op, Loc loc) const;
   void observe(Fiber* f, const SyncRecord& r, Order order, Scope scope, const char* op, Loc loc) const;
   void check_doorbell(const Fiber* f, const void* ptr, std::size_t bytes, Order order, Scope scope,
