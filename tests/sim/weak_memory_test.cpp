@@ -50,7 +50,8 @@ void start(uint64_t seed, MemoryModel model, int num_devices) {
 }
 
 // Launches one kernel per body, body d on device d, concurrently, and waits for all.
-void run_on_devices(sim::Dim3 grid, sim::Dim3 block, std::size_t smem, std::initializer_list<std::function<void()>> bodies) {
+void run_on_devices(sim::Dim3 grid, sim::Dim3 block, std::size_t smem,
+                    std::initializer_list<std::function<void()>> bodies) {
   int device = 0;
   for (const auto& body : bodies)
     sim::launch(sim::default_stream(device++), {grid, block, smem, "weak_test"}, body);
