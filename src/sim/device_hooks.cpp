@@ -14,6 +14,7 @@ using detail::Engine;
 using detail::Fiber;
 using detail::Mbarrier;
 using detail::WaitInfo;
+using detail::WeakMemory;
 namespace mutation = detail::mutation;
 
 namespace {
@@ -143,13 +144,17 @@ void barrier(unsigned id, unsigned num_threads, bool wait, const char* what, Loc
   // A barrier orders every participant's earlier accesses before every waiter's later
   // ones: what any of them knew of mbarrier phases, all of them know after it.
   detail::join_phases(bar.phases_seen, f->phases_seen);
+  WeakMemory::join(bar.weak_known, f);
   if (bar.arrived == bar.expected) {
     for (Fiber* w : bar.waiters) {
       detail::join_phases(w->phases_seen, bar.phases_seen);
+      WeakMemory::learn(w, bar.weak_known);
       e.wake(w);
     }
     detail::join_phases(f->phases_seen, bar.phases_seen);
+    WeakMemory::learn(f, bar.weak_known);
     bar.phases_seen.clear();
+    bar.weak_known = 0;
     bar.waiters.clear();
     bar.arrived = 0;
     bar.expected = 0;
@@ -243,6 +248,7 @@ void warp_collective(uint32_t mask, uint64_t value, uint64_t* all_values, const 
       for (unsigned l = 0; l < 32; ++l)
         if ((mask >> l) & 1u) b->fibers[warp * 32 + l]->phases_seen = seen;
     }
+    if (e.weak().enabled()) WeakMemory::warp_join(b, warp, mask);
     // Deliver the lanes' values (not for __syncwarp, which passes no buffer).
     for (unsigned i = 0; i < c->num_waiters; ++i) {
       Fiber* w = c->waiters[i];
@@ -312,9 +318,10 @@ void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope sco
   if (order == Order::Acquire && mutation::mutated(mutation::SiteKind::Acquire, loc)) order = Order::Relaxed;
   check_tracked(ptr, bytes, false, op, loc);
   std::memcpy(data, ptr, bytes);
-  if (order == Order::Plain) return;
   Engine& e = engine();
   Fiber* f = self();
+  if (e.weak().enabled()) e.weak().load(f, ptr, bytes, order, scope, op, loc);
+  if (order == Order::Plain) return;
   if (idle_poll(f, ptr, data, bytes)) {
     WaitInfo wi;
     wi.kind = WaitInfo::Kind::Poll;
@@ -324,6 +331,7 @@ void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope sco
     wi.loc = loc;
     e.yield_parked(wi);
     std::memcpy(data, ptr, bytes);  // return what is there now
+    if (e.weak().enabled()) e.weak().load(f, ptr, bytes, order, scope, op, loc);
     idle_poll(f, ptr, data, bytes);
     return;
   }
@@ -335,6 +343,7 @@ void store(void* ptr, const void* data, std::size_t bytes, Order order, Scope sc
   check_tracked(ptr, bytes, true, op, loc);
   std::memcpy(ptr, data, bytes);
   Engine& e = engine();
+  if (e.weak().enabled()) e.weak().store(self(), ptr, bytes, order, scope, op, loc);
   e.progress();
   forget_polls(self());
   if (order != Order::Plain) e.yield_runnable();
@@ -364,6 +373,7 @@ uint64_t atomic_rmw(void* ptr, std::size_t bytes, RmwFn fn, uint64_t a, uint64_t
       next = fn(old, a, b);
       if (bytes == 4) next &= 0xffffffffull;
       std::memcpy(ptr, &next, bytes);
+      if (e.weak().enabled()) e.weak().rmw(f, ptr, bytes, scope, next != old, op, loc);
       if (next != old) {
         e.progress();
         forget_polls(f);
@@ -372,10 +382,12 @@ uint64_t atomic_rmw(void* ptr, std::size_t bytes, RmwFn fn, uint64_t a, uint64_t
       }
       return old;
     }
+    if (e.weak().enabled()) e.weak().rmw(f, ptr, bytes, scope, false, op, loc);
     e.yield_runnable();
     return old;
   }
   std::memcpy(ptr, &next, bytes);
+  if (e.weak().enabled()) e.weak().rmw(f, ptr, bytes, scope, true, op, loc);
   e.progress();
   forget_polls(f);
   e.yield_runnable();
@@ -384,6 +396,7 @@ uint64_t atomic_rmw(void* ptr, std::size_t bytes, RmwFn fn, uint64_t a, uint64_t
 
 void fence(const char* op, Loc loc) {
   if (mutation::mutated(mutation::SiteKind::Fence, loc)) return;
+  if (engine().weak().enabled()) engine().weak().fence(self(), op);
   engine().yield_runnable();
 }
 
@@ -433,6 +446,7 @@ uint64_t mbarrier_arrive(uint64_t* bar, unsigned arrivals, uint32_t tx_bytes, Lo
     // An arrival releases: a thread that sees this phase complete learns what the
     // arriving thread knew.
     detail::join_phases(m->phases_arrived, self()->phases_seen);
+    WeakMemory::join(m->weak_arrived, self());
     e.arrive(*m, arrivals);
   }
   e.progress();
@@ -447,6 +461,7 @@ namespace {
 // completed on it included) and what the threads that arrived on it knew.
 bool wait_sees_phase(Fiber* f, const Mbarrier& m, uint32_t parity) {
   if ((m.phases_completed & 1u) == (parity & 1u)) return false;
+  WeakMemory::learn(f, m.weak_released);
   const bool tracked = m.id != Mbarrier::kNoId;
   if (tracked && m.id < f->phases_seen.size() && f->phases_seen[m.id] >= m.phases_completed)
     return true;  // this completion was seen (and its release joined) before
@@ -518,6 +533,7 @@ void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_
   if (m->id == Mbarrier::kNoId) m->id = f->block->next_mbarrier_id++;
   // Its bytes complete on the phase in progress (expect_tx armed it before the issue).
   e.proxy().bulk_g2s(f, smem_dst, gmem_src, bytes, m->id, m->phases_completed, loc);
+  if (e.weak().enabled()) e.weak().bulk_read(f, gmem_src, bytes, loc);
   e.issue_async(AsyncOp{AsyncOp::Kind::G2S, f->block, f, smem_dst, gmem_src, bytes, bar, nullptr, loc});
   e.progress();
   e.yield_runnable();
@@ -576,6 +592,7 @@ void bulk_wait_group(unsigned max_pending, bool read_only, Loc loc) {
   while (f->groups.size() > 1 && f->groups.front().pending_writes == 0) f->groups.pop_front();
   f->groups_read_waited = std::max(f->groups_read_waited, f->groups_committed - std::min<uint64_t>(max_pending, f->groups_committed));
   e.proxy().bulk_waited(f, max_pending, read_only);
+  if (!read_only) WeakMemory::bulk_waited(f);
   e.yield_runnable();
 }
 

@@ -349,6 +349,7 @@ void Engine::reset(const Config& config) {
     stacks_->release_all();
   }
   config_ = config;
+  config_.memory_model = WeakMemory::from_environment(config.memory_model);
   rng_ = Rng(config.seed);
   epoch_ = 1;
   unpark_epoch_ = warp_epoch_ = idle_rounds_ = rounds_without_clock_ = 0;
@@ -358,6 +359,7 @@ void Engine::reset(const Config& config) {
   traffic_write_.clear();
   traffic_read_.clear();
   proxy_.reset();
+  weak_.reset(config_.memory_model == MemoryModel::Weak);
   stats_ = Stats{};
 }
 
@@ -487,6 +489,7 @@ bool Engine::device_idle(int device) const {
 }
 
 void Engine::enqueue(int stream, StreamOp op) {
+  if (op.kind == StreamOp::Kind::Kernel) op.kernel->launch_id = next_launch_id_++;
   streams_.at(stream).ops.push_back(std::move(op));
   admission_dirty_ = true;
 }
@@ -741,6 +744,7 @@ void Engine::start_block(KernelRun& k) {
     fp->kernel_thread = linear * threads + t;
     fp->proxy = &k.proxy_threads[fp->kernel_thread];
     fp->groups.emplace_back();  // the open bulk group
+    if (weak_.enabled()) weak_.start_thread(fp);
     fp->context = bctx::fiber(std::allocator_arg, stack, [this, fp](bctx::fiber&& sink) {
       asan_fiber_started();
       fp->sink = std::move(sink);
@@ -797,6 +801,7 @@ void Engine::retire_finished() {
       const int stream = k.stream;
       proxy_.forget_kernel(&k);
       kernels_.erase(kernels_.begin() + static_cast<std::ptrdiff_t>(ki));
+      if (kernels_.empty()) weak_.forget();
       finish_head(stream);
     } else {
       ++ki;
@@ -844,10 +849,12 @@ void Engine::complete_async(std::size_t index) {
   --b->pending_async;
   if (op.kind == AsyncOp::Kind::G2S) {
     std::memmove(op.dst, op.src, op.bytes);
+    if (weak_.enabled()) weak_.bulk_landed(op.issuer, op.dst, op.bytes, true, op.loc);
     auto it = b->mbarriers.find(reinterpret_cast<uintptr_t>(op.bar));
     if (it != b->mbarriers.end()) complete_tx(it->second, op.bytes);
   } else {
     std::memcpy(op.dst, op.data->data(), op.bytes);
+    if (weak_.enabled()) weak_.bulk_landed(op.issuer, op.dst, op.bytes, false, op.loc);
     --op.group->pending_writes;
     Fiber* f = op.issuer;
     if (f->state == FiberState::Blocked && f->wait.kind == WaitInfo::Kind::BulkGroup) wake(f);
@@ -885,6 +892,8 @@ void Engine::complete_tx(Mbarrier& bar, uint32_t bytes) {
     ++bar.phases_completed;
     std::swap(bar.phases_released, bar.phases_arrived);  // keeps both capacities
     bar.phases_arrived.clear();
+    bar.weak_released = bar.weak_arrived;
+    bar.weak_arrived = 0;
     bar.pending_arrivals = bar.expected_arrivals;
     for (Fiber* f : bar.waiters) wake(f);
     bar.waiters.clear();

@@ -21,6 +21,7 @@
 #include "proxy.hpp"
 #include "railyard/sim/device.hpp"
 #include "railyard/sim/sim.hpp"
+#include "weak_memory.hpp"
 
 namespace railyard::sim::detail {
 
@@ -103,6 +104,7 @@ struct Fiber {
   uint32_t kernel_thread = 0;
   ThreadProxyState* proxy = nullptr;
   std::vector<uint64_t> phases_seen;
+  WeakThread weak;  // weak memory mode (weak_memory.hpp)
   std::size_t runnable_index = 0;
   // Its stack, and AddressSanitizer's fake stack while it is switched out.
   const void* stack_bottom = nullptr;
@@ -120,6 +122,7 @@ struct NamedBarrier {
   unsigned arrived = 0;
   std::vector<Fiber*> waiters;
   std::vector<uint64_t> phases_seen;  // joined from the arrivals, handed to every participant
+  uint64_t weak_known = 0;            // the same for the weak memory mode's knowledge
 };
 
 struct WarpCollective {
@@ -144,6 +147,7 @@ struct Mbarrier {
   // What the arrivals of the current phase knew of mbarrier phases, and what those of
   // the last completed phase knew: a waiter that sees the phase complete learns it.
   std::vector<uint64_t> phases_arrived, phases_released;
+  uint64_t weak_arrived = 0, weak_released = 0;  // the same for the weak memory mode's knowledge
 };
 
 struct Block {
@@ -344,6 +348,7 @@ class Engine {
     return stats_.virtual_cycles;
   }
   ProxyTracker& proxy() { return proxy_; }
+  WeakMemory& weak() { return weak_; }
   Mbarrier* mbarrier(uint64_t* bar, Loc loc, bool must_exist);
   void complete_tx(Mbarrier& bar, uint32_t bytes);
   void arrive(Mbarrier& bar, unsigned count);
@@ -425,6 +430,7 @@ class Engine {
   bool quiescent_ = false;
   std::vector<uint64_t> traffic_write_, traffic_read_;
   ProxyTracker proxy_;
+  WeakMemory weak_;
   Stats stats_;
 };
 

@@ -50,6 +50,7 @@ const char* to_string(ErrorKind kind) {
     case ErrorKind::Misuse: return "misuse";
     case ErrorKind::PeerAccess: return "peer access violation";
     case ErrorKind::ProxyRace: return "async-proxy race";
+    case ErrorKind::DataRace: return "data race";
   }
   return "error";
 }
@@ -365,6 +366,18 @@ void add_agent(Agent* agent) {
   Engine& e = engine();
   auto lock = e.acquire();
   e.add_agent(agent);
+}
+
+void register_doorbell(void* ptr, std::size_t bytes) {
+  Engine& e = engine();
+  auto lock = e.acquire();
+  e.weak().add_doorbell(ptr, bytes);
+}
+
+void unregister_doorbell(void* ptr) {
+  Engine& e = engine();
+  auto lock = e.acquire();
+  e.weak().remove_doorbell(ptr);
 }
 
 Traffic traffic() {

@@ -46,6 +46,12 @@ struct DeviceProps {
 DeviceProps h100_props();
 DeviceProps b200_props();
 
+// SequentiallyConsistent: every access happens at its scheduling point, in one global
+// order. Weak: the same execution, plus a happens-before race detector with scopes that
+// reports every read a PTX weak-memory execution could make stale (a DataRace fault,
+// naming the write's and the read's lines). docs/simulator.md, "Weak memory".
+enum class MemoryModel { SequentiallyConsistent, Weak };
+
 struct Config {
   uint64_t seed = 1;
   // When no fiber can make progress but some are polling or in a timed wait, the
@@ -63,12 +69,17 @@ struct Config {
   // Blocking points always do. 1 explores the most interleavings; scale tests lower
   // it to run faster, still seeded and reproducible.
   double preemption = 1.0;
+  // RAILYARD_SIM_MEMORY_MODEL=weak (or sc), when set, overrides this in reset().
+  MemoryModel memory_model = MemoryModel::SequentiallyConsistent;
 };
 
 // ProxyRace: a generic-proxy access and an async-proxy (bulk copy) access of the same
 // bytes without the proxy fence or the completion wait that orders them
 // (docs/simulator.md, "Async-proxy separation").
-enum class ErrorKind { Hang, OutOfBounds, Misaligned, Trap, Misuse, PeerAccess, ProxyRace };
+// DataRace (weak memory mode only): a read that a PTX weak-memory execution could make
+// stale, a scope too narrow for its reader, or a doorbell rung before a system release
+// (docs/simulator.md, "Weak memory").
+enum class ErrorKind { Hang, OutOfBounds, Misaligned, Trap, Misuse, PeerAccess, ProxyRace, DataRace };
 const char* to_string(ErrorKind kind);
 
 // A kernel fault or a hang, reported to the host thread that synchronizes on the
@@ -196,6 +207,13 @@ class Agent {
   virtual std::string describe() const = 0;  // for hang reports
 };
 void add_agent(Agent* agent);  // not owned; removed by reset()
+
+// Marks [ptr, ptr + bytes) as an MMIO doorbell (a NIC's, say): in weak memory mode, a
+// kernel store to it while the storing thread has writes not released to the system
+// (no st.release.sys as the store itself, no fence.acq_rel.sys or fence.sc.sys since
+// them) is a DataRace. Kept until unregister_doorbell(ptr) or reset().
+void register_doorbell(void* ptr, std::size_t bytes);
+void unregister_doorbell(void* ptr);
 
 // ---- accounting -----------------------------------------------------------------------
 // Bytes moved by kernels through the arch wrappers, by (executing device, owner of

@@ -1,0 +1,254 @@
+// Railyard simulator: the weak-memory mode (weak_memory.hpp, docs/simulator.md).
+#include "weak_memory.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "engine.hpp"
+
+namespace railyard::sim::detail {
+
+namespace {
+
+constexpr uintptr_t kWord = WeakMemory::kWordBytes;
+const char* const kBulkStore = "bulk_copy_s2g";
+
+std::size_t index(Scope s) { return static_cast<std::size_t>(s); }
+
+const char* scope_name(std::size_t s) { return s == 0 ? ".cta" : s == 1 ? ".gpu" : ".sys"; }
+
+// ld.volatile and st.volatile are relaxed operations of system scope.
+Scope effective_scope(Order order, Scope scope) { return order == Order::Volatile ? Scope::System : scope; }
+
+// The narrowest scope that holds both threads: the same block, the same device, or the system.
+std::size_t relation(const WeakThread& reader, uint64_t writer, uint64_t block_key, int device) {
+  if (writer == reader.id || block_key == reader.block_key) return 0;
+  return device == reader.device ? 1 : 2;
+}
+
+// The scope of a fence, from the name its wrapper passes.
+std::size_t fence_scope(const char* op) {
+  if (std::strstr(op, ".sys") || std::strstr(op, "_system")) return 2;
+  if (std::strstr(op, "block") || std::strstr(op, ".cta") || std::strstr(op, ".cluster")) return 0;
+  return 1;
+}
+
+std::string hex(uintptr_t a) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", reinterpret_cast<void*>(a));
+  return buf;
+}
+
+std::string dim3(const Dim3& d) {
+  return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
+}
+
+[[noreturn]] void report(const std::string& message, Loc loc) {
+  Engine::get().fault(ErrorKind::DataRace, message, loc);
+}
+
+}  // namespace
+
+MemoryModel WeakMemory::from_environment(MemoryModel configured) {
+  const char* v = std::getenv("RAILYARD_SIM_MEMORY_MODEL");
+  if (v == nullptr || *v == '\0') return configured;
+  if (std::strcmp(v, "weak") == 0) return MemoryModel::Weak;
+  if (std::strcmp(v, "sc") == 0) return MemoryModel::SequentiallyConsistent;
+  throw std::invalid_argument(std::string("RAILYARD_SIM_MEMORY_MODEL is '") + v + "'; expected 'weak' or 'sc'");
+}
+
+void WeakMemory::reset(bool enabled) {
+  enabled_ = enabled;
+  now_ = 0;
+  forget();
+  doorbells_.clear();
+}
+
+void WeakMemory::forget() {
+  words_.clear();
+  sync_.clear();
+  kernels_.clear();
+}
+
+void WeakMemory::start_thread(Fiber* f) {
+  const KernelRun& k = *f->block->kernel;
+  const Dim3 g = k.config.grid, i = f->block->idx;
+  WeakThread& w = f->weak;
+  w.id = k.launch_id << 32 | f->kernel_thread;
+  w.block_key = k.launch_id << 32 | ((i.z * g.y + i.y) * g.x + i.x);
+  w.device = k.device;
+  w.frontier = now_;  // a launch follows the work before it
+  if (!kernels_.contains(k.launch_id)) kernels_[k.launch_id] = KernelInfo{k.config.name, k.device, g, k.config.block};
+}
+
+// "thread (x,y,z) of block (x,y,z) of kernel 'name' on device d".
+std::string WeakMemory::thread_name(uint64_t id) const {
+  auto it = kernels_.find(id >> 32);
+  if (it == kernels_.end()) return "a thread of an earlier kernel";
+  const KernelInfo& k = it->second;
+  const unsigned thread = static_cast<unsigned>(id & 0xffffffffu), per_block = k.block.count();
+  const unsigned block = thread / per_block, t = thread % per_block;
+  const Dim3 g = k.grid, b = k.block;
+  return "thread " + dim3(Dim3(t % b.x, (t / b.x) % b.y, t / (b.x * b.y))) + " of block " +
+         dim3(Dim3(block % g.x, (block / g.x) % g.y, block / (g.x * g.y))) + " of kernel '" + k.name +
+         "' on device " + std::to_string(k.device);
+}
+
+// ---- accesses -----------------------------------------------------------------------------------
+// A plain write records its words; a strong one clears them: plain reads of a word a
+// strong store wrote (a flag re-read after its acquire, a header read whole with its
+// sequence word) are not checked.
+void WeakMemory::write(Fiber* f, const void* ptr, std::size_t bytes, bool strong, const char* op, Loc loc) {
+  const uint64_t t = tick();
+  WeakThread& w = f->weak;
+  w.lastwrite = t;
+  w.lastwrite_op = op;
+  w.lastwrite_loc = loc;
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  for (uintptr_t i = addr / kWord; i <= (addr + bytes - 1) / kWord; ++i) {
+    if (strong) words_.erase(i);
+    else words_[i] = WriteRecord{t, w.id, op, loc};
+  }
+}
+
+// A weak read of bytes whose last write is another thread's and not known to the reader.
+void WeakMemory::check_read(const Fiber* f, const void* ptr, std::size_t bytes, const char* op, Loc loc) const {
+  const WeakThread& w = f->weak;
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  for (uintptr_t i = addr / kWord; i <= (addr + bytes - 1) / kWord; ++i) {
+    auto it = words_.find(i);
+    if (it == words_.end() || it->second.writer == w.id || it->second.time <= w.frontier) continue;
+    const WriteRecord& r = it->second;
+    const bool bulk = r.op == kBulkStore;
+    report("data race: " + std::string(op) + " at " + format_loc(loc) + " reads [" + hex(addr) + ", +" +
+               std::to_string(bytes) + "), bytes that " +
+               (bulk ? "the bulk copy (shared to global) issued by " + thread_name(r.writer) + " at " +
+                           format_loc(r.loc) + " wrote when it landed"
+                     : thread_name(r.writer) + " wrote with " + r.op + " at " + format_loc(r.loc)) +
+               ", without synchronization (no acquire, fence or barrier since orders that write before this "
+               "read" +
+               (bulk ? "; was the copy published after only bulk_wait_group_read?)" : ")"),
+           loc);
+  }
+}
+
+// A strong load (or an atomic's read) reads the value of strong store `r`.
+void WeakMemory::observe(Fiber* f, const SyncRecord& r, Order order, Scope scope, const char* op, Loc loc) const {
+  WeakThread& w = f->weak;
+  if (r.writer == w.id || r.time <= w.frontier) return;  // its own store, or one it knows already
+  const std::size_t rel = relation(w, r.writer, r.block_key, r.device);
+  const std::size_t narrower = std::min(index(r.scope), index(effective_scope(order, scope)));
+  if (narrower < rel)
+    report("scope: " + std::string(r.op) + " at " + format_loc(r.loc) + " by " + thread_name(r.writer) +
+               " is read by " + op + " at " + format_loc(loc) + " on device " + std::to_string(w.device) + ": a " +
+               scope_name(narrower) + " operation does not order anything for a thread of another " +
+               (rel == 2 ? "device" : "block"),
+           loc);
+  uint64_t& into = order == Order::Acquire ? w.frontier : w.pending[rel];
+  into = std::max(into, r.knows[rel]);
+}
+
+void WeakMemory::load(Fiber* f, const void* ptr, std::size_t bytes, Order order, Scope scope, const char* op,
+                      Loc loc) {
+  if (order == Order::Plain) return check_read(f, ptr, bytes, op, loc);
+  auto it = sync_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it != sync_.end()) observe(f, it->second, order, scope, op, loc);
+}
+
+void WeakMemory::store(Fiber* f, const void* ptr, std::size_t bytes, Order order, Scope scope, const char* op,
+                       Loc loc) {
+  if (!doorbells_.empty()) check_doorbell(f, ptr, bytes, order, scope, op, loc);
+  const WeakThread& w = f->weak;
+  const uint64_t known = w.knowledge();  // what precedes the store in its thread
+  write(f, ptr, bytes, order != Order::Plain, op, loc);
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  if (order == Order::Plain) {
+    sync_.erase(addr);  // its value carries nothing
+    return;
+  }
+  SyncRecord r{w.lastwrite, w.id, w.block_key, w.device, effective_scope(order, scope), {0, 0, 0}, op, loc};
+  // A release store publishes what its thread knows; a relaxed one what its last fence released.
+  for (std::size_t s = 0; s <= index(r.scope); ++s) r.knows[s] = order == Order::Release ? known : w.released[s];
+  sync_[addr] = r;
+}
+
+void WeakMemory::rmw(Fiber* f, const void* ptr, std::size_t bytes, Scope scope, bool wrote, const char* op, Loc loc) {
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  const bool acquire = std::strstr(op, ".acquire") || std::strstr(op, "acq_rel");
+  const bool release = std::strstr(op, ".release") || std::strstr(op, "acq_rel");
+  auto it = sync_.find(addr);
+  if (it != sync_.end()) observe(f, it->second, acquire ? Order::Acquire : Order::Relaxed, scope, op, loc);
+  if (!wrote) return;
+  const Order order = release ? Order::Release : Order::Relaxed;
+  // Continues the release sequence: a later acquire of its value also learns what the
+  // stores it modified carried.
+  const SyncRecord before = it != sync_.end() ? it->second : SyncRecord{};
+  store(f, ptr, bytes, order, scope, op, loc);
+  SyncRecord& r = sync_[addr];
+  for (std::size_t s = 0; s < kScopes; ++s) r.knows[s] = std::max(r.knows[s], before.knows[s]);
+}
+
+void WeakMemory::fence(Fiber* f, const char* op) {
+  WeakThread& w = f->weak;
+  const std::size_t scope = fence_scope(op);
+  for (std::size_t s = 0; s <= scope; ++s) w.frontier = std::max(w.frontier, w.pending[s]);
+  for (std::size_t s = 0; s <= scope; ++s) w.released[s] = w.knowledge();
+}
+
+// ---- barriers ------------------------------------------------------------------------------------
+void WeakMemory::join(uint64_t& into, const Fiber* f) { into = std::max(into, f->weak.knowledge()); }
+
+void WeakMemory::learn(Fiber* f, uint64_t knowledge) { f->weak.frontier = std::max(f->weak.frontier, knowledge); }
+
+void WeakMemory::warp_join(Block* b, unsigned warp, uint32_t mask) {
+  uint64_t known = 0;
+  for (unsigned l = 0; l < 32; ++l)
+    if ((mask >> l) & 1u) join(known, b->fibers[warp * 32 + l].get());
+  for (unsigned l = 0; l < 32; ++l)
+    if ((mask >> l) & 1u) learn(b->fibers[warp * 32 + l].get(), known);
+}
+
+// ---- bulk copies ---------------------------------------------------------------------------------
+void WeakMemory::bulk_read(Fiber* f, const void* gmem_src, std::size_t bytes, Loc loc) {
+  check_read(f, gmem_src, bytes, "bulk_copy_g2s", loc);
+}
+
+void WeakMemory::bulk_landed(Fiber* issuer, const void* dst, std::size_t bytes, bool shared, Loc loc) {
+  const auto addr = reinterpret_cast<uintptr_t>(dst);
+  const uint64_t t = shared ? 0 : tick();
+  for (uintptr_t i = addr / kWord; i < (addr + bytes) / kWord; ++i) {
+    if (shared) words_.erase(i);
+    else words_[i] = WriteRecord{t, issuer->weak.id, kBulkStore, loc};
+  }
+  if (!shared) issuer->weak.bulk_landed = t;
+}
+
+void WeakMemory::bulk_waited(Fiber* f) { f->weak.lastwrite = std::max(f->weak.lastwrite, f->weak.bulk_landed); }
+
+// ---- doorbells -------------------------------------------------------------------------------------
+void WeakMemory::add_doorbell(const void* ptr, std::size_t bytes) {
+  const auto a = reinterpret_cast<uintptr_t>(ptr);
+  doorbells_[a] = a + bytes;
+}
+
+void WeakMemory::remove_doorbell(const void* ptr) { doorbells_.erase(reinterpret_cast<uintptr_t>(ptr)); }
+
+// Ringing a doorbell hands the thread's writes to a device outside the GPU's memory
+// model: they must be released to the system first.
+void WeakMemory::check_doorbell(const Fiber* f, const void* ptr, std::size_t bytes, Order order, Scope scope,
+                                const char* op, Loc loc) const {
+  const auto a = reinterpret_cast<uintptr_t>(ptr);
+  auto it = doorbells_.upper_bound(a + bytes - 1);
+  if (it == doorbells_.begin() || std::prev(it)->second <= a) return;
+  const WeakThread& w = f->weak;
+  if (w.lastwrite <= w.released[2] || (order == Order::Release && scope == Scope::System)) return;
+  report("doorbell: " + std::string(op) + " at " + format_loc(loc) + " rings a doorbell while this thread's " +
+             w.lastwrite_op + " at " + format_loc(w.lastwrite_loc) +
+             " is not released to the system (no st.release.sys, or fence.acq_rel.sys / fence.sc.sys after it)",
+         loc);
+}
+
+}  // namespace railyard::sim::detail

@@ -1,0 +1,136 @@
+// Railyard simulator internals: the weak-memory mode, a happens-before race detector
+// with scopes. Not a public header.
+//
+// With Config::memory_model == Weak the simulator still performs every access in one
+// global order, but it also checks each read against what a PTX weak-memory execution
+// could return instead: a plain load of bytes another thread wrote, with no chain of
+// release/acquire, fence or barrier between the two, could be stale on a GPU, and is
+// reported as a DataRace fault naming both source lines. So every read that could be
+// stale is reported, not one stale outcome sampled.
+//
+// Knowledge is a scalar clock. `now` counts tracked writes; a thread knows every write
+// up to its `frontier`, and K = max(frontier, lastwrite) is what it can hand on. Release
+// operations publish K, acquire operations take it in, barriers join it. Scalars
+// over-approximate (knowing one writer's write at time t counts as knowing every write
+// up to t), so some races go unreported; none is reported that a happens-before chain
+// orders. docs/simulator.md ("Weak memory") states the rules and their PTX sources.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <unordered_map>
+
+#include "railyard/sim/device.hpp"
+
+namespace railyard::sim::detail {
+
+struct Block;
+struct Fiber;
+struct KernelRun;
+using device::Loc;
+using device::Order;
+using device::Scope;
+
+// Scopes as indices: 0 the block (cta), 1 the device (gpu), 2 the system.
+constexpr std::size_t kScopes = 3;
+
+// One thread's knowledge. Times are values of WeakMemory's event counter.
+struct WeakThread {
+  uint64_t id = 0;         // launch id << 32 | thread index in the kernel: unique per reset
+  uint64_t block_key = 0;  // launch id << 32 | block index in the grid
+  int device = 0;
+  uint64_t lastwrite = 0;  // its latest tracked write
+  const char* lastwrite_op = "";
+  Loc lastwrite_loc{};
+  uint64_t frontier = 0;   // every write at a time <= frontier happens before its next access
+  // By the scope that relates the reader to the writer: knowledge its relaxed loads
+  // read since (a fence of that scope or wider acquires it), and knowledge its last
+  // fence of that scope or wider released (carried by its later relaxed stores).
+  uint64_t pending[kScopes] = {0, 0, 0};
+  uint64_t released[kScopes] = {0, 0, 0};
+  uint64_t bulk_landed = 0;  // landing time of its latest shared->global copy that landed
+  uint64_t knowledge() const { return frontier > lastwrite ? frontier : lastwrite; }
+};
+
+// The last plain write of a 4-byte word.
+struct WriteRecord {
+  uint64_t time = 0;
+  uint64_t writer = 0;  // WeakThread::id
+  const char* op = "";
+  Loc loc{};
+};
+
+// The last strong store (relaxed, volatile, release, atomic) of an address: what an
+// acquire that reads its value learns, by the scope relating reader and writer.
+struct SyncRecord {
+  uint64_t time = 0;
+  uint64_t writer = 0;
+  uint64_t block_key = 0;
+  int device = 0;
+  Scope scope = Scope::Block;
+  uint64_t knows[kScopes] = {0, 0, 0};
+  const char* op = "";
+  Loc loc{};
+};
+
+class WeakMemory {
+ public:
+  static constexpr std::size_t kWordBytes = 4;
+
+  bool enabled() const { return enabled_; }
+  void reset(bool enabled);
+  // No kernel runs: the records go (a later kernel's threads know all of them).
+  void forget();
+
+  void start_thread(Fiber* f);
+  void load(Fiber* f, const void* ptr, std::size_t bytes, Order order, Scope scope, const char* op, Loc loc);
+  void store(Fiber* f, const void* ptr, std::size_t bytes, Order order, Scope scope, const char* op, Loc loc);
+  // An atomic read-modify-write; `wrote`: it changed the value (a failed CAS only reads).
+  void rmw(Fiber* f, const void* ptr, std::size_t bytes, Scope scope, bool wrote, const char* op, Loc loc);
+  void fence(Fiber* f, const char* op);
+
+  // Barriers: each participant joins its knowledge into the barrier's; those that
+  // wait learn the join.
+  static void join(uint64_t& into, const Fiber* f);
+  static void learn(Fiber* f, uint64_t knowledge);
+  static void warp_join(Block* b, unsigned warp, uint32_t mask);
+
+  // Bulk copies: a global->shared copy reads its source like a plain load at issue and
+  // leaves its destination to the async-proxy tracker; a shared->global copy writes
+  // its destination, as its issuer, when it lands; a full wait_group makes its issuer
+  // know the landings.
+  void bulk_read(Fiber* f, const void* gmem_src, std::size_t bytes, Loc loc);
+  void bulk_landed(Fiber* issuer, const void* dst, std::size_t bytes, bool shared, Loc loc);
+  static void bulk_waited(Fiber* f);
+
+  void add_doorbell(const void* ptr, std::size_t bytes);
+  void remove_doorbell(const void* ptr);
+
+  // RAILYARD_SIM_MEMORY_MODEL=weak|sc, if set, overrides the configured model.
+  static MemoryModel from_environment(MemoryModel configured);
+
+ private:
+  struct KernelInfo {
+    std::string name;
+    int device = 0;
+    Dim3 grid, block;
+  };
+  uint64_t tick() { return ++now_; }
+  void write(Fiber* f, const void* ptr, std::size_t bytes, bool strong, const char* op, Loc loc);
+  void check_read(const Fiber* f, const void* ptr, std::size_t bytes, const char* op, Loc loc) const;
+  void observe(Fiber* f, const SyncRecord& r, Order order, Scope scope, const char* op, Loc loc) const;
+  void check_doorbell(const Fiber* f, const void* ptr, std::size_t bytes, Order order, Scope scope,
+                      const char* op, Loc loc) const;
+  std::string thread_name(uint64_t id) const;
+
+  bool enabled_ = false;
+  uint64_t now_ = 0;
+  std::unordered_map<uintptr_t, WriteRecord> words_;  // by address / kWordBytes
+  std::unordered_map<uintptr_t, SyncRecord> sync_;    // by address
+  std::unordered_map<uint64_t, KernelInfo> kernels_;  // by launch id
+  std::map<uintptr_t, uintptr_t> doorbells_;          // start -> end
+};
+
+}  // namespace railyard::sim::detail
