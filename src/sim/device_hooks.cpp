@@ -248,7 +248,10 @@ void warp_collective(uint32_t mask, uint64_t value, uint64_t* all_values, const 
       for (unsigned l = 0; l < 32; ++l)
         if ((mask >> l) & 1u) b->fibers[warp * 32 + l]->phases_seen = seen;
     }
-    if (e.weak().enabled()) WeakMemory::warp_join(b, warp, mask);
+    // Of the warp collectives only __syncwarp (bar.warp.sync) orders memory among its
+    // lanes; shuffles and votes synchronise execution, not memory.
+    if (e.weak().enabled() && all_values == nullptr && std::strcmp(what, "__syncwarp") == 0)
+      WeakMemory::warp_join(b, warp, mask);
     // Deliver the lanes' values (not for __syncwarp, which passes no buffer).
     for (unsigned i = 0; i < c->num_waiters; ++i) {
       Fiber* w = c->waiters[i];

@@ -98,20 +98,38 @@ std::string WeakMemory::thread_name(uint64_t id) const {
 }
 
 // ---- accesses -----------------------------------------------------------------------------------
-// A plain write records its words; a strong one clears them: plain reads of a word a
-// strong store wrote (a flag re-read after its acquire, a header read whole with its
-// sequence word) are not checked.
+// A plain write records its words; a strong one clears their write records: plain
+// reads of a word a strong store wrote (a flag re-read after its acquire, a header read
+// whole with its sequence word) are not checked. Either kind must not overwrite a word
+// another thread read unless that read is known to the writer.
 void WeakMemory::write(Fiber* f, const void* ptr, std::size_t bytes, bool strong, const char* op, Loc loc) {
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  for (uintptr_t i = addr / kWord; i <= (addr + bytes - 1) / kWord; ++i) {
+    auto it = words_.find(i);
+    if (it != words_.end()) check_overwrite(f, it->second, addr, bytes, op, loc);
+  }
   const uint64_t t = tick();
   WeakThread& w = f->weak;
   w.lastwrite = t;
   w.lastwrite_op = op;
   w.lastwrite_loc = loc;
-  const auto addr = reinterpret_cast<uintptr_t>(ptr);
   for (uintptr_t i = addr / kWord; i <= (addr + bytes - 1) / kWord; ++i) {
     if (strong) words_.erase(i);
-    else words_[i] = WriteRecord{t, w.id, op, loc};
+    else words_[i] = WordRecord{Access{t, w.id, op, loc}, Access{}};
   }
+}
+
+// A write of a word whose last plain read is another thread's and not known to the writer.
+void WeakMemory::check_overwrite(const Fiber* f, const WordRecord& r, uintptr_t addr, std::size_t bytes,
+                                 const char* op, Loc loc) const {
+  const WeakThread& w = f->weak;
+  if (r.read.time == 0 || r.read.thread == w.id || r.read.time <= w.frontier) return;
+  report("data race: " + std::string(op) + " at " + format_loc(loc) + " overwrites [" + hex(addr) + ", +" +
+             std::to_string(bytes) + "), bytes that " + thread_name(r.read.thread) + " read with " + r.read.op +
+             " at " + format_loc(r.read.loc) +
+             ", without synchronization (no barrier, mbarrier or release/acquire since orders that read before "
+             "this write)",
+         loc);
 }
 
 // A weak read of bytes whose last write is another thread's and not known to the reader.
@@ -120,19 +138,29 @@ void WeakMemory::check_read(const Fiber* f, const void* ptr, std::size_t bytes, 
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
   for (uintptr_t i = addr / kWord; i <= (addr + bytes - 1) / kWord; ++i) {
     auto it = words_.find(i);
-    if (it == words_.end() || it->second.writer == w.id || it->second.time <= w.frontier) continue;
-    const WriteRecord& r = it->second;
+    if (it == words_.end()) continue;
+    const Access& r = it->second.write;
+    if (r.time == 0 || r.thread == w.id || r.time <= w.frontier) continue;
     const bool bulk = r.op == kBulkStore;
     report("data race: " + std::string(op) + " at " + format_loc(loc) + " reads [" + hex(addr) + ", +" +
                std::to_string(bytes) + "), bytes that " +
-               (bulk ? "the bulk copy (shared to global) issued by " + thread_name(r.writer) + " at " +
+               (bulk ? "the bulk copy (shared to global) issued by " + thread_name(r.thread) + " at " +
                            format_loc(r.loc) + " wrote when it landed"
-                     : thread_name(r.writer) + " wrote with " + r.op + " at " + format_loc(r.loc)) +
+                     : thread_name(r.thread) + " wrote with " + r.op + " at " + format_loc(r.loc)) +
                ", without synchronization (no acquire, fence or barrier since orders that write before this "
                "read" +
                (bulk ? "; was the copy published after only bulk_wait_group_read?)" : ")"),
            loc);
   }
+}
+
+// Records a plain read, which a later write by another thread must know.
+void WeakMemory::record_read(Fiber* f, const void* ptr, std::size_t bytes, const char* op, Loc loc) {
+  const uint64_t t = tick();
+  WeakThread& w = f->weak;
+  w.lastread = t;
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  for (uintptr_t i = addr / kWord; i <= (addr + bytes - 1) / kWord; ++i) words_[i].read = Access{t, w.id, op, loc};
 }
 
 // A strong load (or an atomic's read) reads the value of strong store `r`.
@@ -153,7 +181,10 @@ void WeakMemory::observe(Fiber* f, const SyncRecord& r, Order order, Scope scope
 
 void WeakMemory::load(Fiber* f, const void* ptr, std::size_t bytes, Order order, Scope scope, const char* op,
                       Loc loc) {
-  if (order == Order::Plain) return check_read(f, ptr, bytes, op, loc);
+  if (order == Order::Plain) {
+    check_read(f, ptr, bytes, op, loc);
+    return record_read(f, ptr, bytes, op, loc);
+  }
   auto it = sync_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it != sync_.end()) observe(f, it->second, order, scope, op, loc);
 }
@@ -221,7 +252,7 @@ void WeakMemory::bulk_landed(Fiber* issuer, const void* dst, std::size_t bytes, 
   const uint64_t t = shared ? 0 : tick();
   for (uintptr_t i = addr / kWord; i < (addr + bytes) / kWord; ++i) {
     if (shared) words_.erase(i);
-    else words_[i] = WriteRecord{t, issuer->weak.id, kBulkStore, loc};
+    else words_[i] = WordRecord{Access{t, issuer->weak.id, kBulkStore, loc}, Access{}};
   }
   if (!shared) issuer->weak.bulk_landed = t;
 }

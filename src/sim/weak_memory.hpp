@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -42,6 +43,7 @@ struct WeakThread {
   uint64_t block_key = 0;  // launch id << 32 | block index in the grid
   int device = 0;
   uint64_t lastwrite = 0;  // its latest tracked write
+  uint64_t lastread = 0;   // its latest plain read
   const char* lastwrite_op = "";
   Loc lastwrite_loc{};
   uint64_t frontier = 0;   // every write at a time <= frontier happens before its next access
@@ -51,15 +53,18 @@ struct WeakThread {
   uint64_t pending[kScopes] = {0, 0, 0};
   uint64_t released[kScopes] = {0, 0, 0};
   uint64_t bulk_landed = 0;  // landing time of its latest shared->global copy that landed
-  uint64_t knowledge() const { return frontier > lastwrite ? frontier : lastwrite; }
+  uint64_t knowledge() const { return std::max({frontier, lastwrite, lastread}); }
 };
 
-// The last plain write of a 4-byte word.
-struct WriteRecord {
-  uint64_t time = 0;
-  uint64_t writer = 0;  // WeakThread::id
+// The last plain write of a 4-byte word, and its last plain read.
+struct Access {
+  uint64_t time = 0;    // 0: none
+  uint64_t thread = 0;  // WeakThread::id
   const char* op = "";
   Loc loc{};
+};
+struct WordRecord {
+  Access write, read;
 };
 
 // The last strong store (relaxed, volatile, release, atomic) of an address: what an
@@ -120,6 +125,9 @@ class WeakMemory {
   uint64_t tick() { return ++now_; }
   void write(Fiber* f, const void* ptr, std::size_t bytes, bool strong, const char* op, Loc loc);
   void check_read(const Fiber* f, const void* ptr, std::size_t bytes, const char* op, Loc loc) const;
+  void record_read(Fiber* f, const void* ptr, std::size_t bytes, const char* op, Loc loc);
+  void check_overwrite(const Fiber* f, const WordRecord& r, uintptr_t addr, std::size_t bytes, const char* op,
+                       Loc loc) const;
   void observe(Fiber* f, const SyncRecord& r, Order order, Scope scope, const char* op, Loc loc) const;
   void check_doorbell(const Fiber* f, const void* ptr, std::size_t bytes, Order order, Scope scope,
                       const char* op, Loc loc) const;
@@ -127,7 +135,7 @@ class WeakMemory {
 
   bool enabled_ = false;
   uint64_t now_ = 0;
-  std::unordered_map<uintptr_t, WriteRecord> words_;  // by address / kWordBytes
+  std::unordered_map<uintptr_t, WordRecord> words_;  // by address / kWordBytes
   std::unordered_map<uintptr_t, SyncRecord> sync_;    // by address
   std::unordered_map<uint64_t, KernelInfo> kernels_;  // by launch id
   std::map<uintptr_t, uintptr_t> doorbells_;          // start -> end
