@@ -5,6 +5,7 @@
 #include <chrono>
 #include <boost/context/protected_fixedsize_stack.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -321,6 +322,21 @@ void Engine::check_host_waiters() {
 }
 
 // ---- world state (host side, world held) ----------------------------------------------------
+namespace {
+// RAILYARD_SIM_SEED_OFFSET=k runs every seed s as s + k: the same tests explore other
+// interleavings (the weak-mode seed sweep of tests/kernels). Reports print s + k.
+uint64_t seed_offset_from_environment() {
+  const char* v = std::getenv("RAILYARD_SIM_SEED_OFFSET");
+  if (v == nullptr || *v == '\0') return 0;
+  char* end = nullptr;
+  const unsigned long long k = std::strtoull(v, &end, 10);
+  if (*end != '\0' || *v == '-')
+    throw std::invalid_argument(std::string("RAILYARD_SIM_SEED_OFFSET is '") + v +
+                                "'; expected a non-negative decimal integer");
+  return k;
+}
+}  // namespace
+
 void Engine::reset(const Config& config) {
   if (!(config.preemption > 0.0 && config.preemption <= 1.0))
     throw std::invalid_argument("railyard::sim::reset: config.preemption is " + std::to_string(config.preemption) +
@@ -350,7 +366,8 @@ void Engine::reset(const Config& config) {
   }
   config_ = config;
   config_.memory_model = WeakMemory::from_environment(config.memory_model);
-  rng_ = Rng(config.seed);
+  config_.seed = config.seed + seed_offset_from_environment();
+  rng_ = Rng(config_.seed);
   epoch_ = 1;
   unpark_epoch_ = warp_epoch_ = idle_rounds_ = rounds_without_clock_ = 0;
   clock_reads_ = warp_clock_reads_ = 0;
