@@ -157,9 +157,10 @@ std::string format_loc(const Loc& loc) {
   return os.str();
 }
 
-Engine& Engine::get() {
+Engine& Engine::create() {
   // Leaked on purpose: the engine thread may still wait on its condition variable at exit.
   static Engine* engine = new Engine();
+  instance_.store(engine, std::memory_order_release);
   return *engine;
 }
 

@@ -276,7 +276,12 @@ std::string project_file(const char* path);
 
 class Engine {
  public:
-  static Engine& get();
+  // Every hook asks for the engine, several times per access: after the first call
+  // this is one load.
+  static Engine& get() {
+    Engine* e = instance_.load(std::memory_order_acquire);
+    return e ? *e : create();
+  }
 
   // ---- world protocol (host side); all take the world lock ----
   std::unique_lock<std::mutex> acquire();                  // make the calling thread active
@@ -352,6 +357,8 @@ class Engine {
 
  private:
   Engine();
+  static Engine& create();
+  static inline std::atomic<Engine*> instance_{nullptr};
   void engine_main();
   void run_until_pause();
   bool step();  // false when nothing can run without a clock warp
