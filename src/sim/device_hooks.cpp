@@ -44,44 +44,69 @@ bool near_smem(const Block* b, const void* ptr) {
   return a >= base && a < base + b->smem_bytes + 4096;
 }
 
+// The reports of failed checks, out of the checks' way: a check that passes is a few
+// compares.
+[[noreturn, gnu::cold, gnu::noinline]] void misaligned(const void* ptr, std::size_t align, const char* op, Loc loc) {
+  fail(ErrorKind::Misaligned,
+       std::string(op) + ": address " + hex(ptr) + " is not " + std::to_string(align) + "-byte aligned", loc);
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] void outside_allocations(const void* ptr, std::size_t bytes, const char* op,
+                                                                Loc loc) {
+  // Name the nearest allocation below the address: the usual culprit of an overrun.
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  std::string nearest;
+  if (const detail::Allocation* below = engine().nearest_below(ptr))
+    nearest = "; it starts " + std::to_string(addr - (below->base + below->bytes)) +
+              " bytes past the end of the nearest allocation below it, '" + below->label + "' [" +
+              hex(reinterpret_cast<void*>(below->base)) + ", +" + std::to_string(below->bytes) + ")";
+  fail(ErrorKind::OutOfBounds,
+       std::string(op) + ": access [" + hex(ptr) + ", +" + std::to_string(bytes) +
+           ") is not inside any simulated allocation" + nearest,
+       loc);
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] void past_allocation(const detail::Allocation* a, const void* ptr,
+                                                            std::size_t bytes, const char* op, Loc loc) {
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  fail(ErrorKind::OutOfBounds,
+       std::string(op) + ": access [" + hex(ptr) + ", +" + std::to_string(bytes) + ") runs " +
+           std::to_string(addr + bytes - (a->base + a->bytes)) + " bytes past the end of allocation '" + a->label +
+           "' [" + hex(reinterpret_cast<void*>(a->base)) + ", +" + std::to_string(a->bytes) + ") of " +
+           (a->device < 0 ? std::string("pinned host memory") : "device " + std::to_string(a->device)),
+       loc);
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] void no_peer_access(const detail::Allocation* a, int dev, const char* op,
+                                                           Loc loc) {
+  fail(ErrorKind::PeerAccess,
+       std::string(op) + ": device " + std::to_string(dev) + " accessed allocation '" + a->label + "' of device " +
+           std::to_string(a->device) + " without peer access enabled",
+       loc);
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] void outside_smem(const Block* b, const void* ptr, std::size_t bytes,
+                                                         const char* op, Loc loc) {
+  fail(ErrorKind::OutOfBounds,
+       std::string(op) + ": shared-memory access [" + hex(ptr) + ", +" + std::to_string(bytes) +
+           ") is outside this block's dynamic shared memory [" + hex(b->smem.get()) + ", +" +
+           std::to_string(b->smem_bytes) + ")",
+       loc);
+}
+
 void check_alignment(const void* ptr, std::size_t align, const char* op, Loc loc) {
-  if (align > 1 && reinterpret_cast<uintptr_t>(ptr) % align != 0)
-    fail(ErrorKind::Misaligned, std::string(op) + ": address " + hex(ptr) + " is not " + std::to_string(align) +
-                                    "-byte aligned",
-         loc);
+  if (align > 1 && reinterpret_cast<uintptr_t>(ptr) % align != 0) misaligned(ptr, align, op, loc);
 }
 
 // Global access check; returns the owner device (-1: pinned host) for accounting.
 int check_global_impl(const void* ptr, std::size_t bytes, std::size_t align, const char* op, Loc loc) {
   Engine& e = engine();
   const detail::Allocation* a = e.find(ptr);
-  const auto addr = reinterpret_cast<uintptr_t>(ptr);
-  if (!a) {
-    // Name the nearest allocation below the address: the usual culprit of an overrun.
-    std::string nearest;
-    if (const detail::Allocation* below = e.nearest_below(ptr))
-      nearest = "; it starts " + std::to_string(addr - (below->base + below->bytes)) +
-                " bytes past the end of the nearest allocation below it, '" + below->label + "' [" +
-                hex(reinterpret_cast<void*>(below->base)) + ", +" + std::to_string(below->bytes) + ")";
-    fail(ErrorKind::OutOfBounds,
-         std::string(op) + ": access [" + hex(ptr) + ", +" + std::to_string(bytes) +
-             ") is not inside any simulated allocation" + nearest,
-         loc);
-  }
-  if (addr + bytes > a->base + a->bytes)
-    fail(ErrorKind::OutOfBounds,
-         std::string(op) + ": access [" + hex(ptr) + ", +" + std::to_string(bytes) + ") runs " +
-             std::to_string(addr + bytes - (a->base + a->bytes)) + " bytes past the end of allocation '" +
-             a->label + "' [" + hex(reinterpret_cast<void*>(a->base)) + ", +" + std::to_string(a->bytes) +
-             ") of " + (a->device < 0 ? std::string("pinned host memory") : "device " + std::to_string(a->device)),
-         loc);
+  if (!a) outside_allocations(ptr, bytes, op, loc);
+  if (reinterpret_cast<uintptr_t>(ptr) + bytes > a->base + a->bytes) past_allocation(a, ptr, bytes, op, loc);
   check_alignment(ptr, align, op, loc);
   const int dev = self()->block->kernel->device;
-  if (a->device >= 0 && a->device != dev && !e.device(dev).peer[a->device])
-    fail(ErrorKind::PeerAccess,
-         std::string(op) + ": device " + std::to_string(dev) + " accessed allocation '" + a->label +
-             "' of device " + std::to_string(a->device) + " without peer access enabled",
-         loc);
+  if (a->device >= 0 && a->device != dev && !e.device(dev).peer[a->device]) no_peer_access(a, dev, op, loc);
   return a->device;
 }
 
@@ -277,12 +302,7 @@ void warp_collective(uint32_t mask, uint64_t value, uint64_t* all_values, const 
 // ---- memory --------------------------------------------------------------------------------------
 void check_shared(const void* ptr, std::size_t bytes, std::size_t align, const char* op, Loc loc) {
   const Block* b = self()->block;
-  if (!in_smem(b, ptr, bytes))
-    fail(ErrorKind::OutOfBounds,
-         std::string(op) + ": shared-memory access [" + hex(ptr) + ", +" + std::to_string(bytes) +
-             ") is outside this block's dynamic shared memory [" + hex(b->smem.get()) + ", +" +
-             std::to_string(b->smem_bytes) + ")",
-         loc);
+  if (!in_smem(b, ptr, bytes)) outside_smem(b, ptr, bytes, op, loc);
   check_alignment(ptr, align, op, loc);
 }
 

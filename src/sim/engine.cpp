@@ -158,9 +158,10 @@ std::string format_loc(const Loc& loc) {
   return os.str();
 }
 
-Engine& Engine::get() {
+Engine& Engine::create() {
   // Leaked on purpose: the engine thread may still wait on its condition variable at exit.
   static Engine* engine = new Engine();
+  instance_.store(engine, std::memory_order_release);
   return *engine;
 }
 
@@ -676,12 +677,9 @@ bool Engine::step() {
   ++stats_.virtual_cycles;
   const uint64_t pick = rng_.below(nf + na + agents_.size());
   if (pick < nf) {
-    const Fiber* f = runnable_[pick];
-    const Block* b = f->block;
-    const Dim3 g = b->kernel->config.grid;
-    record_decision(0, static_cast<uint64_t>(b->kernel->device), (b->idx.z * g.y + b->idx.y) * g.x + b->idx.x,
-                    f->tid);
-    run_fiber(runnable_[pick]);
+    Fiber* f = runnable_[pick];
+    record_decision(0, static_cast<uint64_t>(f->device), f->block_linear, f->tid);
+    run_fiber(f);
   } else if (pick < nf + na) {
     const AsyncOp& op = async_[pick - nf];
     record_decision(1, static_cast<uint64_t>(op.block->kernel->device), op.issuer->tid, op.bytes);
@@ -757,6 +755,8 @@ void Engine::start_block(KernelRun& k) {
     PooledStack stack{stacks_.get(), fp};
     fp->block = block.get();
     fp->tid = t;
+    fp->device = k.device;
+    fp->block_linear = linear;
     fp->thread_idx = Dim3(t % bd.x, (t / bd.x) % bd.y, t / (bd.x * bd.y));
     fp->kernel_thread = linear * threads + t;
     fp->proxy = &k.proxy_threads[fp->kernel_thread];

@@ -16,6 +16,7 @@
 #include <sys/types.h>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "proxy.hpp"
@@ -73,6 +74,10 @@ struct BulkGroup {
 struct Fiber {
   Block* block = nullptr;
   unsigned tid = 0;  // linear thread index in the block
+  // Its kernel's device and its block's linear index, for Stats::schedule_digest: the
+  // scheduler reads them without touching the block or the kernel.
+  int device = 0;
+  unsigned block_linear = 0;
   Dim3 thread_idx;
   FiberState state = FiberState::Runnable;
   bctx::fiber context;  // the fiber while suspended
@@ -160,7 +165,7 @@ struct Block {
   unsigned pending_async = 0;
   NamedBarrier barriers[16];
   std::vector<WarpCollective> warp_collectives[32];  // in progress, by warp
-  std::map<uintptr_t, Mbarrier> mbarriers;
+  std::unordered_map<uintptr_t, Mbarrier> mbarriers;  // by address; references stay valid
   uint32_t next_mbarrier_id = 0;  // the next Mbarrier::id
   std::vector<uint64_t> collective_phases;  // scratch of warp_collective, kept for its capacity
   std::vector<SharedGranule> proxy_granules;  // dynamic shared memory by 16 bytes, made on first use
@@ -279,7 +284,12 @@ std::string project_file(const char* path);
 
 class Engine {
  public:
-  static Engine& get();
+  // Every hook asks for the engine, several times per access: after the first call
+  // this is one load.
+  static Engine& get() {
+    Engine* e = instance_.load(std::memory_order_acquire);
+    return e ? *e : create();
+  }
 
   // ---- world protocol (host side); all take the world lock ----
   std::unique_lock<std::mutex> acquire();                  // make the calling thread active
@@ -356,6 +366,8 @@ class Engine {
 
  private:
   Engine();
+  static Engine& create();
+  static inline std::atomic<Engine*> instance_{nullptr};
   void engine_main();
   void run_until_pause();
   bool step();  // false when nothing can run without a clock warp

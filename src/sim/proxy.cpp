@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <iterator>
 
 #include "engine.hpp"
 
@@ -154,8 +153,22 @@ void ProxyTracker::generic_global(Fiber* f, uintptr_t addr, std::size_t bytes, b
          loc);
   const GenericAccess access = generic_access(f, ProxySpace::Global, loc);
   for (uintptr_t i = addr / kGranule; i <= (addr + bytes - 1) / kGranule; ++i) {
-    GlobalGranule& g = global_[i];
+    const auto [it, added] = global_.try_emplace(i);
+    if (added) ++global_pages_[i / kPageGranules];
+    GlobalGranule& g = it->second;
     remember(write ? g.generic_write : g.generic_read, access, ProxySpace::Global);
+  }
+}
+
+template <class Fn>
+void ProxyTracker::for_each_global(uintptr_t first, uintptr_t last, Fn&& fn) const {
+  for (uintptr_t page = first / kPageGranules; page * kPageGranules < last; ++page) {
+    if (!global_pages_.contains(page)) continue;
+    const uintptr_t from = std::max(first, page * kPageGranules), to = std::min(last, (page + 1) * kPageGranules);
+    for (uintptr_t i = from; i < to; ++i) {
+      auto it = global_.find(i);
+      if (it != global_.end()) fn(i, it->second);
+    }
   }
 }
 
@@ -166,30 +179,27 @@ void ProxyTracker::fence(Fiber* f, ProxySpace space) { ++f->proxy->fences[space_
 void ProxyTracker::check_global_source(uintptr_t addr, std::size_t bytes, const char* op, Loc loc) {
   if (const GlobalBulkWrite* w = pending_bulk_write(addr, bytes))
     race(std::string(op) + " reads " + bytes_of(addr, bytes, false) + ", " + unwaited_s2g_write(w->access), loc);
-  for (uintptr_t i = addr / kGranule; i < (addr + bytes) / kGranule; ++i) {
-    auto it = global_.find(i);
-    if (it != global_.end() && !fenced(it->second.generic_write, ProxySpace::Global))
+  for_each_global(addr / kGranule, (addr + bytes) / kGranule, [&](uintptr_t i, const GlobalGranule& g) {
+    if (!fenced(g.generic_write, ProxySpace::Global))
       race(std::string(op) + " reads " + bytes_of(i * kGranule, kGranule, false) + ", " +
-               unfenced(it->second.generic_write, true, ProxySpace::Global),
+               unfenced(g.generic_write, true, ProxySpace::Global),
            loc);
-  }
+  });
 }
 
 // Global bytes a bulk copy writes: also no generic read pending a fence.
 void ProxyTracker::check_global_destination(uintptr_t addr, std::size_t bytes, const char* op, Loc loc) {
   if (const GlobalBulkWrite* w = pending_bulk_write(addr, bytes))
     race(std::string(op) + " writes " + bytes_of(addr, bytes, false) + ", " + unwaited_s2g_write(w->access), loc);
-  for (uintptr_t i = addr / kGranule; i < (addr + bytes) / kGranule; ++i) {
-    auto it = global_.find(i);
-    if (it == global_.end()) continue;
+  for_each_global(addr / kGranule, (addr + bytes) / kGranule, [&](uintptr_t i, const GlobalGranule& g) {
     for (const bool write : {true, false}) {
-      const GenericAccess& a = write ? it->second.generic_write : it->second.generic_read;
+      const GenericAccess& a = write ? g.generic_write : g.generic_read;
       if (!fenced(a, ProxySpace::Global))
         race(std::string(op) + " writes " + bytes_of(i * kGranule, kGranule, false) + ", " +
                  unfenced(a, write, ProxySpace::Global),
              loc);
     }
-  }
+  });
 }
 
 void ProxyTracker::bulk_g2s(Fiber* f, void* smem_dst, const void* gmem_src, uint32_t bytes, uint32_t mbarrier,
@@ -263,7 +273,13 @@ void ProxyTracker::forget_kernel(const KernelRun* k) {
     GlobalGranule& g = it->second;
     if (g.generic_read.kernel == k) g.generic_read = GenericAccess{};
     if (g.generic_write.kernel == k) g.generic_write = GenericAccess{};
-    it = g.generic_read.kernel == nullptr && g.generic_write.kernel == nullptr ? global_.erase(it) : std::next(it);
+    if (g.generic_read.kernel != nullptr || g.generic_write.kernel != nullptr) {
+      ++it;
+      continue;
+    }
+    auto page = global_pages_.find(it->first / kPageGranules);
+    if (--page->second == 0) global_pages_.erase(page);
+    it = global_.erase(it);
   }
   std::erase_if(bulk_writes_, [k](const auto& entry) { return entry.second.access.kernel == k; });
 }

@@ -103,6 +103,7 @@ class ProxyTracker {
   void forget_kernel(const KernelRun* k);
   void reset() {
     global_.clear();
+    global_pages_.clear();
     bulk_writes_.clear();
   }
 
@@ -113,8 +114,15 @@ class ProxyTracker {
   void check_global_destination(uintptr_t addr, std::size_t bytes, const char* op, Loc loc);
   const GlobalBulkWrite* pending_bulk_write(uintptr_t addr, std::size_t bytes) const;
   SharedGranule* shared_granules(Block* b, uintptr_t addr);
+  // The records of granules [first, last) that exist, in address order.
+  template <class Fn>
+  void for_each_global(uintptr_t first, uintptr_t last, Fn&& fn) const;
 
+  static constexpr uintptr_t kPageGranules = 256;  // 4 KiB
   std::unordered_map<uintptr_t, GlobalGranule> global_;  // by address / 16
+  // Records in global_ by granule / kPageGranules: a bulk copy of a 16 KiB row that no
+  // generic access touched looks up 4 pages, not 1024 granules.
+  std::unordered_map<uintptr_t, uint32_t> global_pages_;
   std::map<uintptr_t, GlobalBulkWrite> bulk_writes_;      // by start address
 };
 
