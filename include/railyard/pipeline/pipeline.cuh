@@ -73,9 +73,13 @@ class Pipeline {
     arch::fence_mbarrier_init_release_cluster(RAILYARD_LOC_ONLY_ARG);
   }
 
+  // A pipeline wait waits on a partner role of the same block, which is itself either
+  // working or inside a bounded wait of its own (a row header, a peer's flag). The
+  // pipeline's waits get twice `wait`'s budget, so that when a peer stops sending,
+  // the partner's timeout, which names the cause, fires first, not this one.
   RAILYARD_DEVICE explicit Pipeline(SharedStorage& storage,
                                     const WaitPolicy& wait = {})
-      : storage_(storage), wait_(wait) {}
+      : storage_(storage), wait_(doubled(wait)) {}
 
   RAILYARD_DEVICE void producer_acquire(State state RAILYARD_LOC_PARAM) {
     wait_parity(&storage_.empty[state.index], state.phase ^ 1u,
@@ -107,6 +111,11 @@ class Pipeline {
   RAILYARD_DEVICE uint64_t* full_barrier(State state) const { return &storage_.full[state.index]; }
 
  private:
+  RAILYARD_HOST_DEVICE static WaitPolicy doubled(WaitPolicy wait) {
+    wait.timeout_cycles = wait.timeout_cycles > UINT64_MAX / 2 ? UINT64_MAX : 2 * wait.timeout_cycles;
+    return wait;
+  }
+
   RAILYARD_DEVICE void wait_parity(uint64_t* bar, uint32_t parity,
                                    const WaitTarget& target RAILYARD_LOC_PARAM) const {
     timeout_while([&] { return !arch::mbarrier_try_wait_parity(bar, parity RAILYARD_LOC_ARG); },
