@@ -100,6 +100,7 @@ struct RowGather {
   RAILYARD_DEVICE void operator()(const Params& params, SharedStorage& storage) const {
     if (arch::linear_thread_idx() == 0) {
       Pipeline::init(storage.pipeline, /*producer_arrivals=*/1, /*consumer_arrivals=*/1);
+      arch::fence_mbarrier_init_release_cluster();  // the TMA completes on the barriers
     }
     __syncthreads();
 

@@ -417,8 +417,17 @@ uint64_t atomic_rmw(void* ptr, std::size_t bytes, RmwFn fn, uint64_t a, uint64_t
   return old;
 }
 
+namespace {
+// The thread's mbarrier initialisations become visible to the async proxy.
+void publish_mbarrier_inits(Fiber* f) {
+  for (auto& [addr, m] : f->block->mbarriers)
+    if (m.init_unfenced_by == f) m.init_unfenced_by = nullptr;
+}
+}  // namespace
+
 void fence(const char* op, Loc loc) {
   if (mutation::mutated(mutation::SiteKind::Fence, loc)) return;
+  if (std::strstr(op, "mbarrier_init")) publish_mbarrier_inits(self());
   if (engine().weak().enabled()) engine().weak().fence(self(), op);
   engine().yield_runnable();
 }
@@ -426,6 +435,8 @@ void fence(const char* op, Loc loc) {
 void fence_proxy_async(ProxySpace space, const char* op, Loc loc) {
   if (mutation::mutated(mutation::SiteKind::ProxyFence, loc)) return;
   engine().proxy().fence(self(), space);
+  if (space == ProxySpace::Global) WeakMemory::proxy_fence_global(self());
+  else publish_mbarrier_inits(self());
   engine().yield_runnable();
 }
 
@@ -441,6 +452,8 @@ void mbarrier_init(uint64_t* bar, unsigned arrival_count, Loc loc) {
   if (!m.waiters.empty()) fail(ErrorKind::Misuse, "mbarrier_init on a barrier that threads wait on", loc);
   m = Mbarrier{};  // a new barrier (and id): what threads knew of the old one is void
   m.expected_arrivals = m.pending_arrivals = arrival_count;
+  m.init_unfenced_by = self();
+  m.init_loc = loc;
   *bar = 0;
   e.progress();
   e.yield_runnable();
@@ -553,6 +566,13 @@ void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_
   check_global(gmem_src, bytes, 16, false, op, loc);
   Mbarrier* m = e.mbarrier(bar, loc, true);
   Fiber* f = self();
+  if (m->init_unfenced_by != nullptr)
+    fail(ErrorKind::ProxyRace,
+         std::string(op) + " at " + detail::format_loc(loc) + " completes its bytes on the mbarrier at " + hex(bar) +
+             " whose mbarrier_init at " + detail::format_loc(m->init_loc) +
+             " its thread has not yet made visible to the async proxy (fence.mbarrier_init or "
+             "fence.proxy.async.shared::cta after the init)",
+         loc);
   if (m->id == Mbarrier::kNoId) m->id = f->block->next_mbarrier_id++;
   // Its bytes complete on the phase in progress (expect_tx armed it before the issue).
   e.proxy().bulk_g2s(f, smem_dst, gmem_src, bytes, m->id, m->phases_completed, loc);
@@ -570,6 +590,7 @@ void bulk_copy_s2g(void* gmem_dst, const void* smem_src, uint32_t bytes, Loc loc
   check_global(gmem_dst, bytes, 16, true, op, loc);
   Fiber* f = self();
   e.proxy().bulk_s2g(f, gmem_dst, smem_src, bytes, loc);
+  if (e.weak().enabled()) e.weak().bulk_write_issued(f, gmem_dst, bytes, loc);
   e.issue_async(AsyncOp{AsyncOp::Kind::S2G, f->block, f, gmem_dst, smem_src, bytes, nullptr, &f->groups.back(), loc});
   f->open_group_has_store = true;
   f->last_bulk_store = loc;

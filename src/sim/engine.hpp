@@ -153,6 +153,11 @@ struct Mbarrier {
   // the last completed phase knew: a waiter that sees the phase complete learns it.
   std::vector<uint64_t> phases_arrived, phases_released;
   uint64_t weak_arrived = 0, weak_released = 0;  // the same for the weak memory mode's knowledge
+  // The thread that initialised it, until that thread's fence.mbarrier_init or
+  // fence.proxy.async of shared memory makes the initialisation visible to the async
+  // proxy (bulk copies complete transactions on it through that proxy).
+  const Fiber* init_unfenced_by = nullptr;
+  Loc init_loc{};
 };
 
 struct Block {

@@ -80,7 +80,7 @@ void WeakMemory::start_thread(Fiber* f) {
   w.id = k.launch_id << 32 | f->kernel_thread;
   w.block_key = k.launch_id << 32 | ((i.z * g.y + i.y) * g.x + i.x);
   w.device = k.device;
-  w.frontier = now_;  // a launch follows the work before it
+  w.frontier = w.async_frontier = now_;  // a launch follows the work before it, in both proxies
   if (!kernels_.contains(k.launch_id)) kernels_[k.launch_id] = KernelInfo{k.config.name, k.device, g, k.config.block};
 }
 
@@ -106,7 +106,7 @@ void WeakMemory::write(Fiber* f, const void* ptr, std::size_t bytes, bool strong
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
   for (uintptr_t i = addr / kWord; i <= (addr + bytes - 1) / kWord; ++i) {
     auto it = words_.find(i);
-    if (it != words_.end()) check_overwrite(f, it->second, addr, bytes, op, loc);
+    if (it != words_.end()) check_overwrite(f, f->weak.frontier, it->second, addr, bytes, op, loc);
   }
   const uint64_t t = tick();
   WeakThread& w = f->weak;
@@ -120,28 +120,34 @@ void WeakMemory::write(Fiber* f, const void* ptr, std::size_t bytes, bool strong
 }
 
 // A write of a word whose last plain read is another thread's and not known to the writer.
-void WeakMemory::check_overwrite(const Fiber* f, const WordRecord& r, uintptr_t addr, std::size_t bytes,
-                                 const char* op, Loc loc) const {
+void WeakMemory::check_overwrite(const Fiber* f, uint64_t known, const WordRecord& r, uintptr_t addr,
+                                 std::size_t bytes, const char* op, Loc loc) const {
   const WeakThread& w = f->weak;
-  if (r.read.time == 0 || r.read.thread == w.id || r.read.time <= w.frontier) return;
+  if (r.read.time == 0 || r.read.thread == w.id || r.read.time <= known) return;
+  const bool async = r.read.time <= w.frontier;  // the thread knows the read, its bulk copies do not
   report("data race: " + std::string(op) + " at " + format_loc(loc) + " overwrites [" + hex(addr) + ", +" +
              std::to_string(bytes) + "), bytes that " + thread_name(r.read.thread) + " read with " + r.read.op +
              " at " + format_loc(r.read.loc) +
              ", without synchronization (no barrier, mbarrier or release/acquire since orders that read before "
-             "this write)",
+             "this write" +
+             (async ? "; the issuing thread knows it, but has not made it known to its bulk copies with "
+                      "fence.proxy.async.global since)"
+                    : ")"),
          loc);
 }
 
 // A weak read of bytes whose last write is another thread's and not known to the reader.
-void WeakMemory::check_read(const Fiber* f, const void* ptr, std::size_t bytes, const char* op, Loc loc) const {
+void WeakMemory::check_read(const Fiber* f, uint64_t known, const void* ptr, std::size_t bytes, const char* op,
+                            Loc loc) const {
   const WeakThread& w = f->weak;
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
   for (uintptr_t i = addr / kWord; i <= (addr + bytes - 1) / kWord; ++i) {
     auto it = words_.find(i);
     if (it == words_.end()) continue;
     const Access& r = it->second.write;
-    if (r.time == 0 || r.thread == w.id || r.time <= w.frontier) continue;
+    if (r.time == 0 || r.thread == w.id || r.time <= known) continue;
     const bool bulk = r.op == kBulkStore;
+    const bool async = r.time <= w.frontier;  // the thread knows the write, its bulk copies do not
     report("data race: " + std::string(op) + " at " + format_loc(loc) + " reads [" + hex(addr) + ", +" +
                std::to_string(bytes) + "), bytes that " +
                (bulk ? "the bulk copy (shared to global) issued by " + thread_name(r.thread) + " at " +
@@ -149,7 +155,10 @@ void WeakMemory::check_read(const Fiber* f, const void* ptr, std::size_t bytes, 
                      : thread_name(r.thread) + " wrote with " + r.op + " at " + format_loc(r.loc)) +
                ", without synchronization (no acquire, fence or barrier since orders that write before this "
                "read" +
-               (bulk ? "; was the copy published after only bulk_wait_group_read?)" : ")"),
+               (bulk ? "; was the copy published after only bulk_wait_group_read?)"
+                : async ? "; the issuing thread knows it, but has not made it known to its bulk copies with "
+                          "fence.proxy.async.global since)"
+                        : ")"),
            loc);
   }
 }
@@ -182,7 +191,7 @@ void WeakMemory::observe(Fiber* f, const SyncRecord& r, Order order, Scope scope
 void WeakMemory::load(Fiber* f, const void* ptr, std::size_t bytes, Order order, Scope scope, const char* op,
                       Loc loc) {
   if (order == Order::Plain) {
-    check_read(f, ptr, bytes, op, loc);
+    check_read(f, f->weak.frontier, ptr, bytes, op, loc);
     return record_read(f, ptr, bytes, op, loc);
   }
   auto it = sync_.find(reinterpret_cast<uintptr_t>(ptr));
@@ -229,6 +238,8 @@ void WeakMemory::fence(Fiber* f, const char* op) {
   for (std::size_t s = 0; s <= scope; ++s) w.released[s] = w.knowledge();
 }
 
+void WeakMemory::proxy_fence_global(Fiber* f) { f->weak.async_frontier = f->weak.knowledge(); }
+
 // ---- barriers ------------------------------------------------------------------------------------
 void WeakMemory::join(uint64_t& into, const Fiber* f) { into = std::max(into, f->weak.knowledge()); }
 
@@ -244,7 +255,16 @@ void WeakMemory::warp_join(Block* b, unsigned warp, uint32_t mask) {
 
 // ---- bulk copies ---------------------------------------------------------------------------------
 void WeakMemory::bulk_read(Fiber* f, const void* gmem_src, std::size_t bytes, Loc loc) {
-  check_read(f, gmem_src, bytes, "bulk_copy_g2s", loc);
+  check_read(f, f->weak.async_frontier, gmem_src, bytes, "bulk_copy_g2s", loc);
+  record_read(f, gmem_src, bytes, "bulk_copy_g2s", loc);
+}
+
+void WeakMemory::bulk_write_issued(const Fiber* f, const void* gmem_dst, std::size_t bytes, Loc loc) const {
+  const auto addr = reinterpret_cast<uintptr_t>(gmem_dst);
+  for (uintptr_t i = addr / kWord; i < (addr + bytes) / kWord; ++i) {
+    auto it = words_.find(i);
+    if (it != words_.end()) check_overwrite(f, f->weak.async_frontier, it->second, addr, bytes, kBulkStore, loc);
+  }
 }
 
 void WeakMemory::bulk_landed(Fiber* issuer, const void* dst, std::size_t bytes, bool shared, Loc loc) {

@@ -53,6 +53,10 @@ struct WeakThread {
   uint64_t pending[kScopes] = {0, 0, 0};
   uint64_t released[kScopes] = {0, 0, 0};
   uint64_t bulk_landed = 0;  // landing time of its latest shared->global copy that landed
+  // What its bulk copies know: its knowledge at its last fence.proxy.async of global
+  // memory (or its start). An acquire orders the generic proxy only; the copies it
+  // issues after one see the acquired writes only once such a fence follows it.
+  uint64_t async_frontier = 0;
   uint64_t knowledge() const { return std::max({frontier, lastwrite, lastread}); }
 };
 
@@ -95,6 +99,8 @@ class WeakMemory {
   // An atomic read-modify-write; `wrote`: it changed the value (a failed CAS only reads).
   void rmw(Fiber* f, const void* ptr, std::size_t bytes, Scope scope, bool wrote, const char* op, Loc loc);
   void fence(Fiber* f, const char* op);
+  // fence.proxy.async of global memory: its later bulk copies know what it knows.
+  static void proxy_fence_global(Fiber* f);
 
   // Barriers: each participant joins its knowledge into the barrier's; those that
   // wait learn the join.
@@ -102,11 +108,14 @@ class WeakMemory {
   static void learn(Fiber* f, uint64_t knowledge);
   static void warp_join(Block* b, unsigned warp, uint32_t mask);
 
-  // Bulk copies: a global->shared copy reads its source like a plain load at issue and
-  // leaves its destination to the async-proxy tracker; a shared->global copy writes
-  // its destination, as its issuer, when it lands; a full wait_group makes its issuer
-  // know the landings.
+  // Bulk copies: a global->shared copy reads its source like a plain load at issue
+  // (recorded as its issuer's read) and leaves its destination to the async-proxy
+  // tracker; a shared->global copy must not overwrite bytes another thread read unless
+  // its issuer's async frontier knows the read, and writes its destination, as its
+  // issuer, when it lands; a full wait_group makes its issuer know the landings. Both
+  // check with the issuer's async frontier, not its knowledge.
   void bulk_read(Fiber* f, const void* gmem_src, std::size_t bytes, Loc loc);
+  void bulk_write_issued(const Fiber* f, const void* gmem_dst, std::size_t bytes, Loc loc) const;
   void bulk_landed(Fiber* issuer, const void* dst, std::size_t bytes, bool shared, Loc loc);
   static void bulk_waited(Fiber* f);
 
@@ -124,10 +133,12 @@ class WeakMemory {
   };
   uint64_t tick() { return ++now_; }
   void write(Fiber* f, const void* ptr, std::size_t bytes, bool strong, const char* op, Loc loc);
-  void check_read(const Fiber* f, const void* ptr, std::size_t bytes, const char* op, Loc loc) const;
+  // `known`: what the accessing thread (or its async proxy) knows.
+  void check_read(const Fiber* f, uint64_t known, const void* ptr, std::size_t bytes, const char* op,
+                  Loc loc) const;
   void record_read(Fiber* f, const void* ptr, std::size_t bytes, const char* op, Loc loc);
-  void check_overwrite(const Fiber* f, const WordRecord& r, uintptr_t addr, std::size_t bytes, const char* op,
-                       Loc loc) const;
+  void check_overwrite(const Fiber* f, uint64_t known, const WordRecord& r, uintptr_t addr, std::size_t bytes,
+                       const char* op, Loc loc) const;
   void observe(Fiber* f, const SyncRecord& r, Order order, Scope scope, const char* op, Loc loc) const;
   void check_doorbell(const Fiber* f, const void* ptr, std::size_t bytes, Order order, Scope scope,
                       const char* op, Loc loc) const;

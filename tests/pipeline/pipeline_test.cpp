@@ -83,6 +83,7 @@ uint32_t run_ring(uint64_t seed, uint32_t items, Producer producer, Plant plant)
       // The planted deadlock: the empty barriers wait for two releases per phase,
       // but the consumer makes one.
       Pipeline::init(s.pipe, 1, plant == Plant::ExtraReleaseNeeded ? 2 : 1);
+      arch::fence_mbarrier_init_release_cluster();
     }
     __syncthreads();
     Pipeline pipe(s.pipe);

@@ -91,7 +91,10 @@ void combine_reduce(uint64_t seed, bool planted) {
   Vec* out = sums.ptr;
   run_kernel(1, 2 * kLanes, sizeof(Storage), [=] {
     Storage& st = arch::carve<Storage>();
-    if (threadIdx.x == 0) Pipe::init(st.pipe, 1, 1);
+    if (threadIdx.x == 0) {
+      Pipe::init(st.pipe, 1, 1);
+      arch::fence_mbarrier_init_release_cluster();
+    }
     __syncthreads();
     Pipe pipe(st.pipe);
     Pipe::State state;
@@ -322,6 +325,42 @@ TEST(ProxyRace, ExitingWithAnUncommittedTmaStoreIsReported) {
       arch::bulk_wait_group_read<0>();  // waits for committed groups only
     });
   });
+}
+
+// ---- an mbarrier initialised without fence.mbarrier_init, then a TMA load completing on it ----
+// Thread 0 initialises the barrier; after __syncthreads thread 32 arms it and loads a
+// row with a bulk copy that completes its bytes on it. __syncthreads orders the init
+// for the generic proxy only; the copy completes through the async proxy, which sees
+// the init once the initialising thread has executed fence.mbarrier_init (or
+// fence.proxy.async.shared::cta).
+void unfenced_mbarrier_init(uint64_t seed, bool planted) {
+  constexpr uint32_t kVecs = 4;
+  reset_sim(seed);
+  DeviceArray<Vec> src(0, kVecs, "src"), dst(0, kVecs, "dst");
+  for (uint32_t i = 0; i < kVecs; ++i)
+    for (uint32_t w = 0; w < 4; ++w) src[i].word[w] = value_of(i, w);
+  const Vec* s = src.ptr;
+  Vec* d = dst.ptr;
+  run_kernel(1, 64, 128 + kVecs * sizeof(Vec), [=] {
+    auto* bar = reinterpret_cast<uint64_t*>(arch::dynamic_smem());
+    auto* slot = reinterpret_cast<Vec*>(arch::dynamic_smem() + 128);
+    if (threadIdx.x == 0) {
+      g_generic_line = __LINE__; arch::mbarrier_init(bar, 1);
+      if (!planted) arch::fence_mbarrier_init_release_cluster();
+    }
+    __syncthreads();
+    if (threadIdx.x != 32) return;
+    arch::mbarrier_arrive_expect_tx(bar, kVecs * sizeof(Vec));
+    g_async_line = __LINE__; arch::bulk_copy_g2s(slot, s, kVecs * sizeof(Vec), bar);
+    wait_parity(bar, 0);
+    for (uint32_t i = 0; i < kVecs; ++i) arch::st_global(d + i, arch::ld_shared(&slot[i]));
+  });
+  for (uint32_t i = 0; i < kVecs; ++i)
+    for (uint32_t w = 0; w < 4; ++w) EXPECT_EQ(dst[i].word[w], value_of(i, w)) << "seed " << seed;
+}
+
+TEST(ProxyRace, ATmaLoadOnAnMbarrierWhoseInitIsNotFencedIsReported) {
+  expect_race_only_when_planted(unfenced_mbarrier_init);
 }
 
 // ---- not a race: a completion observed by one thread, passed on by a barrier -------------------

@@ -312,5 +312,47 @@ void doorbell(uint64_t seed, MemoryModel model, bool planted) {
 
 TEST(WeakMemory, DoorbellRungWithoutARelease) { expect_reported_only_in_weak_mode_when_planted(doorbell); }
 
+// ---- 9. an acquire, then a TMA store over bytes the releasing thread read ---------------------
+// Block 1 reads a row with plain loads (fencing them to the async proxy), then
+// releases a flag; block 0 acquires the flag and overwrites the row with a bulk copy.
+// The acquire orders device 0's generic proxy only: its bulk copies are ordered after
+// the read once a fence.proxy.async.global follows the acquire (the entry barrier's
+// fence in the kernels).
+void acquire_then_tma_store(uint64_t seed, MemoryModel model, bool planted) {
+  constexpr uint32_t kWords = 16;
+  start(seed, model, 1);
+  DeviceArray<uint32_t> row(0, kWords, "row"), flag(0, 1, "flag"), out(0, kWords, "out");
+  for (uint32_t i = 0; i < kWords; ++i) row[i] = 100 + i;
+  flag[0] = 0;
+  uint32_t *r = row.ptr, *f = flag.ptr, *o = out.ptr;
+  auto writer = [=] {
+    auto* slot = reinterpret_cast<uint32_t*>(arch::dynamic_smem());
+    for (uint32_t i = 0; i < kWords; ++i) arch::st_shared(slot + i, 7 + i);
+    arch::fence_proxy_async_shared_cta();
+    while (arch::ld_acquire_gpu(f) == 0) {
+    }
+    if (!planted) arch::fence_proxy_async_global();
+    g_write_line = __LINE__; arch::bulk_copy_s2g(r, slot, kWords * sizeof(uint32_t));
+    arch::bulk_commit_group();
+    arch::bulk_wait_group<0>();
+  };
+  auto reader = [=] {
+    for (uint32_t i = 0; i < kWords; ++i) {
+      g_read_line = __LINE__; arch::st_global(o + i, arch::ld_global(r + i));
+    }
+    arch::fence_proxy_async_global();
+    arch::st_release_gpu(f, 1u);
+  };
+  test::run_kernel(2, 1, kWords * sizeof(uint32_t), [=] { blockIdx.x == 0 ? writer() : reader(); });
+  for (uint32_t i = 0; i < kWords; ++i) {
+    EXPECT_EQ(out[i], 100 + i);
+    EXPECT_EQ(row[i], 7 + i);
+  }
+}
+
+TEST(WeakMemory, TmaStoreAfterAnAcquireNeedsAGlobalProxyFence) {
+  expect_reported_only_in_weak_mode_when_planted(acquire_then_tma_store);
+}
+
 }  // namespace
 }  // namespace railyard

@@ -60,17 +60,19 @@ class Pipeline {
     uint64_t empty[Stages];
   };
 
-  // Called by ONE thread of the block, followed by a block-wide barrier
-  // (__syncthreads) before any thread uses the pipeline. producer_arrivals: arrivals
-  // that complete a full phase (1 for a single elected TMA thread);
-  // consumer_arrivals: arrivals that complete an empty phase.
+  // Called by ONE thread of the block, which then makes its initialisations visible
+  // with one arch::fence_mbarrier_init_release_cluster() after all its pipelines' inits
+  // (TMA completes transactions on the barriers through the async proxy, which the
+  // block barrier does not order), followed by a block-wide barrier (__syncthreads)
+  // before any thread uses the pipeline. producer_arrivals: arrivals that complete a
+  // full phase (1 for a single elected TMA thread); consumer_arrivals: arrivals that
+  // complete an empty phase.
   RAILYARD_DEVICE static void init(SharedStorage& storage, uint32_t producer_arrivals,
                                    uint32_t consumer_arrivals RAILYARD_LOC_PARAM) {
     for (int stage = 0; stage < Stages; ++stage) {
       arch::mbarrier_init(&storage.full[stage], producer_arrivals RAILYARD_LOC_ARG);
       arch::mbarrier_init(&storage.empty[stage], consumer_arrivals RAILYARD_LOC_ARG);
     }
-    arch::fence_mbarrier_init_release_cluster(RAILYARD_LOC_ONLY_ARG);
   }
 
   // A pipeline wait waits on a partner role of the same block, which is itself either
