@@ -203,6 +203,7 @@ struct Combine {
       // One elected producer lane per pipeline; every reduction warp arrives once.
       LoadPipeline::init(storage.load_pipe, /*producer_arrivals=*/1, /*consumer_arrivals=*/kNumReduceWarps);
       StorePipeline::init(storage.store_pipe, /*producer_arrivals=*/kNumReduceWarps, /*consumer_arrivals=*/1);
+      arch::fence_mbarrier_init_release_cluster();  // the TMA completes on the load barriers
     }
     const uint64_t seq = op_begin(dom);
     const layout::OpDescriptor op{static_cast<uint32_t>(pipeline::OpKind::Combine), p.permuted_input,
@@ -444,8 +445,7 @@ struct Combine {
       load_pipe.consumer_wait(load_state);
       const SlotTag tag = storage.load_tags[load_state.index].load();
       if (tag.flags & kDone) {
-        __syncwarp();
-        if (lane == 0) load_pipe.consumer_release(load_state);
+        // The load lane fills no slot after this one: it is not released.
         store_pipe.producer_acquire(store_state);
         if (leader) storage.store_tags[store_state.index].store(tag);
         __syncwarp();
@@ -535,15 +535,15 @@ struct Combine {
         // The row's writes must be complete before its header says so; the release
         // then publishes them (and the header entries the Load warp wrote) to the
         // home ranks, which acquire seq before reading anything else of the row.
+        // The wait's completion is followed by an implicit generic-async proxy fence.
         arch::bulk_wait_group<0>();
-        arch::fence_proxy_async_global();  // the TMA (async-proxy) writes before the generic release
         arch::st_release_sys(&lay.header(p.domain.self(), tag.publish_row)->seq, seq);
       }
     }
-    // Shared memory must outlive the stores' reads of it. Their writes (this rank's
-    // combined rows) need no wait: every staged row was waited for before its release
-    // above, and the kernel's completion orders the rest before later work.
-    arch::bulk_wait_group_read<0>();
+    // No wait here: each store's read of shared memory was waited for before its slot's
+    // release, so none is left when the loop ends. Their writes (this rank's combined
+    // rows) need none: every staged row was waited for before its release above, and
+    // the kernel's completion orders the rest before later work.
   }
 };
 

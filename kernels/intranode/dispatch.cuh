@@ -159,6 +159,7 @@ struct Dispatch {
     if (thread == 0) {
       Pipeline::init(storage.send_pipe, /*producer_arrivals=*/1, /*consumer_arrivals=*/1);
       Pipeline::init(storage.copy_pipe, /*producer_arrivals=*/1, /*consumer_arrivals=*/1);
+      arch::fence_mbarrier_init_release_cluster();  // the TMA completes on the barriers
     }
     const Context ctx(params);
     for (int d = static_cast<int>(thread); d < ctx.num_ranks; d += static_cast<int>(kMaxThreadsPerBlock)) {
@@ -333,12 +334,11 @@ struct Dispatch {
           pipe.consumer_release(state);
           ++state;
         }
-        // The header must not announce a row that has not landed; the proxy fence
-        // orders the TMA (async-proxy) writes before the header's generic release.
+        // The header must not announce a row that has not landed. The wait's completion
+        // is followed by an implicit generic-async proxy fence (PTX, "Async proxy"),
+        // so the release in step 4, after the warp barrier there, publishes the row.
         arch::bulk_wait_group<0>();
-        arch::fence_proxy_async_global();
       }
-      __syncwarp();
 
       // 3. Header fields and entries, and the FP8 scales. Entries are in ascending
       //    local expert order, the order combine sums in.
@@ -385,7 +385,8 @@ struct Dispatch {
         const int32_t pos = s.send_pos[d].load();
         if (pos >= 0) arch::st_release_sys(&c.layout.header(p.domain.peers.ptr[d], pos)->seq, seq);
       }
-      __syncwarp();  // send_pos and send_bytes are rewritten for the next token
+      // No warp barrier before the next token: since the one above, each lane read
+      // only send_pos[d] of its own d, which only it rewrites in step 1.
     });
   }
 
