@@ -208,7 +208,7 @@ struct Combine {
     const uint64_t seq = op_begin(dom);
     const layout::OpDescriptor op{static_cast<uint32_t>(pipeline::OpKind::Combine), p.permuted_input,
                                   p.input_probs != nullptr, arch::ld_global(p.handle.made_by_op)};
-    entry_barrier(dom, seq, op);  // ends with __syncthreads: the pipelines are initialised
+    entry_barrier(dom, seq, op);  // its __syncthreads: the pipelines are initialised
 
     LoadPipeline load_pipe(storage.load_pipe, dom.wait());
     StorePipeline store_pipe(storage.store_pipe, dom.wait());
@@ -391,8 +391,6 @@ struct Combine {
                   [&] { return arch::ld_acquire_sys(&header->seq) < seq; },
                   {"combine: staged row header seq of peer rank (index) at row (value)", d, pos},
                   dom.wait());
-              // The acquire (generic proxy) before the TMA reads (async proxy) of the row.
-              arch::fence_proxy_async_global();
               const int32_t num_entries = arch::ld_global(&header->num_entries);
               if (with_probs) {
                 const layout::HeaderEntry* entries = lay.header_entries(peer, pos);
@@ -414,7 +412,8 @@ struct Combine {
           num_sources += __popc(holders);
         }
         // The lanes that acquired the headers synchronise with lane 0 here, before it
-        // bulk-loads the rows those headers published; lane 0 fences its own proxies too.
+        // bulk-loads the rows those headers published; its proxy fence then orders
+        // what it learned (generic proxy) before its TMA reads (async proxy).
         __syncwarp();
         if (lane == 0) {
           arch::fence_proxy_async_global();

@@ -175,7 +175,7 @@ struct Dispatch {
       }
       arch::fence_proxy_async_shared_cta();
     }
-    // Ends with __syncthreads: barrier inits, bounds and the zero slot are visible to
+    // Its __syncthreads: barrier inits, bounds and the zero slot are visible to
     // every warp, and every peer has finished its previous operation (so its copy-out
     // of our earlier rows is done and its staging may be overwritten).
     const layout::OpDescriptor op{static_cast<uint32_t>(pipeline::OpKind::Dispatch), ctx.grouped, /*probs=*/0,

@@ -125,7 +125,9 @@ struct Metadata {
         }
         __syncwarp();
         if (lane == 0) row[layout::count_to_rank(d)].store(row[layout::count_to_rank(d)].load() + __popc(holders));
-        __syncwarp();
+        // No warp barrier: the next iteration reads another rank's counter (d grows),
+        // and the expert loop below, whose warp barriers come next, has an iteration
+        // for every token that reaches this line.
       }
       // Experts, in ascending order of global expert id.
       int last = -1;
@@ -157,7 +159,8 @@ struct Metadata {
     for (int peer = 0; peer < R; ++peer) {
       int32_t* dst = lay.count_row(dom.peers.ptr[peer], parity, me);
       for (int i = static_cast<int>(lane); i < row_ints; i += 32) arch::st_global(&dst[i], row[i].load());
-      arch::fence_acq_rel_sys();
+      // The warp barrier orders every lane's stores before lane 0's release, which is
+      // cumulative: it publishes them with its own (no fence needed).
       __syncwarp();
       if (lane == 0) arch::st_release_sys(lay.count_flag(dom.peers.ptr[peer], me), flag_of(seq));
     }

@@ -81,10 +81,12 @@ RAILYARD_DEVICE uint64_t op_begin(const DomainParams& p RAILYARD_LOC_PARAM) {
   return arch::ld_relaxed_gpu(layout.local_state(p.self()) RAILYARD_LOC_ARG) + 1u;
 }
 
-// Called by every thread of a block after its last use of `seq`. The last block to
-// finish (counted in blocks_finished) resets the count and stores `seq` as done.
+// Called by thread 0 of each block at least (others return at once), after a block
+// barrier that follows every thread's op_begin (the entry barrier's; metadata runs one
+// warp, whose warp barriers follow its op_begin): no thread of the block reads
+// local_state after that. The last block to finish (counted in blocks_finished)
+// resets the count and stores `seq` as done.
 RAILYARD_DEVICE void op_end(const DomainParams& p, uint64_t seq RAILYARD_LOC_PARAM) {
-  __syncthreads();
   if (threadIdx.x != 0) return;
   const layout::IntranodeLayout layout(p.shape);
   uint32_t* blocks_finished = layout.blocks_finished(p.self());
@@ -219,8 +221,9 @@ RAILYARD_DEVICE void entry_barrier(const DomainParams& p, uint64_t seq,
   __syncthreads();  // every peer's descriptor is acquired by some thread of the block
   // In block 0 only: its threads have stored this rank's flags on every peer before
   // the barrier above, so the trap cannot keep a peer from passing and reporting too.
+  // The other warps and blocks do not wait for the check: a mismatch traps every
+  // rank's context, and a dead context's buffers are not read again.
   if (blockIdx.x == 0 && arch::warp_idx() == 0) check_same_operation(p, seq RAILYARD_LOC_ARG);
-  __syncthreads();
   // The barrier is acquired with generic loads; what follows touches staging with TMA
   // (async proxy): peers' rows this rank overwrites, and its own rows peers read last
   // operation. PTX orders the two proxies only through a proxy fence, so every thread

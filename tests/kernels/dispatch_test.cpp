@@ -221,6 +221,35 @@ TEST(IntranodeDispatch, BackToBackCallsReuseStaging) {
   }
 }
 
+// Two dispatches enqueued back to back with no host synchronisation between them (the
+// second with a host-computed handle, so no metadata kernel separates them): a rank's
+// second dispatch may start while a peer's first still reads its staging; its TMA
+// stores into that staging wait for the entry barrier. Both calls' outputs are exact.
+TEST(IntranodeDispatch, BackToBackDispatchesWithoutAHostSync) {
+  const int R = 3, El = 2, K = 2, M = 40, H = 112;
+  for (uint64_t seed : test::seeds(4)) {
+    layout::IntranodeShape shape{R, El, M, H, K, DType::BF16};
+    IntranodeWorld w(shape, seed);
+    // Rank 0 sends much and receives little: it finishes its first dispatch, and starts
+    // its second, while its peers still copy its rows out of their staging.
+    Case first{R, {M, 1, 1}, H, K, El};
+    first.blocks = {2, 1};
+    Case second{R, {M - 3, 1, 2}, H, K, El};
+    second.source = HandleSource::Reference;
+    second.blocks = {1, 2};
+    const Call one = prepare(w, first, seed * 100 + 1);
+    const Call two = prepare(w, second, seed * 100 + 2);
+    w.run([&](int rank, GpuStream stream) {
+      ASSERT_TRUE(launch_metadata(metadata_args(w, one, rank), stream).ok());
+      ASSERT_TRUE(launch_dispatch(dispatch_args(w, one, rank), stream).ok());
+      ASSERT_TRUE(launch_dispatch(dispatch_args(w, two, rank), stream).ok());
+    });
+    check_call(w, one, describe(first) + " first, seed " + std::to_string(seed));
+    check_call(w, two, describe(second) + " second, seed " + std::to_string(seed));
+    if (HasFailure()) return;
+  }
+}
+
 // Bytes rank s writes into rank d's memory (s != d) against the minimum: for every
 // (token, d) pair the row, its FP8 scales and its header (16 bytes + 12 per entry);
 // plus the entry barrier's 4-byte flag and 16-byte operation descriptor; the metadata kernel's count row + flag
