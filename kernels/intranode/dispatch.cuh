@@ -540,7 +540,6 @@ struct Dispatch {
     // outputs) need no wait: rows sent to peers were waited for before their headers'
     // release, and the kernel's completion orders the rest before later work.
     if (leader) arch::bulk_wait_group_read<0>();
-    __syncwarp();
   }
 
   // Padding rows of the grouped layout: [start_j + unpadded_j, start_j + padded_j) for

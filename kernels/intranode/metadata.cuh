@@ -196,7 +196,7 @@ struct Metadata {
                                  static_cast<int32_t>(pipeline::AbortReason::DifferentPadMultiples), src, pad,
                                  rank0_pad);
     }
-    __syncwarp();
+    // No warp barrier: (4) and (5) read the count table, not what (3) wrote.
 
     // ---- (4) totals of this rank as a destination ------------------------------------------
     int64_t permuted = 0;
@@ -219,7 +219,7 @@ struct Metadata {
       arch::st_global(&h.totals[static_cast<int>(layout::Total::OverflowPermuted)],
                       int64_t{p.max_permuted_rows >= 0 && permuted > p.max_permuted_rows});
     }
-    __syncwarp();
+    // No warp barrier: nothing below reads the totals.
 
     // ---- (5) offsets of this rank's tokens on every rank, into `row` ---------------------
     // recv offset on d: rows from ranks before me. Expert j of d starts after the padded
