@@ -418,8 +418,12 @@ uint64_t atomic_rmw(void* ptr, std::size_t bytes, RmwFn fn, uint64_t a, uint64_t
 }
 
 namespace {
-// The thread's mbarrier initialisations become visible to the async proxy.
+// The thread's mbarrier initialisations become visible to the async proxy. Proxy
+// fences are frequent (combine's reducers fence every piece): only a thread with an
+// unfenced init looks at the block's barriers.
 void publish_mbarrier_inits(Fiber* f) {
+  if (!f->unfenced_mbarrier_inits) return;
+  f->unfenced_mbarrier_inits = false;
   for (auto& [addr, m] : f->block->mbarriers)
     if (m.init_unfenced_by == f) m.init_unfenced_by = nullptr;
 }
@@ -427,7 +431,7 @@ void publish_mbarrier_inits(Fiber* f) {
 
 void fence(const char* op, Loc loc) {
   if (mutation::mutated(mutation::SiteKind::Fence, loc)) return;
-  if (std::strstr(op, "mbarrier_init")) publish_mbarrier_inits(self());
+  if (self()->unfenced_mbarrier_inits && std::strstr(op, "mbarrier_init")) publish_mbarrier_inits(self());
   if (engine().weak().enabled()) engine().weak().fence(self(), op);
   engine().yield_runnable();
 }
@@ -453,6 +457,7 @@ void mbarrier_init(uint64_t* bar, unsigned arrival_count, Loc loc) {
   m = Mbarrier{};  // a new barrier (and id): what threads knew of the old one is void
   m.expected_arrivals = m.pending_arrivals = arrival_count;
   m.init_unfenced_by = self();
+  self()->unfenced_mbarrier_inits = true;
   m.init_loc = loc;
   *bar = 0;
   e.progress();

@@ -100,6 +100,7 @@ struct Fiber {
   // committed, the newest of them holding a store, and how many it has waited to read.
   uint64_t groups_committed = 0, last_store_group = 0, groups_read_waited = 0;
   bool open_group_has_store = false;
+  bool unfenced_mbarrier_inits = false;  // it initialised an mbarrier and has not fenced since
   Loc last_bulk_store{};
   // Warp collective in progress: where to deliver the lanes' values.
   uint64_t* collective_out = nullptr;
