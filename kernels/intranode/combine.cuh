@@ -28,8 +28,9 @@
 //
 // Rows travel in pieces of SlotBytes; reduction warps split a piece by 16-byte
 // vectors, so each reduction lane keeps only 2 x 8 x ceil(SlotBytes / 2 KiB) fp32
-// accumulators (32 for 4 KiB slots). The fixed order (entries ascending, ranks
-// ascending) makes the result bitwise independent of the interleaving.
+// accumulators (128 for 16 KiB slots), and arrives on the FIFO barriers itself (no
+// warp converges per piece). The fixed order (entries ascending, ranks ascending)
+// makes the result bitwise independent of the interleaving.
 #pragma once
 
 #include <cstddef>
@@ -200,9 +201,9 @@ struct Combine {
   RAILYARD_DEVICE void operator()(const Params& p, SharedStorage& storage) const {
     const DomainParams& dom = p.domain;
     if (arch::linear_thread_idx() == 0) {
-      // One elected producer lane per pipeline; every reduction warp arrives once.
-      LoadPipeline::init(storage.load_pipe, /*producer_arrivals=*/1, /*consumer_arrivals=*/kNumReduceWarps);
-      StorePipeline::init(storage.store_pipe, /*producer_arrivals=*/kNumReduceWarps, /*consumer_arrivals=*/1);
+      // One elected producer lane loads and one stores; every reduction thread arrives.
+      LoadPipeline::init(storage.load_pipe, /*producer_arrivals=*/1, /*consumer_arrivals=*/kNumReduceThreads);
+      StorePipeline::init(storage.store_pipe, /*producer_arrivals=*/kNumReduceThreads, /*consumer_arrivals=*/1);
       arch::fence_mbarrier_init_release_cluster();  // the TMA completes on the load barriers
     }
     const uint64_t seq = op_begin(dom);
@@ -435,7 +436,6 @@ struct Combine {
                                          StorePipeline& store_pipe) {
     const uint32_t thread = arch::linear_thread_idx() - arch::kWarpSize;  // 0..kNumReduceThreads-1
     const bool leader = thread == 0;  // writes the store tags
-    const uint32_t lane = arch::lane_idx();
     float partial[kAccumulators] = {};
     float total[kAccumulators] = {};
     typename LoadPipeline::State load_state;
@@ -447,8 +447,7 @@ struct Combine {
         // The load lane fills no slot after this one: it is not released.
         store_pipe.producer_acquire(store_state);
         if (leader) storage.store_tags[store_state.index].store(tag);
-        __syncwarp();
-        if (lane == 0) store_pipe.producer_commit(store_state);
+        store_pipe.producer_commit(store_state);
         return;
       }
       if (tag.flags & kFirst) {
@@ -471,8 +470,7 @@ struct Combine {
         arch::fence_proxy_async_shared_cta();
       }
       // The slot's bytes are in registers now: hand it back before anything else.
-      __syncwarp();
-      if (lane == 0) load_pipe.consumer_release(load_state);
+      load_pipe.consumer_release(load_state);
       ++load_state;
       if (tag.flags & kDomainEnd) {
         // BF16 on the wire between NVLink domains (semantics.md 7): every domain's
@@ -504,8 +502,7 @@ struct Combine {
       if (leader) storage.store_tags[store_state.index].store(tag);
       // Generic-proxy writes to shared memory, read next by the async proxy (TMA store).
       arch::fence_proxy_async_shared_cta();
-      __syncwarp();
-      if (lane == 0) store_pipe.producer_commit(store_state);
+      store_pipe.producer_commit(store_state);
       ++store_state;
     }
   }

@@ -55,11 +55,13 @@ struct CombineArguments {
   int chunk_rows = 32;
 };
 
-// The compiled configuration: 4 KiB FIFO slots (a 7168-element BF16 row is 3.5
-// slots), eight of them. The FIFO depth and slot size are the only template
-// parameters; everything else above is runtime.
-inline constexpr uint32_t kCombineSlotBytes = 4096;
-inline constexpr int kCombineStages = 8;
+// The compiled configuration: 16 KiB FIFO slots (a 7168- or 8192-element BF16 row is
+// one piece), six of them: 96 KiB of loads in flight per block (gpu-review.md finding
+// 5 counted 32 KiB with 8 slots of 4 KiB). Each reduction thread then does 8 vectors
+// per piece instead of 2, a quarter of the per-piece waits and arrivals. The FIFO depth
+// and slot size are the only template parameters; everything else above is runtime.
+inline constexpr uint32_t kCombineSlotBytes = 16384;
+inline constexpr int kCombineStages = 6;
 
 // Checks the arguments (errors name the argument and the expected value) and the
 // device (blocks, shared memory), then enqueues the combine on `stream`. Every rank
