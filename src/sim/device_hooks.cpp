@@ -452,7 +452,10 @@ void mbarrier_init(uint64_t* bar, unsigned arrival_count, Loc loc) {
          loc);
   e.mbarrier(bar, loc, false);  // address checks
   Block* b = self()->block;
-  Mbarrier& m = b->mbarriers[reinterpret_cast<uintptr_t>(bar)];
+  const auto addr = reinterpret_cast<uintptr_t>(bar);
+  Mbarrier& m = b->mbarriers[addr];
+  if (b->mbarrier_at.empty()) b->mbarrier_at.resize(b->smem_bytes / 8, nullptr);
+  b->mbarrier_at[(addr - reinterpret_cast<uintptr_t>(b->smem.get())) / 8] = &m;
   if (!m.waiters.empty()) fail(ErrorKind::Misuse, "mbarrier_init on a barrier that threads wait on", loc);
   m = Mbarrier{};  // a new barrier (and id): what threads knew of the old one is void
   m.expected_arrivals = m.pending_arrivals = arrival_count;
@@ -468,7 +471,10 @@ void mbarrier_inval(uint64_t* bar, Loc loc) {
   Engine& e = engine();
   Mbarrier* m = e.mbarrier(bar, loc, true);
   if (!m->waiters.empty()) fail(ErrorKind::Misuse, "mbarrier_inval on a barrier that threads wait on", loc);
-  self()->block->mbarriers.erase(reinterpret_cast<uintptr_t>(bar));
+  Block* b = self()->block;
+  const auto addr = reinterpret_cast<uintptr_t>(bar);
+  b->mbarrier_at[(addr - reinterpret_cast<uintptr_t>(b->smem.get())) / 8] = nullptr;
+  b->mbarriers.erase(addr);
   e.progress();
   e.yield_runnable();
 }

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <sys/mman.h>
+#include <unistd.h>
 
 
 // AddressSanitizer builds announce fiber switches (see "AddressSanitizer and fiber
@@ -338,16 +340,76 @@ uint64_t seed_offset_from_environment() {
 }
 }  // namespace
 
+namespace {
+// Simulated device memory reads as 0xA5 until written, so that unwritten bytes show.
+// Small allocations are filled. From kPoisonChunk up, an allocation maps a file of
+// 0xA5 bytes privately, chunk after chunk: pages nobody writes share the file's page
+// cache, and only a page that a kernel or the host writes is copied (on write) into
+// memory of its own. The seed configuration writes about 7.3 GiB of its 9 GiB of
+// allocations; each page the host commits costs page-fault and zeroing time.
+constexpr std::size_t kPoisonChunk = std::size_t{16} << 20;
+
+int poison_file() {
+  static const int fd = [] {
+    const int f = memfd_create("railyard-sim-poison", MFD_CLOEXEC);
+    if (f < 0) return -1;
+    void* p = ftruncate(f, kPoisonChunk) == 0
+                  ? mmap(nullptr, kPoisonChunk, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0)
+                  : MAP_FAILED;
+    if (p == MAP_FAILED) {
+      close(f);
+      return -1;
+    }
+    std::memset(p, 0xA5, kPoisonChunk);
+    munmap(p, kPoisonChunk);
+    return f;
+  }();
+  return fd;
+}
+
+// Returns the mapping's length (0: from aligned_alloc) through `mapped`.
+void* map_device_memory(std::size_t rounded, std::size_t& mapped) {
+  mapped = 0;
+  const int fd = rounded >= kPoisonChunk ? poison_file() : -1;
+  if (fd < 0) {
+    void* p = std::aligned_alloc(256, rounded);
+    if (p) std::memset(p, 0xA5, rounded);
+    return p;
+  }
+  const std::size_t length = (rounded + 4095) / 4096 * 4096;
+  void* base = mmap(nullptr, length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) return nullptr;
+  for (std::size_t off = 0; off < length; off += kPoisonChunk) {
+    void* chunk = static_cast<char*>(base) + off;
+    if (mmap(chunk, std::min(kPoisonChunk, length - off), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, 0) ==
+        MAP_FAILED) {
+      munmap(base, length);
+      return nullptr;
+    }
+  }
+  mapped = length;
+  return base;
+}
+
+void unmap_device_memory(const Allocation& a) {
+  if (a.mapped_bytes) munmap(reinterpret_cast<void*>(a.base), a.mapped_bytes);
+  else std::free(reinterpret_cast<void*>(a.base));
+}
+}  // namespace
+
 void Engine::reset(const Config& config) {
   if (!(config.preemption > 0.0 && config.preemption <= 1.0))
     throw std::invalid_argument("railyard::sim::reset: config.preemption is " + std::to_string(config.preemption) +
                                 "; expected a probability in (0, 1]");
+  if (!(config.locality >= 0.0 && config.locality <= 1.0))
+    throw std::invalid_argument("railyard::sim::reset: config.locality is " + std::to_string(config.locality) +
+                                "; expected a probability in [0, 1]");
   for (const auto& s : streams_)
     if (!s.ops.empty())
       throw Error(ErrorKind::Misuse, "railyard::sim::reset: work is still pending on a stream; "
                                      "synchronize first");
   for (auto& [base, a] : allocations_)
-    if (a.owned) std::free(reinterpret_cast<void*>(base));
+    if (a.owned) unmap_device_memory(a);
   allocations_.clear();
   devices_.clear();
   streams_.clear();
@@ -355,6 +417,7 @@ void Engine::reset(const Config& config) {
   events_done_.clear();
   event_device_.clear();
   kernels_.clear();
+  last_run_ = nullptr;
   runnable_.clear();
   parked_.clear();
   timed_.clear();
@@ -406,16 +469,17 @@ void Engine::enable_peer(int dev, int peer) {
   devices_[dev].peer[peer] = true;
 }
 
+
 void* Engine::allocate(int dev, std::size_t bytes, std::string label) {
   if (bytes == 0) return nullptr;
   // cudaMalloc returns 256-byte aligned memory; keep that, and round the size so the
   // aligned_alloc contract holds. Accesses are checked against the requested size.
   const std::size_t rounded = (bytes + 255) / 256 * 256;
-  void* p = std::aligned_alloc(256, rounded);
+  std::size_t mapped = 0;
+  void* p = map_device_memory(rounded, mapped);
   if (!p) throw std::bad_alloc();
-  std::memset(p, 0xA5, rounded);
   const auto base = reinterpret_cast<uintptr_t>(p);
-  allocations_[base] = Allocation{base, bytes, dev, std::move(label)};
+  allocations_[base] = Allocation{base, bytes, dev, std::move(label), true, mapped};
   return p;
 }
 
@@ -427,7 +491,7 @@ void Engine::deallocate(void* ptr) {
   if (!it->second.owned)
     throw Error(ErrorKind::Misuse, "railyard::sim::free: " + hex(ptr) + " is registered memory ('" +
                                        it->second.label + "'); unregister_memory it instead");
-  std::free(ptr);
+  unmap_device_memory(it->second);
   allocations_.erase(it);
 }
 
@@ -544,6 +608,20 @@ void Engine::make_runnable(Fiber* f) {
   runnable_.push_back(f);
 }
 
+void Engine::add_waiting(std::vector<Fiber*>& list, Fiber* f) {
+  f->wait_index = list.size();
+  list.push_back(f);
+}
+
+// Order in the list does not matter (clock warps wake all of it), so removal swaps
+// the last one in: a wake is O(1) with thousands of fibers waiting.
+void Engine::remove_waiting(std::vector<Fiber*>& list, Fiber* f) {
+  const std::size_t i = f->wait_index;
+  list[i] = list.back();
+  list[i]->wait_index = i;
+  list.pop_back();
+}
+
 void Engine::remove_runnable(Fiber* f) {
   const std::size_t i = f->runnable_index;
   runnable_[i] = runnable_.back();
@@ -553,9 +631,9 @@ void Engine::remove_runnable(Fiber* f) {
 
 void Engine::wake(Fiber* f) {
   if (f->state == FiberState::TimedWait) {
-    timed_.erase(std::find(timed_.begin(), timed_.end(), f));
+    remove_waiting(timed_, f);
   } else if (f->state == FiberState::Parked) {
-    parked_.erase(std::find(parked_.begin(), parked_.end(), f));
+    remove_waiting(parked_, f);
   } else if (f->state != FiberState::Blocked) {
     return;
   }
@@ -618,6 +696,7 @@ bool Engine::yield_timed(const WaitInfo& wait) {
 void Engine::run_fiber(Fiber* f) {
   remove_runnable(f);
   current_ = f;
+  last_run_ = f;
   asan_enter_fiber(f);
   f->context = std::move(f->context).resume();
   asan_back_on_engine();
@@ -633,9 +712,9 @@ void Engine::run_fiber(Fiber* f) {
     case FiberState::Runnable: runnable_.push_back(f), f->runnable_index = runnable_.size() - 1; break;
     case FiberState::Parked:
       f->park_epoch = epoch_;
-      parked_.push_back(f);
+      add_waiting(parked_, f);
       break;
-    case FiberState::TimedWait: timed_.push_back(f); break;
+    case FiberState::TimedWait: add_waiting(timed_, f); break;
     case FiberState::Blocked: break;
     case FiberState::Done: {
       ++epoch_;
@@ -675,6 +754,11 @@ bool Engine::step() {
   }
   ++stats_.scheduler_steps;
   ++stats_.virtual_cycles;
+  if (Fiber* next = neighbour_to_run(); next != nullptr) {
+    record_decision(4, static_cast<uint64_t>(next->device), next->block_linear, next->tid);
+    run_fiber(next);
+    return true;
+  }
   const uint64_t pick = rng_.below(nf + na + agents_.size());
   if (pick < nf) {
     Fiber* f = runnable_[pick];
@@ -688,6 +772,21 @@ bool Engine::step() {
     ++epoch_;
   }
   return true;
+}
+
+// Config::locality: with that probability, the next runnable thread after the one
+// that ran last, in its block's thread order and at most a warp's width ahead.
+Fiber* Engine::neighbour_to_run() {
+  if (config_.locality <= 0.0 || last_run_ == nullptr) return nullptr;
+  if (config_.locality < 1.0 && static_cast<double>(rng_.next() >> 11) * 0x1.0p-53 >= config_.locality)
+    return nullptr;
+  const auto& fibers = last_run_->block->fibers;
+  const std::size_t n = fibers.size();
+  for (std::size_t k = 1; k < n && k <= 32; ++k) {
+    Fiber* f = fibers[(last_run_->tid + k) % n].get();
+    if (f->state == FiberState::Runnable) return f;
+  }
+  return nullptr;
 }
 
 // Folds one scheduling decision into Stats::schedule_digest (FNV-1a over the words).
@@ -747,6 +846,7 @@ void Engine::start_block(KernelRun& k) {
   std::memset(block->smem.get(), 0xA5, smem_alloc);
   const Dim3 bd = k.config.block;
   const unsigned threads = bd.count();
+  block->first_thread = linear * threads;
   if (k.proxy_threads.empty()) k.proxy_threads.resize(std::size_t{k.blocks_total} * threads);
   block->fibers.reserve(threads);
   for (unsigned t = 0; t < threads; ++t) {
@@ -806,6 +906,7 @@ void Engine::retire_finished() {
     for (std::size_t bi = 0; bi < k.resident.size();) {
       Block& b = *k.resident[bi];
       if (b.live_fibers == 0 && b.pending_async == 0) {
+        if (last_run_ != nullptr && last_run_->block == &b) last_run_ = nullptr;
         k.resident.erase(k.resident.begin() + static_cast<std::ptrdiff_t>(bi));
         --devices_[k.device].resident_blocks;
         ++k.blocks_done;
@@ -867,8 +968,7 @@ void Engine::complete_async(std::size_t index) {
   if (op.kind == AsyncOp::Kind::G2S) {
     std::memmove(op.dst, op.src, op.bytes);
     if (weak_.enabled()) weak_.bulk_landed(op.issuer, op.dst, op.bytes, true, op.loc);
-    auto it = b->mbarriers.find(reinterpret_cast<uintptr_t>(op.bar));
-    if (it != b->mbarriers.end()) complete_tx(it->second, op.bytes);
+    if (Mbarrier* m = b->find_mbarrier(reinterpret_cast<uintptr_t>(op.bar))) complete_tx(*m, op.bytes);
   } else {
     std::memcpy(op.dst, op.data->data(), op.bytes);
     if (weak_.enabled()) weak_.bulk_landed(op.issuer, op.dst, op.bytes, false, op.loc);
@@ -889,13 +989,10 @@ Mbarrier* Engine::mbarrier(uint64_t* bar, Loc loc, bool must_exist) {
               hex(b->smem.get()) + ", +" + std::to_string(b->smem_bytes) + ")",
           loc);
   if (addr % 8) fault(ErrorKind::Misaligned, "mbarrier address " + hex(bar) + " is not 8-byte aligned", loc);
-  auto it = b->mbarriers.find(addr);
-  if (it == b->mbarriers.end()) {
-    if (must_exist)
-      fault(ErrorKind::Misuse, "mbarrier at " + hex(bar) + " used before mbarrier_init (or after inval)", loc);
-    return nullptr;
-  }
-  return &it->second;
+  Mbarrier* m = b->find_mbarrier(addr);
+  if (m == nullptr && must_exist)
+    fault(ErrorKind::Misuse, "mbarrier at " + hex(bar) + " used before mbarrier_init (or after inval)", loc);
+  return m;
 }
 
 void Engine::arrive(Mbarrier& bar, unsigned count) {
@@ -972,10 +1069,13 @@ void Engine::destroy_kernel(KernelRun& k) {
   auto in_kernel = [&](Fiber* f) { return f->block->kernel == &k; };
   std::erase_if(runnable_, in_kernel);
   for (std::size_t i = 0; i < runnable_.size(); ++i) runnable_[i]->runnable_index = i;
-  std::erase_if(parked_, in_kernel);
-  std::erase_if(timed_, in_kernel);
+  for (auto* waiting : {&parked_, &timed_}) {
+    std::erase_if(*waiting, in_kernel);
+    for (std::size_t i = 0; i < waiting->size(); ++i) (*waiting)[i]->wait_index = i;
+  }
   std::erase_if(async_, [&](const AsyncOp& op) { return op.block->kernel == &k; });
   devices_[k.device].resident_blocks -= static_cast<unsigned>(k.resident.size());
+  if (last_run_ != nullptr && last_run_->block->kernel == &k) last_run_ = nullptr;
   k.resident.clear();  // unwinds the suspended fibers' stacks
   proxy_.forget_kernel(&k);
 }

@@ -112,6 +112,7 @@ struct Fiber {
   std::vector<uint64_t> phases_seen;
   WeakThread weak;  // weak memory mode (weak_memory.hpp)
   std::size_t runnable_index = 0;
+  std::size_t wait_index = 0;  // in Engine's parked_ or timed_ list, while in one
   // Its stack, and AddressSanitizer's fake stack while it is switched out.
   const void* stack_bottom = nullptr;
   std::size_t stack_bytes = 0;
@@ -164,6 +165,7 @@ struct Mbarrier {
 struct Block {
   KernelRun* kernel = nullptr;
   Dim3 idx;
+  uint32_t first_thread = 0;  // the kernel-wide index of its thread 0
   std::unique_ptr<uint8_t, void (*)(void*)> smem{nullptr, &std::free};
   std::size_t smem_bytes = 0;
   std::vector<std::unique_ptr<Fiber>> fibers;
@@ -172,6 +174,13 @@ struct Block {
   NamedBarrier barriers[16];
   std::vector<WarpCollective> warp_collectives[32];  // in progress, by warp
   std::unordered_map<uintptr_t, Mbarrier> mbarriers;  // by address; references stay valid
+  // The same barriers by 8-byte word of shared memory (null: none), made at the first
+  // init: every arrive and wait looks its barrier up.
+  std::vector<Mbarrier*> mbarrier_at;
+  Mbarrier* find_mbarrier(uintptr_t addr) const {
+    const std::size_t word = (addr - reinterpret_cast<uintptr_t>(smem.get())) / 8;
+    return word < mbarrier_at.size() ? mbarrier_at[word] : nullptr;
+  }
   uint32_t next_mbarrier_id = 0;  // the next Mbarrier::id
   std::vector<uint64_t> collective_phases;  // scratch of warp_collective, kept for its capacity
   std::vector<SharedGranule> proxy_granules;  // dynamic shared memory by 16 bytes, made on first use
@@ -239,6 +248,7 @@ struct Allocation {
   int device;
   std::string label;
   bool owned = true;  // false: registered caller memory (register_memory), never freed here
+  std::size_t mapped_bytes = 0;  // owned: the length of its mapping (0: from aligned_alloc)
 };
 
 // A host thread waiting in the simulator for a condition the engine can satisfy.
@@ -383,6 +393,7 @@ class Engine {
   void retire_finished();
   void check_bulk_reads_at_exit(Fiber* f);
   void complete_async(std::size_t index);
+  Fiber* neighbour_to_run();
   void record_decision(uint64_t what, uint64_t a, uint64_t b, uint64_t c);
   void warp_or_hang();
   bool pause_for_quiescence();
@@ -397,6 +408,8 @@ class Engine {
   void check_host_waiters();
   void make_runnable(Fiber* f);
   void remove_runnable(Fiber* f);
+  static void add_waiting(std::vector<Fiber*>& list, Fiber* f);
+  static void remove_waiting(std::vector<Fiber*>& list, Fiber* f);
   bool has_work() const;
   bool world_ready() const;
 
@@ -430,6 +443,7 @@ class Engine {
   std::vector<Agent*> agents_;
   std::unique_ptr<StackPool> stacks_ = std::make_unique<StackPool>();
   Fiber* current_ = nullptr;
+  Fiber* last_run_ = nullptr;  // the fiber of the last run, while its block is resident
   struct PendingFault {
     bool set = false;
     ErrorKind kind = ErrorKind::Misuse;

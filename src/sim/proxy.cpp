@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <type_traits>
 
 #include "engine.hpp"
 
@@ -25,15 +27,6 @@ bool fenced(const GenericAccess& a, ProxySpace space) {
   return a.kernel == nullptr || state_of(a.kernel, a.thread).fences[space_index(space)] > a.fences;
 }
 
-// The thread knows that the global->shared copy's mbarrier phase completed.
-bool g2s_observed(const Fiber* f, const AsyncAccess& w) {
-  return w.kernel == nullptr || (w.mbarrier < f->phases_seen.size() && f->phases_seen[w.mbarrier] > w.serial);
-}
-
-// The issuer waited (bulk_wait_group_read or bulk_wait_group) for the copy's source read.
-bool s2g_read_waited(const AsyncAccess& r) {
-  return r.kernel == nullptr || state_of(r.kernel, r.thread).reads_waited > r.serial;
-}
 
 std::string hex(uintptr_t a) {
   char buf[32];
@@ -96,6 +89,25 @@ void remember(GenericAccess& slot, const GenericAccess& access, ProxySpace space
     slot = access;
 }
 
+// The same for the compact records of a block's shared memory.
+const ThreadProxyState& shared_thread(const Block* b, uint16_t thread) {
+  return b->kernel->proxy_threads[b->first_thread + thread - 1u];
+}
+bool fenced(const Block* b, const SharedGeneric& a) {
+  return a.thread == 0 || shared_thread(b, a.thread).fences[space_index(ProxySpace::SharedCta)] > a.fences;
+}
+// The thread knows that the global->shared copy's mbarrier phase completed.
+bool g2s_observed(const Fiber* f, const SharedAsync& w) {
+  return w.thread == 0 || (w.mbarrier < f->phases_seen.size() && f->phases_seen[w.mbarrier] > w.serial);
+}
+// The issuer waited (bulk_wait_group_read or bulk_wait_group) for the copy's source read.
+bool s2g_read_waited(const Block* b, const SharedAsync& r) {
+  return r.thread == 0 || shared_thread(b, r.thread).reads_waited > r.serial;
+}
+void remember(const Block* b, SharedGeneric& slot, const SharedGeneric& access) {
+  if (slot.thread == 0 || slot.thread == access.thread || fenced(b, slot)) slot = access;
+}
+
 GenericAccess generic_access(const Fiber* f, ProxySpace space, Loc loc) {
   return GenericAccess{f->block->kernel, f->kernel_thread, f->proxy->fences[space_index(space)], loc};
 }
@@ -106,8 +118,52 @@ AsyncAccess async_access(const Fiber* f, uint32_t mbarrier, uint64_t serial, Loc
 
 }  // namespace
 
-SharedGranule* ProxyTracker::shared_granules(Block* b, uintptr_t addr) {
-  if (b->proxy_granules.empty()) b->proxy_granules.resize((b->smem_bytes + kGranule - 1) / kGranule);
+uint16_t ProxyTracker::loc_number_slow(uintptr_t key, Loc loc) {
+  static_assert(sizeof(Loc) == sizeof(uintptr_t) && std::is_trivially_copyable_v<Loc>);
+  LocCacheEntry& cached = loc_cache_[(key * 0x9E3779B97F4A7C15ull) >> 54];
+  if (cached.key == key) return (last_loc_ = cached).number;
+  auto [it, added] = loc_numbers_.try_emplace(key, uint16_t{0});
+  // Past 65,535 distinct call sites a location is recorded as none (reports print ":0").
+  if (added && locs_.size() <= UINT16_MAX) {
+    it->second = static_cast<uint16_t>(locs_.size());
+    locs_.push_back(loc);
+  }
+  cached = last_loc_ = LocCacheEntry{key, it->second};
+  return it->second;
+}
+
+SharedGeneric ProxyTracker::shared_generic(const Fiber* f, Loc loc) {
+  return SharedGeneric{static_cast<uint16_t>(f->tid + 1), loc_number(loc),
+                       f->proxy->fences[space_index(ProxySpace::SharedCta)]};
+}
+
+SharedAsync ProxyTracker::shared_async(const Fiber* f, uint32_t mbarrier, uint64_t serial, Loc loc) {
+  if (mbarrier > UINT16_MAX || serial > UINT32_MAX)
+    Engine::get().fault(ErrorKind::Misuse,
+                        "simulator limit: a bulk copy into shared memory completes on mbarrier number " +
+                            std::to_string(mbarrier) + " of its block at phase " + std::to_string(serial) +
+                            " (at most 65,535 barriers per block and 2^32 phases or bulk groups per thread)",
+                        loc);
+  return SharedAsync{static_cast<uint16_t>(f->tid + 1), loc_number(loc), static_cast<uint16_t>(mbarrier),
+                     static_cast<uint32_t>(serial)};
+}
+
+GenericAccess ProxyTracker::expand(const Block* b, const SharedGeneric& r) const {
+  if (r.thread == 0) return GenericAccess{};
+  return GenericAccess{b->kernel, b->first_thread + r.thread - 1u, r.fences, loc_of(r.loc)};
+}
+
+AsyncAccess ProxyTracker::expand(const Block* b, const SharedAsync& r) const {
+  if (r.thread == 0) return AsyncAccess{};
+  return AsyncAccess{b->kernel, b->first_thread + r.thread - 1u, r.mbarrier, r.serial, loc_of(r.loc)};
+}
+
+void ProxyTracker::make_shared_granules(Block* b) {
+  b->proxy_granules.resize((b->smem_bytes + kGranule - 1) / kGranule);
+}
+
+inline SharedGranule* ProxyTracker::shared_granules(Block* b, uintptr_t addr) {
+  if (b->proxy_granules.empty()) [[unlikely]] make_shared_granules(b);
   return &b->proxy_granules[(addr - reinterpret_cast<uintptr_t>(b->smem.get())) / kGranule];
 }
 
@@ -131,17 +187,19 @@ void ProxyTracker::generic(Fiber* f, const void* ptr, std::size_t bytes, bool wr
 void ProxyTracker::generic_shared(Fiber* f, uintptr_t addr, std::size_t bytes, bool write, const char* op,
                                   Loc loc) {
   const uintptr_t first = addr / kGranule, last = (addr + bytes - 1) / kGranule;
-  SharedGranule* g = shared_granules(f->block, addr);
-  const GenericAccess access = generic_access(f, ProxySpace::SharedCta, loc);
+  Block* b = f->block;
+  SharedGranule* g = shared_granules(b, addr);
+  const SharedGeneric access = shared_generic(f, loc);
   for (uintptr_t i = 0; i <= last - first; ++i) {
     if (!g2s_observed(f, g[i].async_write))
       race(std::string(op) + (write ? " writes " : " reads ") + bytes_of(addr, bytes, true) + ", " +
-               unobserved_g2s(g[i].async_write),
+               unobserved_g2s(expand(b, g[i].async_write)),
            loc);
-    if (write && !s2g_read_waited(g[i].async_read))
-      race(std::string(op) + " overwrites " + bytes_of(addr, bytes, true) + ", " + unwaited_s2g_read(g[i].async_read),
+    if (write && !s2g_read_waited(b, g[i].async_read))
+      race(std::string(op) + " overwrites " + bytes_of(addr, bytes, true) + ", " +
+               unwaited_s2g_read(expand(b, g[i].async_read)),
            loc);
-    remember(write ? g[i].generic_write : g[i].generic_read, access, ProxySpace::SharedCta);
+    remember(b, write ? g[i].generic_write : g[i].generic_read, access);
   }
 }
 
@@ -207,43 +265,51 @@ void ProxyTracker::bulk_g2s(Fiber* f, void* smem_dst, const void* gmem_src, uint
   const char* op = "bulk_copy_g2s";
   const auto dst = reinterpret_cast<uintptr_t>(smem_dst);
   check_global_source(reinterpret_cast<uintptr_t>(gmem_src), bytes, op, loc);
-  SharedGranule* g = shared_granules(f->block, dst);
+  Block* b = f->block;
+  SharedGranule* g = shared_granules(b, dst);
   for (uint32_t i = 0; i < bytes / kGranule; ++i) {
     const uintptr_t at = dst + i * kGranule;
     for (const bool write : {true, false}) {
-      const GenericAccess& a = write ? g[i].generic_write : g[i].generic_read;
-      if (!fenced(a, ProxySpace::SharedCta))
+      const SharedGeneric& a = write ? g[i].generic_write : g[i].generic_read;
+      if (!fenced(b, a))
         race(std::string(op) + " writes " + bytes_of(at, kGranule, true) + ", " +
-                 unfenced(a, write, ProxySpace::SharedCta),
+                 unfenced(expand(b, a), write, ProxySpace::SharedCta),
              loc);
     }
     if (!g2s_observed(f, g[i].async_write))
-      race(std::string(op) + " writes " + bytes_of(at, kGranule, true) + ", " + unobserved_g2s(g[i].async_write), loc);
-    if (!s2g_read_waited(g[i].async_read))
-      race(std::string(op) + " writes " + bytes_of(at, kGranule, true) + ", " + unwaited_s2g_read(g[i].async_read),
+      race(std::string(op) + " writes " + bytes_of(at, kGranule, true) + ", " +
+               unobserved_g2s(expand(b, g[i].async_write)),
+           loc);
+    if (!s2g_read_waited(b, g[i].async_read))
+      race(std::string(op) + " writes " + bytes_of(at, kGranule, true) + ", " +
+               unwaited_s2g_read(expand(b, g[i].async_read)),
            loc);
   }
-  const AsyncAccess access = async_access(f, mbarrier, phase, loc);
+  const SharedAsync access = shared_async(f, mbarrier, phase, loc);
   for (uint32_t i = 0; i < bytes / kGranule; ++i) g[i].async_write = access;
 }
 
 void ProxyTracker::bulk_s2g(Fiber* f, void* gmem_dst, const void* smem_src, uint32_t bytes, Loc loc) {
   const char* op = "bulk_copy_s2g";
   const auto src = reinterpret_cast<uintptr_t>(smem_src), dst = reinterpret_cast<uintptr_t>(gmem_dst);
-  SharedGranule* g = shared_granules(f->block, src);
+  Block* b = f->block;
+  SharedGranule* g = shared_granules(b, src);
   for (uint32_t i = 0; i < bytes / kGranule; ++i) {
     const uintptr_t at = src + i * kGranule;
-    if (!fenced(g[i].generic_write, ProxySpace::SharedCta))
+    if (!fenced(b, g[i].generic_write))
       race(std::string(op) + " reads " + bytes_of(at, kGranule, true) + ", " +
-               unfenced(g[i].generic_write, true, ProxySpace::SharedCta),
+               unfenced(expand(b, g[i].generic_write), true, ProxySpace::SharedCta),
            loc);
     if (!g2s_observed(f, g[i].async_write))
-      race(std::string(op) + " reads " + bytes_of(at, kGranule, true) + ", " + unobserved_g2s(g[i].async_write), loc);
+      race(std::string(op) + " reads " + bytes_of(at, kGranule, true) + ", " +
+               unobserved_g2s(expand(b, g[i].async_write)),
+           loc);
   }
   check_global_destination(dst, bytes, op, loc);
   ThreadProxyState& self = *f->proxy;
   const AsyncAccess access = async_access(f, 0, self.groups_committed, loc);
-  for (uint32_t i = 0; i < bytes / kGranule; ++i) g[i].async_read = access;
+  const SharedAsync read = shared_async(f, 0, self.groups_committed, loc);
+  for (uint32_t i = 0; i < bytes / kGranule; ++i) g[i].async_read = read;
   bulk_writes_[dst] = GlobalBulkWrite{dst + bytes, access};
   self.pending_writes.emplace_back(self.groups_committed, dst);
 }

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <string>
 #include <utility>
@@ -63,11 +64,27 @@ struct AsyncAccess {
   Loc loc{};
 };
 
-// Shared memory: a dense shadow per block, one entry per 16-byte granule.
-struct SharedGranule {
-  GenericAccess generic_read, generic_write;
-  AsyncAccess async_read, async_write;
+// Shared memory: a dense shadow per block, one entry per 16-byte granule, in a compact
+// form of the records above (40 bytes, not 112: the records of a block's shared memory
+// are read on every ld/st.shared and then mostly stay in the host core's L2 cache).
+// The kernel is the block's; `thread` is the thread's index in the block plus one (0:
+// no access); `loc` is the ProxyTracker's number of the source location.
+struct SharedGeneric {
+  uint16_t thread = 0;
+  uint16_t loc = 0;
+  uint32_t fences = 0;
 };
+struct SharedAsync {
+  uint16_t thread = 0;
+  uint16_t loc = 0;
+  uint16_t mbarrier = 0;
+  uint32_t serial = 0;
+};
+struct SharedGranule {
+  SharedGeneric generic_read, generic_write;
+  SharedAsync async_read, async_write;
+};
+static_assert(sizeof(SharedGranule) == 40);
 
 // Global memory: generic accesses by granule; bulk writes whose issuer has not
 // waited for them as ranges (rows are large, and a range goes once it is waited for).
@@ -114,6 +131,21 @@ class ProxyTracker {
   void check_global_destination(uintptr_t addr, std::size_t bytes, const char* op, Loc loc);
   const GlobalBulkWrite* pending_bulk_write(uintptr_t addr, std::size_t bytes) const;
   SharedGranule* shared_granules(Block* b, uintptr_t addr);
+  void make_shared_granules(Block* b);
+  // Numbers for source locations (0: none), and back. Consecutive accesses mostly
+  // come from one line (a block's threads run one after another).
+  uint16_t loc_number(Loc loc) {
+    uintptr_t key = 0;
+    std::memcpy(&key, &loc, sizeof key);
+    return key == last_loc_.key ? last_loc_.number : loc_number_slow(key, loc);
+  }
+  uint16_t loc_number_slow(uintptr_t key, Loc loc);
+  Loc loc_of(uint16_t number) const { return locs_[number]; }
+  // Compact shared-memory records, and their full form for reports.
+  SharedGeneric shared_generic(const Fiber* f, Loc loc);
+  SharedAsync shared_async(const Fiber* f, uint32_t mbarrier, uint64_t serial, Loc loc);
+  GenericAccess expand(const Block* b, const SharedGeneric& r) const;
+  AsyncAccess expand(const Block* b, const SharedAsync& r) const;
   // The records of granules [first, last) that exist, in address order.
   template <class Fn>
   void for_each_global(uintptr_t first, uintptr_t last, Fn&& fn) const;
@@ -124,6 +156,16 @@ class ProxyTracker {
   // generic access touched looks up 4 pages, not 1024 granules.
   std::unordered_map<uintptr_t, uint32_t> global_pages_;
   std::map<uintptr_t, GlobalBulkWrite> bulk_writes_;      // by start address
+  // Source locations by number (locs_[0]: none), and a direct-mapped cache in front of
+  // the map from a location's bits to its number: one compare per access.
+  std::vector<Loc> locs_{Loc{}};
+  std::unordered_map<uintptr_t, uint16_t> loc_numbers_;
+  struct LocCacheEntry {
+    uintptr_t key = 0;
+    uint16_t number = 0;
+  };
+  std::vector<LocCacheEntry> loc_cache_ = std::vector<LocCacheEntry>(1024);
+  LocCacheEntry last_loc_;
 };
 
 }  // namespace railyard::sim::detail

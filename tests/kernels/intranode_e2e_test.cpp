@@ -265,11 +265,13 @@ bool large_hidden(bf16* x, std::size_t count, uint64_t seed, bool check) {
 // number of ranks the token went to, which fp32 holds exactly (n <= 8, BF16 inputs).
 TEST(IntranodeEndToEndLarge, SeedConfiguration) {
   const int R = 8, M = 4096, H = 8192, El = 2, K = 8, blocks = 8;
-  // This test is about scale; interleavings are explored by the small tests. With one
-  // switch in four non-blocking scheduling points it runs about 20% faster.
-  const double preemption = 0.25;
+  // This test is about scale; interleavings are explored by the small tests. One
+  // switch in twenty non-blocking scheduling points, and a block's threads run in turn
+  // (sim::Config::locality), so that the host's caches keep the running block's fiber
+  // stacks and shared-memory records (docs/simulator.md, "Engine performance").
+  const double preemption = 0.05, locality = 1.0;
   layout::IntranodeShape shape{R, El, M, H, K, DType::BF16};
-  IntranodeWorld w(shape, 1, /*sm_count=*/blocks, preemption);
+  IntranodeWorld w(shape, 1, /*sm_count=*/blocks, preemption, locality);
   const auto& L = w.layout();
   std::mt19937_64 rng(2024);
   std::vector<std::vector<int64_t>> idx(R);

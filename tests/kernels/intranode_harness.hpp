@@ -40,11 +40,12 @@ inline sim::DeviceProps small_device(int sm_count = 8) {
 
 class IntranodeWorld {
  public:
-  // preemption: sim::Config::preemption (1 explores the most interleavings; scale
-  // tests lower it).
-  IntranodeWorld(const IntranodeShape& shape, uint64_t seed, int sm_count = 8, double preemption = 1.0)
+  // preemption, locality: sim::Config's (the defaults explore the most interleavings;
+  // scale tests trade some for speed).
+  IntranodeWorld(const IntranodeShape& shape, uint64_t seed, int sm_count = 8, double preemption = 1.0,
+                 double locality = 0.0)
       : shape_(shape), layout_(shape) {
-    sim::reset({.seed = seed, .preemption = preemption});
+    sim::reset({.seed = seed, .preemption = preemption, .locality = locality});
     for (int r = 0; r < shape.num_ranks; ++r) sim::add_device(small_device(sm_count));
     for (int r = 0; r < shape.num_ranks; ++r)
       for (int p = 0; p < shape.num_ranks; ++p)
@@ -52,7 +53,9 @@ class IntranodeWorld {
     for (int r = 0; r < shape.num_ranks; ++r) {
       auto* buf = static_cast<uint8_t*>(
           sim::malloc_device(r, static_cast<std::size_t>(layout_.registered_bytes()), "registered[" + std::to_string(r) + "]"));
-      std::memset(buf, 0, static_cast<std::size_t>(layout_.registered_bytes()));  // flags start at 0
+      // Flags, counts and row headers start at 0; staging rows and scales are written
+      // before they are read (and left untouched, the simulator commits no memory for them).
+      std::memset(buf, 0, static_cast<std::size_t>(layout_.scales_offset()));
       registered_.push_back(buf);
       allocations_.push_back(buf);
     }

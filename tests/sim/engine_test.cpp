@@ -11,6 +11,7 @@
 #include <mutex>
 #include <cstring>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -423,6 +424,67 @@ TEST_F(SimEngine, LaunchValidationNamesTheArgument) {
   expect_msg({sim::Dim3(0), 32, 0, "g"}, "zero dimension");
   expect_msg({1, 2048, 0, "b"}, "expected 1..1024");
   expect_msg({1, 32, 300000, "smem"}, "exceeds the device's 232448 bytes");
+}
+
+// Config::locality = 1: after a run, the next runnable thread of the block runs. Every
+// append is a scheduling point, so the log goes round the block in thread order from
+// wherever the first uniform pick started it.
+std::vector<unsigned> interleaving_with_locality(uint64_t seed, double locality) {
+  sim::reset({.seed = seed, .locality = locality});
+  sim::add_device();
+  const unsigned n = 64;
+  auto* cursor = alloc<unsigned>(0, 1, "cursor");
+  auto* log = alloc<unsigned>(0, n * 3, "log");
+  *cursor = 0;
+  sim::launch(sim::default_stream(0), {1, n, 0, "append"}, [=] {
+    for (int i = 0; i < 3; ++i) st_plain(log + atomicAdd(cursor, 1u), threadIdx.x);
+  });
+  sim::stream_synchronize(sim::default_stream(0));
+  return std::vector<unsigned>(log, log + n * 3);
+}
+
+TEST_F(SimEngine, LocalityRunsTheBlocksThreadsInTurn) {
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    const auto log = interleaving_with_locality(seed, 1.0);
+    for (std::size_t i = 0; i < log.size(); ++i)
+      ASSERT_EQ(log[i], (log[0] + i) % 64) << "append " << i << ", seed " << seed;
+    EXPECT_EQ(log, interleaving_with_locality(seed, 1.0)) << "seed " << seed;
+  }
+  // Uniform picks (the default) do not go round in order.
+  const auto uniform = interleaving_with_locality(1, 0.0);
+  bool in_turn = true;
+  for (std::size_t i = 0; i < uniform.size(); ++i) in_turn &= uniform[i] == (uniform[0] + i) % 64;
+  EXPECT_FALSE(in_turn);
+}
+
+TEST_F(SimEngine, SchedulingProbabilitiesOutsideTheirRangeAreRejected) {
+  for (double bad : {-0.1, 1.5}) {
+    try {
+      sim::reset({.locality = bad});
+      ADD_FAILURE() << "locality " << bad << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("config.locality"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(sim::reset({.preemption = 0.0}), std::invalid_argument);
+}
+
+// Large allocations map a poison file copy-on-write: unwritten bytes read 0xA5, a
+// write stays in its allocation, and a later allocation reads 0xA5 again.
+TEST_F(SimEngine, LargeAllocationsReadAsPoisonUntilWritten) {
+  start(1);
+  const std::size_t bytes = (std::size_t{40} << 20) + 256;
+  auto* a = alloc<uint8_t>(0, bytes, "large a");
+  for (std::size_t at : {std::size_t{0}, bytes / 3, bytes - 1}) ASSERT_EQ(a[at], 0xA5) << "byte " << at;
+  std::memset(a, 0x11, bytes);
+  for (std::size_t at : {std::size_t{0}, std::size_t{17} << 20, bytes - 1}) ASSERT_EQ(a[at], 0x11) << "byte " << at;
+  auto* b = alloc<uint8_t>(0, bytes, "large b");
+  for (std::size_t at : {std::size_t{0}, std::size_t{17} << 20, bytes - 1}) ASSERT_EQ(b[at], 0xA5) << "byte " << at;
+  sim::free(a);
+  auto* c = alloc<uint8_t>(0, bytes, "large c");
+  ASSERT_EQ(c[std::size_t{17} << 20], 0xA5);
+  sim::free(b);
+  sim::free(c);
 }
 
 TEST_F(SimEngine, AllocationsAreCountedAndFreed) {

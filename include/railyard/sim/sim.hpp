@@ -69,6 +69,12 @@ struct Config {
   // Blocking points always do. 1 explores the most interleavings; scale tests lower
   // it to run faster, still seeded and reproducible.
   double preemption = 1.0;
+  // Probability that, after a fiber's run, the next run goes to the next runnable
+  // thread of the same block (in thread order, at most a warp's width ahead) instead
+  // of a uniform pick among everything runnable. Its lanes' stacks and records are
+  // still in the host's caches, so scale tests run faster; 0 (the default) keeps every
+  // pick uniform, which explores the most interleavings.
+  double locality = 0.0;
   // RAILYARD_SIM_MEMORY_MODEL=weak (or sc), when set, overrides this in reset().
   MemoryModel memory_model = MemoryModel::SequentiallyConsistent;
 };
