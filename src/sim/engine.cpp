@@ -469,7 +469,6 @@ void Engine::enable_peer(int dev, int peer) {
   devices_[dev].peer[peer] = true;
 }
 
-
 void* Engine::allocate(int dev, std::size_t bytes, std::string label) {
   if (bytes == 0) return nullptr;
   // cudaMalloc returns 256-byte aligned memory; keep that, and round the size so the
