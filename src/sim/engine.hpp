@@ -184,6 +184,7 @@ struct Block {
   uint32_t next_mbarrier_id = 0;  // the next Mbarrier::id
   std::vector<uint64_t> collective_phases;  // scratch of warp_collective, kept for its capacity
   std::vector<SharedGranule> proxy_granules;  // dynamic shared memory by 16 bytes, made on first use
+  std::vector<WordRecord> weak_words;         // weak mode: dynamic shared memory by word, made on first use
 };
 
 struct KernelRun {

@@ -16,6 +16,11 @@ namespace {
 constexpr uintptr_t kWord = WeakMemory::kWordBytes;
 const char* const kBulkStore = "bulk_copy_s2g";
 
+// The words [first, last) that bytes [addr, addr + bytes) touch.
+std::pair<uintptr_t, uintptr_t> words(uintptr_t addr, std::size_t bytes) {
+  return {addr / kWord, (addr + bytes + kWord - 1) / kWord};
+}
+
 std::size_t index(Scope s) { return static_cast<std::size_t>(s); }
 
 const char* scope_name(std::size_t s) { return s == 0 ? ".cta" : s == 1 ? ".gpu" : ".sys"; }
@@ -97,6 +102,16 @@ std::string WeakMemory::thread_name(uint64_t id) const {
          "' on device " + std::to_string(k.device);
 }
 
+template <class Fn>
+void WeakMemory::with_words(const Fiber* f, uintptr_t addr, Fn&& fn) {
+  Block* b = f->block;
+  const auto base = reinterpret_cast<uintptr_t>(b->smem.get());
+  if (addr - base >= b->smem_bytes) return fn(words_);
+  if (b->weak_words.empty()) b->weak_words.resize((b->smem_bytes + kWord - 1) / kWord);
+  DenseWords shared(b->weak_words.data(), base / kWord);
+  fn(shared);
+}
+
 // ---- accesses -----------------------------------------------------------------------------------
 // A plain write records its words; a strong one clears their write records: plain
 // reads of a word a strong store wrote (a flag re-read after its acquire, a header read
@@ -104,19 +119,19 @@ std::string WeakMemory::thread_name(uint64_t id) const {
 // another thread read unless that read is known to the writer.
 void WeakMemory::write(Fiber* f, const void* ptr, std::size_t bytes, bool strong, const char* op, Loc loc) {
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
-  for (uintptr_t i = addr / kWord; i <= (addr + bytes - 1) / kWord; ++i) {
-    auto it = words_.find(i);
-    if (it != words_.end()) check_overwrite(f, f->weak.frontier, it->second, addr, bytes, op, loc);
-  }
-  const uint64_t t = tick();
-  WeakThread& w = f->weak;
-  w.lastwrite = t;
-  w.lastwrite_op = op;
-  w.lastwrite_loc = loc;
-  for (uintptr_t i = addr / kWord; i <= (addr + bytes - 1) / kWord; ++i) {
-    if (strong) words_.erase(i);
-    else words_[i] = WordRecord{Access{t, w.id, op, loc}, Access{}};
-  }
+  const auto [first, last] = words(addr, bytes);
+  with_words(f, addr, [&](auto& records) {
+    records.for_each(first, last, [&](uintptr_t, uintptr_t, const WordRecord& r) {
+      check_overwrite(f, f->weak.frontier, r, addr, bytes, op, loc);
+    });
+    const uint64_t t = tick();
+    WeakThread& w = f->weak;
+    w.lastwrite = t;
+    w.lastwrite_op = op;
+    w.lastwrite_loc = loc;
+    if (strong) records.erase(first, last);
+    else records.assign(first, last, WordRecord{Access{t, w.id, op, loc}, Access{}});
+  });
 }
 
 // A write of a word whose last plain read is another thread's and not known to the writer.
@@ -138,29 +153,33 @@ void WeakMemory::check_overwrite(const Fiber* f, uint64_t known, const WordRecor
 
 // A weak read of bytes whose last write is another thread's and not known to the reader.
 void WeakMemory::check_read(const Fiber* f, uint64_t known, const void* ptr, std::size_t bytes, const char* op,
-                            Loc loc) const {
-  const WeakThread& w = f->weak;
+                            Loc loc) {
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
-  for (uintptr_t i = addr / kWord; i <= (addr + bytes - 1) / kWord; ++i) {
-    auto it = words_.find(i);
-    if (it == words_.end()) continue;
-    const Access& r = it->second.write;
-    if (r.time == 0 || r.thread == w.id || r.time <= known) continue;
-    const bool bulk = r.op == kBulkStore;
-    const bool async = r.time <= w.frontier;  // the thread knows the write, its bulk copies do not
-    report("data race: " + std::string(op) + " at " + format_loc(loc) + " reads [" + hex(addr) + ", +" +
-               std::to_string(bytes) + "), bytes that " +
-               (bulk ? "the bulk copy (shared to global) issued by " + thread_name(r.thread) + " at " +
-                           format_loc(r.loc) + " wrote when it landed"
-                     : thread_name(r.thread) + " wrote with " + r.op + " at " + format_loc(r.loc)) +
-               ", without synchronization (no acquire, fence or barrier since orders that write before this "
-               "read" +
-               (bulk ? "; was the copy published after only bulk_wait_group_read?)"
-                : async ? "; the issuing thread knows it, but has not made it known to its bulk copies with "
-                          "fence.proxy.async.global since)"
-                        : ")"),
-           loc);
-  }
+  const auto [first, last] = words(addr, bytes);
+  with_words(f, addr, [&](auto& records) {
+    records.for_each(first, last, [&](uintptr_t, uintptr_t, const WordRecord& r) {
+      if (r.write.time != 0 && r.write.thread != f->weak.id && r.write.time > known)
+        report_stale_read(f, r.write, addr, bytes, op, loc);
+    });
+  });
+}
+
+void WeakMemory::report_stale_read(const Fiber* f, const Access& r, uintptr_t addr, std::size_t bytes,
+                                   const char* op, Loc loc) const {
+  const bool bulk = r.op == kBulkStore;
+  const bool async = r.time <= f->weak.frontier;  // the thread knows the write, its bulk copies do not
+  report("data race: " + std::string(op) + " at " + format_loc(loc) + " reads [" + hex(addr) + ", +" +
+             std::to_string(bytes) + "), bytes that " +
+             (bulk ? "the bulk copy (shared to global) issued by " + thread_name(r.thread) + " at " +
+                         format_loc(r.loc) + " wrote when it landed"
+                   : thread_name(r.thread) + " wrote with " + r.op + " at " + format_loc(r.loc)) +
+             ", without synchronization (no acquire, fence or barrier since orders that write before this "
+             "read" +
+             (bulk    ? "; was the copy published after only bulk_wait_group_read?)"
+              : async ? "; the issuing thread knows it, but has not made it known to its bulk copies with "
+                        "fence.proxy.async.global since)"
+                      : ")"),
+         loc);
 }
 
 // Records a plain read, which a later write by another thread must know.
@@ -169,7 +188,9 @@ void WeakMemory::record_read(Fiber* f, const void* ptr, std::size_t bytes, const
   WeakThread& w = f->weak;
   w.lastread = t;
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
-  for (uintptr_t i = addr / kWord; i <= (addr + bytes - 1) / kWord; ++i) words_[i].read = Access{t, w.id, op, loc};
+  const auto [first, last] = words(addr, bytes);
+  const Access read{t, w.id, op, loc};
+  with_words(f, addr, [&](auto& records) { records.update(first, last, [&](WordRecord& r) { r.read = read; }); });
 }
 
 // A strong load (or an atomic's read) reads the value of strong store `r`.
@@ -261,20 +282,19 @@ void WeakMemory::bulk_read(Fiber* f, const void* gmem_src, std::size_t bytes, Lo
 
 void WeakMemory::bulk_write_issued(const Fiber* f, const void* gmem_dst, std::size_t bytes, Loc loc) const {
   const auto addr = reinterpret_cast<uintptr_t>(gmem_dst);
-  for (uintptr_t i = addr / kWord; i < (addr + bytes) / kWord; ++i) {
-    auto it = words_.find(i);
-    if (it != words_.end()) check_overwrite(f, f->weak.async_frontier, it->second, addr, bytes, kBulkStore, loc);
-  }
+  const auto [first, last] = words(addr, bytes);
+  words_.for_each(first, last, [&](uintptr_t, uintptr_t, const WordRecord& r) {
+    check_overwrite(f, f->weak.async_frontier, r, addr, bytes, kBulkStore, loc);
+  });
 }
 
 void WeakMemory::bulk_landed(Fiber* issuer, const void* dst, std::size_t bytes, bool shared, Loc loc) {
   const auto addr = reinterpret_cast<uintptr_t>(dst);
-  const uint64_t t = shared ? 0 : tick();
-  for (uintptr_t i = addr / kWord; i < (addr + bytes) / kWord; ++i) {
-    if (shared) words_.erase(i);
-    else words_[i] = WordRecord{Access{t, issuer->weak.id, kBulkStore, loc}, Access{}};
-  }
-  if (!shared) issuer->weak.bulk_landed = t;
+  const auto [first, last] = words(addr, bytes);
+  if (shared) return with_words(issuer, addr, [&](auto& records) { records.erase(first, last); });
+  const uint64_t t = tick();
+  words_.assign(first, last, WordRecord{Access{t, issuer->weak.id, kBulkStore, loc}, Access{}});
+  issuer->weak.bulk_landed = t;
 }
 
 void WeakMemory::bulk_waited(Fiber* f) { f->weak.lastwrite = std::max(f->weak.lastwrite, f->weak.bulk_landed); }

@@ -24,6 +24,7 @@
 #include <unordered_map>
 
 #include "railyard/sim/device.hpp"
+#include "range_map.hpp"
 
 namespace railyard::sim::detail {
 
@@ -60,7 +61,8 @@ struct WeakThread {
   uint64_t knowledge() const { return std::max({frontier, lastwrite, lastread}); }
 };
 
-// The last plain write of a 4-byte word, and its last plain read.
+// The last plain write of a 4-byte word, and its last plain read (kept by ranges of
+// words: a bulk copy's row is one record).
 struct Access {
   uint64_t time = 0;    // 0: none
   uint64_t thread = 0;  // WeakThread::id
@@ -69,6 +71,29 @@ struct Access {
 };
 struct WordRecord {
   Access write, read;
+};
+
+// A block's shared memory: a record per word, dense (a zero record is none), with
+// RangeMap's operations; words are numbered by address like global memory's.
+class DenseWords {
+ public:
+  DenseWords(WordRecord* records, uintptr_t first_word) : records_(records), base_(first_word) {}
+  template <class Fn>
+  void for_each(uintptr_t first, uintptr_t last, Fn&& fn) const {
+    for (uintptr_t i = first; i < last; ++i) fn(i, i + 1, records_[i - base_]);
+  }
+  void assign(uintptr_t first, uintptr_t last, const WordRecord& value) {
+    std::fill(records_ + (first - base_), records_ + (last - base_), value);
+  }
+  void erase(uintptr_t first, uintptr_t last) { assign(first, last, WordRecord{}); }
+  template <class Fn>
+  void update(uintptr_t first, uintptr_t last, Fn&& fn) {
+    for (uintptr_t i = first; i < last; ++i) fn(records_[i - base_]);
+  }
+
+ private:
+  WordRecord* records_;
+  uintptr_t base_;
 };
 
 // The last strong store (relaxed, volatile, release, atomic) of an address: what an
@@ -134,8 +159,9 @@ class WeakMemory {
   uint64_t tick() { return ++now_; }
   void write(Fiber* f, const void* ptr, std::size_t bytes, bool strong, const char* op, Loc loc);
   // `known`: what the accessing thread (or its async proxy) knows.
-  void check_read(const Fiber* f, uint64_t known, const void* ptr, std::size_t bytes, const char* op,
-                  Loc loc) const;
+  void check_read(const Fiber* f, uint64_t known, const void* ptr, std::size_t bytes, const char* op, Loc loc);
+  [[noreturn]] void report_stale_read(const Fiber* f, const Access& write, uintptr_t addr, std::size_t bytes,
+                                      const char* op, Loc loc) const;
   void record_read(Fiber* f, const void* ptr, std::size_t bytes, const char* op, Loc loc);
   void check_overwrite(const Fiber* f, uint64_t known, const WordRecord& r, uintptr_t addr, std::size_t bytes,
                        const char* op, Loc loc) const;
@@ -143,10 +169,14 @@ class WeakMemory {
   void check_doorbell(const Fiber* f, const void* ptr, std::size_t bytes, Order order, Scope scope,
                       const char* op, Loc loc) const;
   std::string thread_name(uint64_t id) const;
+  // fn(words) with the records that hold address `addr` as `f` sees it: its block's
+  // dense shared-memory records, or global memory's ranges.
+  template <class Fn>
+  void with_words(const Fiber* f, uintptr_t addr, Fn&& fn);
 
   bool enabled_ = false;
   uint64_t now_ = 0;
-  std::unordered_map<uintptr_t, WordRecord> words_;  // by address / kWordBytes
+  RangeMap<WordRecord> words_;                        // global memory, by address / kWordBytes
   std::unordered_map<uintptr_t, SyncRecord> sync_;    // by address
   std::unordered_map<uint64_t, KernelInfo> kernels_;  // by launch id
   std::map<uintptr_t, uintptr_t> doorbells_;          // start -> end
