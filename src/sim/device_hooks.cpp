@@ -166,6 +166,7 @@ void barrier(unsigned id, unsigned num_threads, bool wait, const char* what, Loc
   ++bar.arrived;
   e.progress();
   forget_polls(f);
+  if (e.timing().enabled()) e.timing().cycles(f, e.timing().model(f->device).barrier_cycles);
   // A barrier orders every participant's earlier accesses before every waiter's later
   // ones: what any of them knew of mbarrier phases, all of them know after it.
   detail::join_phases(bar.phases_seen, f->phases_seen);
@@ -233,6 +234,7 @@ void warp_collective(uint32_t mask, uint64_t value, uint64_t* all_values, const 
     std::snprintf(buf, sizeof buf, "%s: mask 0x%08x names lanes that do not exist in this warp (0x%08x)", what, mask, existing);
     fail(ErrorKind::Misuse, buf, loc);
   }
+  if (e.timing().enabled()) e.timing().cycles(f, e.timing().model(f->device).warp_collective_cycles);
   auto& list = b->warp_collectives[warp];
   detail::WarpCollective* c = nullptr;
   for (auto& x : list) {
@@ -326,10 +328,22 @@ bool check_generic(const void* ptr, std::size_t bytes, std::size_t align, bool w
 
 // Checks the access, and records it for the async-proxy tracker (every load, store
 // and atomic is a generic-proxy access).
-void check_tracked(const void* ptr, std::size_t bytes, bool write, const char* op, Loc loc) {
+bool check_tracked(const void* ptr, std::size_t bytes, bool write, const char* op, Loc loc) {
   const bool shared = check_generic(ptr, bytes, bytes, write, op, loc);
   engine().proxy().generic(self(), ptr, bytes, write, shared, op, loc);
+  return shared;
 }
+
+// Timed mode: where an access of `ptr` goes.
+detail::Target target(const Fiber* f, const void* ptr, bool shared) {
+  using Kind = detail::Target::Kind;
+  if (shared) return {Kind::Shared, f->device};
+  const detail::Allocation* a = engine().find(ptr);
+  const int owner = a != nullptr ? a->device : -1;
+  return {owner == f->device ? Kind::Local : Kind::Remote, owner};
+}
+
+bool is_release(const char* op) { return std::strstr(op, ".release") || std::strstr(op, "acq_rel"); }
 }  // namespace
 
 void check_global_or_shared(const void* ptr, std::size_t bytes, std::size_t align, bool write, const char* op,
@@ -339,12 +353,21 @@ void check_global_or_shared(const void* ptr, std::size_t bytes, std::size_t alig
 
 void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope scope, const char* op, Loc loc) {
   if (order == Order::Acquire && mutation::mutated(mutation::SiteKind::Acquire, loc)) order = Order::Relaxed;
-  check_tracked(ptr, bytes, false, op, loc);
+  const bool shared = check_tracked(ptr, bytes, false, op, loc);
   std::memcpy(data, ptr, bytes);
   Engine& e = engine();
   Fiber* f = self();
   if (e.weak().enabled()) e.weak().load(f, ptr, bytes, order, scope, op, loc);
-  if (order == Order::Plain) return;
+  if (e.timing().enabled())
+    e.timing().load(f, target(f, ptr, shared), ptr, bytes, order != Order::Plain,
+                    order == Order::Acquire && scope == Scope::System);
+  if (order == Order::Plain) {
+    // Timed mode: every access is an event at its thread's time, so that the pipes
+    // see their transfers in time order (a thread running ahead would queue its
+    // later accesses before other threads' earlier ones).
+    if (e.timing().enabled()) e.yield_runnable();
+    return;
+  }
   if (idle_poll(f, ptr, data, bytes)) {
     WaitInfo wi;
     wi.kind = WaitInfo::Kind::Poll;
@@ -355,6 +378,8 @@ void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope sco
     e.yield_parked(wi);
     std::memcpy(data, ptr, bytes);  // return what is there now
     if (e.weak().enabled()) e.weak().load(f, ptr, bytes, order, scope, op, loc);
+    if (e.timing().enabled())
+      e.timing().load(f, target(f, ptr, shared), ptr, bytes, true, order == Order::Acquire && scope == Scope::System);
     idle_poll(f, ptr, data, bytes);
     return;
   }
@@ -363,25 +388,30 @@ void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope sco
 
 void store(void* ptr, const void* data, std::size_t bytes, Order order, Scope scope, const char* op, Loc loc) {
   if (order == Order::Release && mutation::mutated(mutation::SiteKind::Release, loc)) order = Order::Relaxed;
-  check_tracked(ptr, bytes, true, op, loc);
+  const bool shared = check_tracked(ptr, bytes, true, op, loc);
   std::memcpy(ptr, data, bytes);
   Engine& e = engine();
   if (e.weak().enabled()) e.weak().store(self(), ptr, bytes, order, scope, op, loc);
+  if (e.timing().enabled())
+    e.timing().store(self(), target(self(), ptr, shared), ptr, bytes, order != Order::Plain,
+                     order == Order::Release, scope == Scope::System);
   e.progress();
   forget_polls(self());
-  if (order != Order::Plain) e.yield_runnable();
+  if (order != Order::Plain || e.timing().enabled()) e.yield_runnable();
 }
 
 uint64_t atomic_rmw(void* ptr, std::size_t bytes, RmwFn fn, uint64_t a, uint64_t b, Scope scope, const char* op,
                     Loc loc) {
   if (bytes != 4 && bytes != 8) fail(ErrorKind::Misuse, std::string(op) + ": atomics take 4 or 8 bytes", loc);
-  check_tracked(ptr, bytes, true, op, loc);
+  const bool shared = check_tracked(ptr, bytes, true, op, loc);
   uint64_t old = 0;
   std::memcpy(&old, ptr, bytes);
   uint64_t next = fn(old, a, b);
   if (bytes == 4) next &= 0xffffffffull;
   Engine& e = engine();
   Fiber* f = self();
+  if (e.timing().enabled())
+    e.timing().atomic(f, target(f, ptr, shared), ptr, bytes, is_release(op), scope == Scope::System);
   if (next == old) {
     // An atomic that changes nothing is a poll (a CAS spin, an add of zero).
     if (idle_poll(f, ptr, &old, bytes)) {
@@ -433,6 +463,7 @@ void fence(const char* op, Loc loc) {
   if (mutation::mutated(mutation::SiteKind::Fence, loc)) return;
   if (self()->unfenced_mbarrier_inits && std::strstr(op, "mbarrier_init")) publish_mbarrier_inits(self());
   if (engine().weak().enabled()) engine().weak().fence(self(), op);
+  if (engine().timing().enabled()) engine().timing().fence(self(), static_cast<int>(WeakMemory::fence_scope(op)));
   engine().yield_runnable();
 }
 
@@ -488,6 +519,7 @@ uint64_t mbarrier_arrive(uint64_t* bar, unsigned arrivals, uint32_t tx_bytes, Lo
              std::to_string(m->pending_arrivals) + " are pending in this phase (more arrivals than the init count)",
          loc);
   const uint64_t token = m->phases_completed;
+  if (e.timing().enabled()) e.timing().cycles(self(), e.timing().model(self()->device).mbarrier_cycles);
   m->tx_count += tx_bytes;
   if (arrivals) {
     // An arrival releases: a thread that sees this phase complete learns what the
@@ -524,6 +556,7 @@ bool mbarrier_test_wait_parity(uint64_t* bar, uint32_t parity, Loc loc) {
   if (mutation::mutated(mutation::SiteKind::MbarrierWait, loc)) return true;
   Engine& e = engine();
   Mbarrier* m = e.mbarrier(bar, loc, true);
+  if (e.timing().enabled()) e.timing().cycles(self(), e.timing().model(self()->device).mbarrier_cycles);
   const bool done = wait_sees_phase(self(), *m, parity);
   uint64_t observed = m->phases_completed;
   if (!done && idle_poll(self(), bar, &observed, 8)) {
@@ -544,6 +577,7 @@ bool mbarrier_try_wait_parity(uint64_t* bar, uint32_t parity, Loc loc) {
   Engine& e = engine();
   Mbarrier* m = e.mbarrier(bar, loc, true);
   Fiber* f = self();
+  if (e.timing().enabled()) e.timing().cycles(f, e.timing().model(f->device).mbarrier_cycles);
   if (wait_sees_phase(f, *m, parity)) return true;
   m->waiters.push_back(f);
   WaitInfo wi;
@@ -588,7 +622,9 @@ void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_
   // Its bytes complete on the phase in progress (expect_tx armed it before the issue).
   e.proxy().bulk_g2s(f, smem_dst, gmem_src, bytes, m->id, m->phases_completed, loc);
   if (e.weak().enabled()) e.weak().bulk_read(f, gmem_src, bytes, loc);
-  e.issue_async(AsyncOp{AsyncOp::Kind::G2S, f->block, f, smem_dst, gmem_src, bytes, bar, nullptr, loc});
+  AsyncOp copy{AsyncOp::Kind::G2S, f->block, f, smem_dst, gmem_src, bytes, bar, nullptr, loc};
+  if (e.timing().enabled()) copy.ready_ns = e.timing().bulk_g2s(f, target(f, gmem_src, false), bytes);
+  e.issue_async(copy);
   e.progress();
   e.yield_runnable();
 }
@@ -602,7 +638,13 @@ void bulk_copy_s2g(void* gmem_dst, const void* smem_src, uint32_t bytes, Loc loc
   Fiber* f = self();
   e.proxy().bulk_s2g(f, gmem_dst, smem_src, bytes, loc);
   if (e.weak().enabled()) e.weak().bulk_write_issued(f, gmem_dst, bytes, loc);
-  e.issue_async(AsyncOp{AsyncOp::Kind::S2G, f->block, f, gmem_dst, smem_src, bytes, nullptr, &f->groups.back(), loc});
+  AsyncOp copy{AsyncOp::Kind::S2G, f->block, f, gmem_dst, smem_src, bytes, nullptr, &f->groups.back(), loc};
+  if (e.timing().enabled()) {
+    const detail::Timing::S2G t = e.timing().bulk_s2g(f, target(f, gmem_dst, false), bytes);
+    copy.read_ns = t.read_done;
+    copy.ready_ns = t.write_done;
+  }
+  e.issue_async(copy);
   f->open_group_has_store = true;
   f->last_bulk_store = loc;
   e.progress();
@@ -655,6 +697,12 @@ void bulk_wait_group(unsigned max_pending, bool read_only, Loc loc) {
 uint64_t clock64() { return engine().read_clock(); }
 
 void nanosleep(unsigned ns, Loc loc) {
+  Engine& e = engine();
+  if (e.timing().enabled()) {  // the thread's clock moves on; it is not idle
+    self()->clock_ns += ns;
+    e.yield_runnable();
+    return;
+  }
   WaitInfo wi;
   wi.kind = WaitInfo::Kind::Sleep;
   wi.what = "__nanosleep";

@@ -441,6 +441,9 @@ void Engine::reset(const Config& config) {
   traffic_read_.clear();
   proxy_.reset();
   weak_.reset(config_.memory_model == MemoryModel::Weak);
+  timing_.reset(config_.timed);
+  now_ns_ = 0;
+  event_time_ns_.clear();
   stats_ = Stats{};
 }
 
@@ -449,6 +452,7 @@ int Engine::add_device(const DeviceProps& props) {
     throw std::invalid_argument("railyard::sim::add_device: props.sm_count and props.max_blocks_per_sm "
                                 "must be >= 1 and props.max_threads_per_block >= 32");
   const int id = static_cast<int>(devices_.size());
+  timing_.add_device(props);  // checks the timing model (kept in either mode)
   DeviceState d;
   d.props = props;
   devices_.push_back(std::move(d));
@@ -560,6 +564,7 @@ int Engine::new_stream(int dev) {
 int Engine::new_event(int device) {
   events_done_.push_back(false);
   event_device_.push_back(device);
+  event_time_ns_.push_back(0);
   return static_cast<int>(events_done_.size()) - 1;
 }
 
@@ -637,6 +642,7 @@ void Engine::wake(Fiber* f) {
     return;
   }
   f->timed_out = false;
+  if (timing_.enabled()) f->clock_ns = std::max(f->clock_ns, event_time());
   make_runnable(f);
 }
 
@@ -654,7 +660,7 @@ void switch_to_scheduler(Fiber* f) {
 }  // namespace
 
 void Engine::yield_runnable() {
-  if (config_.preemption < 1.0 &&
+  if (config_.preemption < 1.0 && !timing_.enabled() &&
       static_cast<double>(rng_.next() >> 11) * 0x1.0p-53 >= config_.preemption) {
     return;  // go on without a switch
   }
@@ -696,6 +702,7 @@ void Engine::run_fiber(Fiber* f) {
   remove_runnable(f);
   current_ = f;
   last_run_ = f;
+  now_ns_ = f->clock_ns;
   asan_enter_fiber(f);
   f->context = std::move(f->context).resume();
   asan_back_on_engine();
@@ -718,6 +725,7 @@ void Engine::run_fiber(Fiber* f) {
     case FiberState::Done: {
       ++epoch_;
       Block* b = f->block;
+      b->kernel->end_ns = std::max(b->kernel->end_ns, f->clock_ns);
       --b->live_fibers;
       if (b->live_fibers == 0 && b->pending_async == 0) retire_finished();
       break;
@@ -728,7 +736,10 @@ void Engine::run_fiber(Fiber* f) {
 bool Engine::step() {
   if (admission_dirty_) admit();
   if (epoch_ != unpark_epoch_ && !parked_.empty()) {
-    for (Fiber* f : parked_) make_runnable(f);
+    for (Fiber* f : parked_) {
+      if (timing_.enabled()) f->clock_ns = std::max(f->clock_ns, now_ns_);  // progress happened by now
+      make_runnable(f);
+    }
     parked_.clear();
   }
   unpark_epoch_ = epoch_;
@@ -753,6 +764,21 @@ bool Engine::step() {
   }
   ++stats_.scheduler_steps;
   ++stats_.virtual_cycles;
+  if (timing_.enabled()) {
+    // The earliest thread or copy step; a copy first on a tie (it completes what a
+    // thread at the same time may wait for).
+    Fiber* f = earliest_fiber();
+    const std::size_t a = earliest_async();
+    if (a < na && (f == nullptr || async_[a].next_ns() <= f->clock_ns)) {
+      record_decision(1, static_cast<uint64_t>(async_[a].block->kernel->device), async_[a].issuer->tid,
+                      async_[a].bytes);
+      complete_async(a);
+    } else {
+      record_decision(0, static_cast<uint64_t>(f->device), f->block_linear, f->tid);
+      run_fiber(f);
+    }
+    return true;
+  }
   if (Fiber* next = neighbour_to_run(); next != nullptr) {
     record_decision(4, static_cast<uint64_t>(next->device), next->block_linear, next->tid);
     run_fiber(next);
@@ -771,6 +797,22 @@ bool Engine::step() {
     ++epoch_;
   }
   return true;
+}
+
+// Timed mode: the runnable thread with the earliest clock (the first of equals in the
+// runnable list), and the copy whose next step is earliest (async_.size(): none).
+Fiber* Engine::earliest_fiber() const {
+  Fiber* best = nullptr;
+  for (Fiber* f : runnable_)
+    if (best == nullptr || f->clock_ns < best->clock_ns) best = f;
+  return best;
+}
+
+std::size_t Engine::earliest_async() const {
+  std::size_t best = async_.size();
+  for (std::size_t i = 0; i < async_.size(); ++i)
+    if (best == async_.size() || async_[i].next_ns() < async_[best].next_ns()) best = i;
+  return best;
 }
 
 // Config::locality: with that probability, the next runnable thread after the one
@@ -806,9 +848,11 @@ void Engine::admit() {
       while (!s.ops.empty() && !s.head_started) {
         StreamOp& op = s.ops.front();
         if (op.kind == StreamOp::Kind::EventWait && !events_done_[op.event]) break;
+        if (op.kind == StreamOp::Kind::EventWait) s.time_ns = std::max(s.time_ns, event_time_ns_[op.event]);
         if (op.kind == StreamOp::Kind::Kernel) {
           s.head_started = true;
           op.kernel->stream = static_cast<int>(sid);
+          op.kernel->start_ns = op.kernel->end_ns = s.time_ns + devices_[s.device].props.timing.launch_us * 1000;
           kernels_.push_back(op.kernel);
           break;
         }
@@ -817,6 +861,7 @@ void Engine::admit() {
         if (op.kind == StreamOp::Kind::Memset && op.bytes) std::memset(op.dst, op.value, op.bytes);
         if (op.kind == StreamOp::Kind::EventRecord) {
           events_done_[op.event] = true;
+          event_time_ns_[op.event] = s.time_ns;
           again = true;
         }
         s.ops.pop_front();
@@ -846,6 +891,8 @@ void Engine::start_block(KernelRun& k) {
   const Dim3 bd = k.config.block;
   const unsigned threads = bd.count();
   block->first_thread = linear * threads;
+  if (timing_.enabled()) block->sm = timing_.take_sm(k.device);
+  const double start_ns = std::max(k.start_ns, now_ns_);
   if (k.proxy_threads.empty()) k.proxy_threads.resize(std::size_t{k.blocks_total} * threads);
   block->fibers.reserve(threads);
   for (unsigned t = 0; t < threads; ++t) {
@@ -861,6 +908,7 @@ void Engine::start_block(KernelRun& k) {
     fp->proxy = &k.proxy_threads[fp->kernel_thread];
     fp->groups.emplace_back();  // the open bulk group
     if (weak_.enabled()) weak_.start_thread(fp);
+    fp->clock_ns = start_ns;
     fp->context = bctx::fiber(std::allocator_arg, stack, [this, fp](bctx::fiber&& sink) {
       asan_fiber_started();
       fp->sink = std::move(sink);
@@ -906,6 +954,7 @@ void Engine::retire_finished() {
       Block& b = *k.resident[bi];
       if (b.live_fibers == 0 && b.pending_async == 0) {
         if (last_run_ != nullptr && last_run_->block == &b) last_run_ = nullptr;
+        if (timing_.enabled()) timing_.release_sm(k.device, b.sm);
         k.resident.erase(k.resident.begin() + static_cast<std::ptrdiff_t>(bi));
         --devices_[k.device].resident_blocks;
         ++k.blocks_done;
@@ -916,6 +965,7 @@ void Engine::retire_finished() {
     }
     if (k.blocks_done == k.blocks_total) {
       const int stream = k.stream;
+      streams_[stream].time_ns = std::max(streams_[stream].time_ns, k.end_ns);
       proxy_.forget_kernel(&k);
       kernels_.erase(kernels_.begin() + static_cast<std::ptrdiff_t>(ki));
       if (kernels_.empty()) weak_.forget();
@@ -948,6 +998,10 @@ void Engine::issue_async(const AsyncOp& op) {
 void Engine::complete_async(std::size_t index) {
   ++epoch_;
   AsyncOp& pending = async_[index];
+  if (timing_.enabled()) {
+    now_ns_ = std::max(now_ns_, pending.next_ns());
+    pending.block->kernel->end_ns = std::max(pending.block->kernel->end_ns, now_ns_);
+  }
   if (pending.kind == AsyncOp::Kind::S2G && !pending.data) {
     // First step of a shared-to-global copy: read the source. The slot may be reused
     // from now on; the global write is a later, separate step.
@@ -1145,13 +1199,17 @@ void Engine::warp_clock() {
   ++idle_rounds_;
   stats_.virtual_cycles += warp_cycles_;
   record_decision(3, warp_cycles_, parked_.size(), timed_.size());
+  // Timed mode: the waiters' clocks jump as far past the latest time reached.
+  const double warp_ns = timing_.enabled() ? timing_.cycles_to_ns(0, static_cast<double>(warp_cycles_)) : 0.0;
   for (Fiber* f : parked_) {
     f->woken_by_warp = true;
+    if (timing_.enabled()) f->clock_ns = std::max(f->clock_ns, now_ns_) + warp_ns;
     make_runnable(f);
   }
   parked_.clear();
   for (Fiber* f : timed_) {
     f->timed_out = f->woken_by_warp = true;
+    if (timing_.enabled()) f->clock_ns = std::max(f->clock_ns, now_ns_) + warp_ns;
     make_runnable(f);
   }
   timed_.clear();

@@ -22,6 +22,7 @@
 #include "proxy.hpp"
 #include "railyard/sim/device.hpp"
 #include "railyard/sim/sim.hpp"
+#include "timing.hpp"
 #include "weak_memory.hpp"
 
 namespace railyard::sim::detail {
@@ -111,6 +112,10 @@ struct Fiber {
   ThreadProxyState* proxy = nullptr;
   std::vector<uint64_t> phases_seen;
   WeakThread weak;  // weak memory mode (weak_memory.hpp)
+  // Timed mode (timing.hpp): its clock, and when its posted stores to its own device's
+  // memory and to other devices' are all visible (fences and release stores wait).
+  double clock_ns = 0;
+  double local_stores_done_ns = 0, remote_stores_done_ns = 0;
   std::size_t runnable_index = 0;
   std::size_t wait_index = 0;  // in Engine's parked_ or timed_ list, while in one
   // Its stack, and AddressSanitizer's fake stack while it is switched out.
@@ -185,6 +190,7 @@ struct Block {
   std::vector<uint64_t> collective_phases;  // scratch of warp_collective, kept for its capacity
   std::vector<SharedGranule> proxy_granules;  // dynamic shared memory by 16 bytes, made on first use
   std::vector<WordRecord> weak_words;         // weak mode: dynamic shared memory by word, made on first use
+  int sm = 0;                                 // timed mode: the SM it runs on
 };
 
 struct KernelRun {
@@ -198,6 +204,7 @@ struct KernelRun {
   unsigned blocks_done = 0;
   std::vector<std::unique_ptr<Block>> resident;
   std::vector<ThreadProxyState> proxy_threads;  // by linear thread index in the kernel
+  double start_ns = 0, end_ns = 0;  // timed mode: launch done, last thread or copy done
 };
 
 struct AsyncOp {
@@ -214,6 +221,9 @@ struct AsyncOp {
   // S2G completes in two scheduler steps: the shared-memory read (into `data`),
   // then the global write.
   std::shared_ptr<std::vector<uint8_t>> data = nullptr;
+  // Timed mode: when the copy's source read (S2G) and its write complete.
+  double read_ns = 0, ready_ns = 0;
+  double next_ns() const { return kind == Kind::S2G && !data ? read_ns : ready_ns; }
 };
 
 struct StreamOp {
@@ -231,6 +241,7 @@ struct StreamState {
   int device = 0;
   std::deque<StreamOp> ops;
   bool head_started = false;  // the head op is a kernel already running
+  double time_ns = 0;         // timed mode: when its last op finished
 };
 
 struct DeviceState {
@@ -372,10 +383,16 @@ class Engine {
   uint64_t clock() const { return stats_.virtual_cycles; }
   uint64_t read_clock() {  // clock64(): a fiber that reads the clock may be timing a wait
     ++clock_reads_;
+    if (timing_.enabled()) return timing_.ns_to_cycles(current_->device, current_->clock_ns);
     return stats_.virtual_cycles;
   }
   ProxyTracker& proxy() { return proxy_; }
   WeakMemory& weak() { return weak_; }
+  Timing& timing() { return timing_; }
+  // Timed mode: the time of what happens now (the running thread's clock, else the
+  // completing copy's time), and the time between two recorded events.
+  double event_time() const { return current_ != nullptr ? current_->clock_ns : now_ns_; }
+  double elapsed_ns(int start, int end) const { return event_time_ns_[end] - event_time_ns_[start]; }
   Mbarrier* mbarrier(uint64_t* bar, Loc loc, bool must_exist);
   void complete_tx(Mbarrier& bar, uint32_t bytes);
   void arrive(Mbarrier& bar, unsigned count);
@@ -464,6 +481,11 @@ class Engine {
   std::vector<uint64_t> traffic_write_, traffic_read_;
   ProxyTracker proxy_;
   WeakMemory weak_;
+  Timing timing_;
+  double now_ns_ = 0;                  // timed mode: the time of the last thread run or copy step
+  std::vector<double> event_time_ns_;  // timed mode: by event
+  Fiber* earliest_fiber() const;
+  std::size_t earliest_async() const;
   Stats stats_;
 };
 

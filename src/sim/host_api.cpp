@@ -55,18 +55,6 @@ const char* to_string(ErrorKind kind) {
   return "error";
 }
 
-DeviceProps h100_props() { return DeviceProps{}; }
-
-DeviceProps b200_props() {
-  DeviceProps p;
-  p.name = "sim-B200";
-  p.sm_count = 148;
-  p.cc_major = 10;
-  p.cc_minor = 0;
-  p.global_mem_bytes = std::size_t{180} << 30;
-  return p;
-}
-
 void reset(const Config& config) {
   Engine& e = engine();
   auto lock = e.acquire();
@@ -271,6 +259,21 @@ void stream_wait_event(Stream stream, Event event) {
   op.kind = StreamOp::Kind::EventWait;
   op.event = event.id;
   e.enqueue(stream.id, op);
+}
+
+double elapsed_ns(Event start, Event end) {
+  Engine& e = engine();
+  auto lock = e.acquire();
+  if (!e.config().timed)
+    throw std::logic_error("railyard::sim::elapsed_ns: the simulator is not in the timed mode (Config::timed)");
+  for (const Event ev : {start, end}) {
+    if (ev.id < 0 || ev.id >= e.event_count())
+      throw std::invalid_argument("railyard::sim::elapsed_ns: event " + std::to_string(ev.id) + " does not exist");
+    if (!e.event_done(ev.id))
+      throw std::logic_error("railyard::sim::elapsed_ns: event " + std::to_string(ev.id) +
+                             " is not done yet; synchronize on it first");
+  }
+  return e.elapsed_ns(start.id, end.id);
 }
 
 void stream_synchronize(Stream stream) {

@@ -34,12 +34,16 @@ std::size_t relation(const WeakThread& reader, uint64_t writer, uint64_t block_k
   return device == reader.device ? 1 : 2;
 }
 
+}  // namespace
+
 // The scope of a fence, from the name its wrapper passes.
-std::size_t fence_scope(const char* op) {
+std::size_t WeakMemory::fence_scope(const char* op) {
   if (std::strstr(op, ".sys") || std::strstr(op, "_system")) return 2;
   if (std::strstr(op, "block") || std::strstr(op, ".cta") || std::strstr(op, ".cluster")) return 0;
   return 1;
 }
+
+namespace {
 
 std::string hex(uintptr_t a) {
   char buf[32];

@@ -124,6 +124,8 @@ class WeakMemory {
   // An atomic read-modify-write; `wrote`: it changed the value (a failed CAS only reads).
   void rmw(Fiber* f, const void* ptr, std::size_t bytes, Scope scope, bool wrote, const char* op, Loc loc);
   void fence(Fiber* f, const char* op);
+  // The scope of a fence (0 block, 1 device, 2 system), from the name its wrapper passes.
+  static std::size_t fence_scope(const char* op);
   // fence.proxy.async of global memory: its later bulk copies know what it knows.
   static void proxy_fence_global(Fiber* f);
 

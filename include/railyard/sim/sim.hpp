@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "railyard/sim/timing.hpp"
+
 namespace railyard::sim {
 
 struct Dim3 {
@@ -32,7 +34,8 @@ struct Dim3 {
 };
 
 // What a simulated device reports about itself. Presets match the datasheets of the
-// GPUs Railyard targets; tests may shrink them (e.g. fewer SMs).
+// GPUs Railyard targets (src/sim/gpu_*.cpp, with the sources of their timing
+// constants); tests may shrink them (e.g. fewer SMs).
 struct DeviceProps {
   std::string name = "sim-H100";
   int sm_count = 132;
@@ -42,6 +45,7 @@ struct DeviceProps {
   int max_threads_per_block = 1024;
   int max_blocks_per_sm = 1;  // resident blocks per SM the simulator allows
   int nvlink_domain = 0;      // devices with the same id are peer-capable
+  TimingModel timing;         // the timed mode's costs (Config::timed)
 };
 DeviceProps h100_props();
 DeviceProps b200_props();
@@ -77,6 +81,12 @@ struct Config {
   double locality = 0.0;
   // RAILYARD_SIM_MEMORY_MODEL=weak (or sc), when set, overrides this in reset().
   MemoryModel memory_model = MemoryModel::SequentiallyConsistent;
+  // Timed mode (docs/simulator.md, "Timed mode"): every operation costs virtual time by
+  // its device's TimingModel, every thread has its own clock, and the scheduler runs
+  // whatever (thread or bulk copy) has the earliest time, deterministically (seed,
+  // preemption and locality then play no part). clock64() and __nanosleep use the
+  // thread's clock; recorded events carry times (elapsed_ns).
+  bool timed = false;
 };
 
 // ProxyRace: a generic-proxy access and an async-proxy (bulk copy) access of the same
@@ -166,6 +176,9 @@ void memset_async(Stream stream, void* dst, int value, std::size_t bytes);
 Event record_event(Stream stream);
 void stream_wait_event(Stream stream, Event event);
 
+// Timed mode: simulated nanoseconds from `start` to `end`, both recorded and done.
+// Misuse (std::logic_error) otherwise.
+double elapsed_ns(Event start, Event end);
 // Block until the work is done. Throw sim::Error if it faulted or hung.
 void stream_synchronize(Stream stream);
 void device_synchronize(int device);

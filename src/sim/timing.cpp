@@ -1,0 +1,159 @@
+// Railyard simulator: the timed mode's resources and costs (timing.hpp).
+#include "timing.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include "engine.hpp"
+
+namespace railyard::sim::detail {
+
+void Timing::reset(bool enabled) {
+  enabled_ = enabled;
+  devices_.clear();
+  visible_at_.clear();
+}
+
+void Timing::add_device(const DeviceProps& props) {
+  const TimingModel& m = props.timing;
+  if (!(m.sm_clock_ghz > 0 && m.issue_ops_per_cycle > 0 && m.smem_bytes_per_cycle > 0 && m.tma_gbps > 0 &&
+        m.hbm_gbps > 0 && m.nvlink_gbps > 0))
+    throw std::invalid_argument("railyard::sim::add_device: device '" + props.name +
+                                "' has a TimingModel with a clock or bandwidth <= 0; expected every one > 0");
+  Device d;
+  d.model = m;
+  d.hbm.ns_per_byte = 1.0 / m.hbm_gbps;
+  d.nvlink_out.ns_per_byte = d.nvlink_in.ns_per_byte = 1.0 / m.nvlink_gbps;
+  const int slots = props.sm_count * props.max_blocks_per_sm;
+  d.sms.resize(static_cast<std::size_t>(props.sm_count));
+  for (Sm& sm : d.sms) {
+    sm.issue.ns_per_byte = 1.0 / (m.issue_ops_per_cycle * m.sm_clock_ghz);  // one "byte" per thread operation
+    sm.smem.ns_per_byte = 1.0 / (m.smem_bytes_per_cycle * m.sm_clock_ghz);
+    sm.tma.ns_per_byte = 1.0 / m.tma_gbps;
+  }
+  for (int s = slots - 1; s >= 0; --s) d.free_sms.push_back(s % props.sm_count);
+  devices_.push_back(std::move(d));
+}
+
+int Timing::take_sm(int device) {
+  Device& d = devices_[device];
+  const int sm = d.free_sms.back();
+  d.free_sms.pop_back();
+  return sm;
+}
+
+void Timing::release_sm(int device, int sm) { devices_[device].free_sms.push_back(sm); }
+
+double Timing::issue(Fiber* f) {
+  Device& d = devices_[f->device];
+  const double issued = d.sms[f->block->sm].issue.pass(f->clock_ns, 1.0);
+  f->clock_ns = issued + d.model.op_cycles / d.model.sm_clock_ghz;
+  return issued;
+}
+
+void Timing::cycles(Fiber* f, double n) { f->clock_ns += n / devices_[f->device].model.sm_clock_ghz; }
+
+double Timing::move(int self, Target where, double start, std::size_t bytes, bool to_target) {
+  Device& mine = devices_[self];
+  const auto b = static_cast<double>(bytes);
+  if (where.kind == Target::Kind::Local) return mine.hbm.pass(start, b);
+  // Over NVLink: a write leaves this device's link and enters the owner's, a read the
+  // reverse, and the owner's memory serves it. Pinned host memory (owner -1) is
+  // charged to this device's link only.
+  const bool peer = where.owner >= 0;
+  double done = (to_target ? mine.nvlink_out : mine.nvlink_in).pass(start, b);
+  if (peer) {
+    Device& other = devices_[where.owner];
+    done = std::max(done, (to_target ? other.nvlink_in : other.nvlink_out).pass(start, b));
+    done = std::max(done, other.hbm.pass(start, b));
+  }
+  return done;
+}
+
+void Timing::load(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool strong, bool acquire_sys) {
+  const double t = issue(f);
+  const TimingModel& m = devices_[f->device].model;
+  double done;
+  if (where.kind == Target::Kind::Shared) {
+    done = devices_[f->device].sms[f->block->sm].smem.pass(t, static_cast<double>(bytes)) +
+           m.smem_latency_cycles / m.sm_clock_ghz;
+  } else {
+    const bool remote = where.kind == Target::Kind::Remote;
+    done = move(f->device, where, t, bytes, false) + (remote ? m.remote_load_ns : m.global_latency_ns);
+    if (acquire_sys) done += m.acquire_sys_extra_ns;
+  }
+  if (strong) {
+    // A value still in flight is seen when it arrives.
+    auto it = visible_at_.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it != visible_at_.end()) done = std::max(done, it->second);
+  }
+  f->clock_ns = std::max(f->clock_ns, done);
+}
+
+void Timing::store(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool strong, bool release, bool sys) {
+  if (release) f->clock_ns = std::max({f->clock_ns, f->local_stores_done_ns, sys ? f->remote_stores_done_ns : 0.0});
+  const double t = issue(f);
+  const TimingModel& m = devices_[f->device].model;
+  double visible;
+  if (where.kind == Target::Kind::Shared) {
+    visible = devices_[f->device].sms[f->block->sm].smem.pass(t, static_cast<double>(bytes)) +
+              m.smem_latency_cycles / m.sm_clock_ghz;
+  } else if (where.kind == Target::Kind::Local) {
+    visible = move(f->device, where, t, bytes, true) + m.global_latency_ns;
+    f->local_stores_done_ns = std::max(f->local_stores_done_ns, visible);
+  } else {
+    visible = move(f->device, where, t, bytes, true) + m.remote_store_ns;
+    f->remote_stores_done_ns = std::max(f->remote_stores_done_ns, visible);
+  }
+  if (strong) visible_at_[reinterpret_cast<uintptr_t>(ptr)] = visible;
+}
+
+void Timing::atomic(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool release, bool sys) {
+  if (release) f->clock_ns = std::max({f->clock_ns, f->local_stores_done_ns, sys ? f->remote_stores_done_ns : 0.0});
+  const double t = issue(f);
+  const TimingModel& m = devices_[f->device].model;
+  double done;
+  if (where.kind == Target::Kind::Shared) {
+    done = devices_[f->device].sms[f->block->sm].smem.pass(t, static_cast<double>(bytes)) +
+           2 * m.smem_latency_cycles / m.sm_clock_ghz;
+  } else {
+    const bool remote = where.kind == Target::Kind::Remote;
+    done = move(f->device, where, t, bytes, true) + (remote ? m.remote_atomic_ns : 2 * m.global_latency_ns);
+  }
+  auto it = visible_at_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it != visible_at_.end()) done = std::max(done, it->second);
+  visible_at_[reinterpret_cast<uintptr_t>(ptr)] = done;
+  f->clock_ns = std::max(f->clock_ns, done);
+}
+
+void Timing::fence(Fiber* f, int scope) {
+  const TimingModel& m = devices_[f->device].model;
+  if (scope == 0) return cycles(f, m.op_cycles);
+  double t = std::max(f->clock_ns, f->local_stores_done_ns);
+  if (scope == 2) t = std::max(t, f->remote_stores_done_ns);
+  f->clock_ns = t + (scope == 2 ? m.fence_sys_ns : m.fence_gpu_ns);
+}
+
+double Timing::bulk_g2s(Fiber* f, Target source, std::size_t bytes) {
+  const double t = issue(f);
+  Device& d = devices_[f->device];
+  const TimingModel& m = d.model;
+  f->clock_ns += m.tma_issue_cycles / m.sm_clock_ghz;
+  double done = std::max(d.sms[f->block->sm].tma.pass(t, static_cast<double>(bytes)), move(f->device, source, t, bytes, false));
+  return done + (source.kind == Target::Kind::Remote ? m.remote_load_ns : m.global_latency_ns);
+}
+
+Timing::S2G Timing::bulk_s2g(Fiber* f, Target destination, std::size_t bytes) {
+  const double t = issue(f);
+  Device& d = devices_[f->device];
+  const TimingModel& m = d.model;
+  f->clock_ns += m.tma_issue_cycles / m.sm_clock_ghz;
+  Sm& sm = d.sms[f->block->sm];
+  const double read = sm.smem.pass(t, static_cast<double>(bytes)) + m.smem_latency_cycles / m.sm_clock_ghz;
+  const double sent = std::max(sm.tma.pass(t, static_cast<double>(bytes)), move(f->device, destination, t, bytes, true));
+  const double write =
+      sent + (destination.kind == Target::Kind::Remote ? m.remote_store_ns : m.global_latency_ns);
+  return {read, write};
+}
+
+}  // namespace railyard::sim::detail

@@ -1,0 +1,96 @@
+// Railyard simulator internals: the timed mode's resources and costs. Not a public
+// header. docs/simulator.md ("Timed mode") describes the model; the constants are the
+// devices' TimingModel (include/railyard/sim/timing.hpp).
+//
+// Every thread has a clock (Fiber::clock_ns). An operation first issues on its SM,
+// then passes the resources it uses: a Pipe is one resource of fixed bandwidth that
+// serves transfers in the order they reach it, so its total throughput is exact and
+// each transfer's finish time includes the queue before it. A load returns at the
+// latest of its pipes' finish times plus its latency; a store is posted (the thread
+// goes on) and becomes visible at that time, which fences and release stores wait for.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "railyard/sim/device.hpp"
+#include "railyard/sim/sim.hpp"
+
+namespace railyard::sim::detail {
+
+struct Fiber;
+struct Block;
+
+// A resource of fixed bandwidth, serving transfers first come, first served.
+struct Pipe {
+  double ns_per_byte = 0;
+  double free_at = 0;
+  // A transfer of `bytes` ready at `start`: when its last byte has passed.
+  double pass(double start, double bytes) {
+    free_at = std::max(start, free_at) + bytes * ns_per_byte;
+    return free_at;
+  }
+};
+
+// Where an access goes: this block's shared memory, its own device's memory, or
+// another device's (a peer's over NVLink, or pinned host memory: owner -1).
+struct Target {
+  enum class Kind : uint8_t { Shared, Local, Remote };
+  Kind kind = Kind::Local;
+  int owner = 0;
+};
+
+class Timing {
+ public:
+  bool enabled() const { return enabled_; }
+  void reset(bool enabled);
+  void add_device(const DeviceProps& props);
+  const TimingModel& model(int device) const { return devices_[device].model; }
+  double cycles_to_ns(int device, double cycles) const { return cycles / devices_[device].model.sm_clock_ghz; }
+  uint64_t ns_to_cycles(int device, double ns) const {
+    return static_cast<uint64_t>(ns * devices_[device].model.sm_clock_ghz);
+  }
+
+  // A block starts on a free SM of its device (its issue, shared-memory and TMA pipes).
+  int take_sm(int device);
+  void release_sm(int device, int sm);
+
+  // Costs to the calling thread f (of block b on SM b->sm).
+  void load(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool strong, bool acquire_sys);
+  void store(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool strong, bool release, bool sys);
+  void atomic(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool release, bool sys);
+  void fence(Fiber* f, int scope);  // 0 block, 1 device, 2 system
+  void cycles(Fiber* f, double n);  // a fixed cost in SM cycles
+  // Bulk copies: the times their reads and writes complete.
+  double bulk_g2s(Fiber* f, Target source, std::size_t bytes);
+  struct S2G {
+    double read_done, write_done;
+  };
+  S2G bulk_s2g(Fiber* f, Target destination, std::size_t bytes);
+
+ private:
+  struct Sm {
+    Pipe issue, smem, tma;
+  };
+  struct Device {
+    TimingModel model;
+    Pipe hbm, nvlink_out, nvlink_in;
+    std::vector<Sm> sms;
+    std::vector<int> free_sms;
+  };
+  // The thread's operation issues on its SM: the time it leaves the issue pipe.
+  double issue(Fiber* f);
+  // Bytes moved between device `from` (reading) and device `to` (writing) memory, one
+  // of them the thread's: the time the last byte has passed every pipe on the way.
+  double move(int self, Target where, double start, std::size_t bytes, bool to_target);
+
+  bool enabled_ = false;
+  std::vector<Device> devices_;
+  // Strong stores in flight: when each address's last one becomes visible.
+  std::unordered_map<uintptr_t, double> visible_at_;
+};
+
+}  // namespace railyard::sim::detail
