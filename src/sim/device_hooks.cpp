@@ -308,38 +308,41 @@ void check_shared(const void* ptr, std::size_t bytes, std::size_t align, const c
   check_alignment(ptr, align, op, loc);
 }
 
-void check_global(const void* ptr, std::size_t bytes, std::size_t align, bool write, const char* op, Loc loc) {
+int check_global(const void* ptr, std::size_t bytes, std::size_t align, bool write, const char* op, Loc loc) {
   const int owner = check_global_impl(ptr, bytes, align, op, loc);
   engine().count_traffic(current_device(), owner, bytes, write);
+  return owner;
 }
 
 namespace {
+// The owner check_generic reports for this block's shared memory (-1 is pinned host
+// memory, 0.. a device).
+constexpr int kSharedMemory = -2;
+
 // Generic addressing: shared if the address is in (or just past) this block's shared
-// memory and not in a global allocation. Returns whether it is shared.
-bool check_generic(const void* ptr, std::size_t bytes, std::size_t align, bool write, const char* op, Loc loc) {
+// memory and not in a global allocation. Returns the owner: kSharedMemory, or as
+// check_global.
+int check_generic(const void* ptr, std::size_t bytes, std::size_t align, bool write, const char* op, Loc loc) {
   const Block* b = self()->block;
   if (in_smem(b, ptr, 1) || (near_smem(b, ptr) && !engine().find(ptr))) {
     check_shared(ptr, bytes, align, op, loc);
-    return true;
+    return kSharedMemory;
   }
-  check_global(ptr, bytes, align, write, op, loc);
-  return false;
+  return check_global(ptr, bytes, align, write, op, loc);
 }
 
 // Checks the access, and records it for the async-proxy tracker (every load, store
-// and atomic is a generic-proxy access).
-bool check_tracked(const void* ptr, std::size_t bytes, bool write, const char* op, Loc loc) {
-  const bool shared = check_generic(ptr, bytes, bytes, write, op, loc);
-  engine().proxy().generic(self(), ptr, bytes, write, shared, op, loc);
-  return shared;
+// and atomic is a generic-proxy access). Returns the owner, as check_generic.
+int check_tracked(const void* ptr, std::size_t bytes, bool write, const char* op, Loc loc) {
+  const int owner = check_generic(ptr, bytes, bytes, write, op, loc);
+  engine().proxy().generic(self(), ptr, bytes, write, owner == kSharedMemory, op, loc);
+  return owner;
 }
 
-// Timed mode: where an access of `ptr` goes.
-detail::Target target(const Fiber* f, const void* ptr, bool shared) {
+// Timed mode: where an access by f of memory of `owner` (as check_generic) goes.
+detail::Target target(const Fiber* f, int owner) {
   using Kind = detail::Target::Kind;
-  if (shared) return {Kind::Shared, f->device};
-  const detail::Allocation* a = engine().find(ptr);
-  const int owner = a != nullptr ? a->device : -1;
+  if (owner == kSharedMemory) return {Kind::Shared, f->device};
   return {owner == f->device ? Kind::Local : Kind::Remote, owner};
 }
 
@@ -353,13 +356,13 @@ void check_global_or_shared(const void* ptr, std::size_t bytes, std::size_t alig
 
 void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope scope, const char* op, Loc loc) {
   if (order == Order::Acquire && mutation::mutated(mutation::SiteKind::Acquire, loc)) order = Order::Relaxed;
-  const bool shared = check_tracked(ptr, bytes, false, op, loc);
+  const int owner = check_tracked(ptr, bytes, false, op, loc);
   std::memcpy(data, ptr, bytes);
   Engine& e = engine();
   Fiber* f = self();
   if (e.weak().enabled()) e.weak().load(f, ptr, bytes, order, scope, op, loc);
   if (e.timing().enabled())
-    e.timing().load(f, target(f, ptr, shared), ptr, bytes, order != Order::Plain,
+    e.timing().load(f, target(f, owner), ptr, bytes, order != Order::Plain,
                     order == Order::Acquire && scope == Scope::System);
   if (order == Order::Plain) {
     // Timed mode: every access is an event at its thread's time, so that the pipes
@@ -379,7 +382,7 @@ void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope sco
     std::memcpy(data, ptr, bytes);  // return what is there now
     if (e.weak().enabled()) e.weak().load(f, ptr, bytes, order, scope, op, loc);
     if (e.timing().enabled())
-      e.timing().load(f, target(f, ptr, shared), ptr, bytes, true, order == Order::Acquire && scope == Scope::System);
+      e.timing().load(f, target(f, owner), ptr, bytes, true, order == Order::Acquire && scope == Scope::System);
     idle_poll(f, ptr, data, bytes);
     return;
   }
@@ -388,12 +391,12 @@ void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope sco
 
 void store(void* ptr, const void* data, std::size_t bytes, Order order, Scope scope, const char* op, Loc loc) {
   if (order == Order::Release && mutation::mutated(mutation::SiteKind::Release, loc)) order = Order::Relaxed;
-  const bool shared = check_tracked(ptr, bytes, true, op, loc);
+  const int owner = check_tracked(ptr, bytes, true, op, loc);
   std::memcpy(ptr, data, bytes);
   Engine& e = engine();
   if (e.weak().enabled()) e.weak().store(self(), ptr, bytes, order, scope, op, loc);
   if (e.timing().enabled())
-    e.timing().store(self(), target(self(), ptr, shared), ptr, bytes, order != Order::Plain,
+    e.timing().store(self(), target(self(), owner), ptr, bytes, order != Order::Plain,
                      order == Order::Release, scope == Scope::System);
   e.progress();
   forget_polls(self());
@@ -403,7 +406,7 @@ void store(void* ptr, const void* data, std::size_t bytes, Order order, Scope sc
 uint64_t atomic_rmw(void* ptr, std::size_t bytes, RmwFn fn, uint64_t a, uint64_t b, Scope scope, const char* op,
                     Loc loc) {
   if (bytes != 4 && bytes != 8) fail(ErrorKind::Misuse, std::string(op) + ": atomics take 4 or 8 bytes", loc);
-  const bool shared = check_tracked(ptr, bytes, true, op, loc);
+  const int owner = check_tracked(ptr, bytes, true, op, loc);
   uint64_t old = 0;
   std::memcpy(&old, ptr, bytes);
   uint64_t next = fn(old, a, b);
@@ -411,7 +414,7 @@ uint64_t atomic_rmw(void* ptr, std::size_t bytes, RmwFn fn, uint64_t a, uint64_t
   Engine& e = engine();
   Fiber* f = self();
   if (e.timing().enabled())
-    e.timing().atomic(f, target(f, ptr, shared), ptr, bytes, is_release(op), scope == Scope::System);
+    e.timing().atomic(f, target(f, owner), ptr, bytes, is_release(op), scope == Scope::System);
   if (next == old) {
     // An atomic that changes nothing is a poll (a CAS spin, an add of zero).
     if (idle_poll(f, ptr, &old, bytes)) {
@@ -608,7 +611,7 @@ void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_
   const char* op = "bulk_copy_g2s";
   check_bulk_size(bytes, op, loc);
   check_shared(smem_dst, bytes, 16, op, loc);
-  check_global(gmem_src, bytes, 16, false, op, loc);
+  const int owner = check_global(gmem_src, bytes, 16, false, op, loc);
   Mbarrier* m = e.mbarrier(bar, loc, true);
   Fiber* f = self();
   if (m->init_unfenced_by != nullptr)
@@ -623,7 +626,7 @@ void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_
   e.proxy().bulk_g2s(f, smem_dst, gmem_src, bytes, m->id, m->phases_completed, loc);
   if (e.weak().enabled()) e.weak().bulk_read(f, gmem_src, bytes, loc);
   AsyncOp copy{AsyncOp::Kind::G2S, f->block, f, smem_dst, gmem_src, bytes, bar, nullptr, loc};
-  if (e.timing().enabled()) copy.ready_ns = e.timing().bulk_g2s(f, target(f, gmem_src, false), bytes);
+  if (e.timing().enabled()) copy.ready_ns = e.timing().bulk_g2s(f, target(f, owner), bytes);
   e.issue_async(copy);
   e.progress();
   e.yield_runnable();
@@ -634,13 +637,13 @@ void bulk_copy_s2g(void* gmem_dst, const void* smem_src, uint32_t bytes, Loc loc
   const char* op = "bulk_copy_s2g";
   check_bulk_size(bytes, op, loc);
   check_shared(smem_src, bytes, 16, op, loc);
-  check_global(gmem_dst, bytes, 16, true, op, loc);
+  const int owner = check_global(gmem_dst, bytes, 16, true, op, loc);
   Fiber* f = self();
   e.proxy().bulk_s2g(f, gmem_dst, smem_src, bytes, loc);
   if (e.weak().enabled()) e.weak().bulk_write_issued(f, gmem_dst, bytes, loc);
   AsyncOp copy{AsyncOp::Kind::S2G, f->block, f, gmem_dst, smem_src, bytes, nullptr, &f->groups.back(), loc};
   if (e.timing().enabled()) {
-    const detail::Timing::S2G t = e.timing().bulk_s2g(f, target(f, gmem_dst, false), bytes);
+    const detail::Timing::S2G t = e.timing().bulk_s2g(f, target(f, owner), bytes);
     copy.read_ns = t.read_done;
     copy.ready_ns = t.write_done;
   }

@@ -412,6 +412,8 @@ class Engine {
   void check_bulk_reads_at_exit(Fiber* f);
   void complete_async(std::size_t index);
   Fiber* neighbour_to_run();
+  Fiber* earliest_fiber() const;       // timed mode
+  std::size_t earliest_async() const;  // timed mode
   void record_decision(uint64_t what, uint64_t a, uint64_t b, uint64_t c);
   void warp_or_hang();
   bool pause_for_quiescence();
@@ -484,8 +486,6 @@ class Engine {
   Timing timing_;
   double now_ns_ = 0;                  // timed mode: the time of the last thread run or copy step
   std::vector<double> event_time_ns_;  // timed mode: by event
-  Fiber* earliest_fiber() const;
-  std::size_t earliest_async() const;
   Stats stats_;
 };
 

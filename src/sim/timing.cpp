@@ -70,34 +70,43 @@ double Timing::move(int self, Target where, double start, std::size_t bytes, boo
   return done;
 }
 
+double Timing::through_smem(Fiber* f, double start, std::size_t bytes, double latencies) {
+  const TimingModel& m = devices_[f->device].model;
+  return devices_[f->device].sms[f->block->sm].smem.pass(start, static_cast<double>(bytes)) +
+         latencies * m.smem_latency_cycles / m.sm_clock_ghz;
+}
+
+void Timing::wait_for_stores(Fiber* f, bool remote) {
+  f->clock_ns = std::max({f->clock_ns, f->local_stores_done_ns, remote ? f->remote_stores_done_ns : 0.0});
+}
+
+double Timing::in_flight_until(const void* ptr) const {
+  auto it = visible_at_.find(reinterpret_cast<uintptr_t>(ptr));
+  return it != visible_at_.end() ? it->second : 0.0;
+}
+
 void Timing::load(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool strong, bool acquire_sys) {
   const double t = issue(f);
   const TimingModel& m = devices_[f->device].model;
   double done;
   if (where.kind == Target::Kind::Shared) {
-    done = devices_[f->device].sms[f->block->sm].smem.pass(t, static_cast<double>(bytes)) +
-           m.smem_latency_cycles / m.sm_clock_ghz;
+    done = through_smem(f, t, bytes, 1);
   } else {
     const bool remote = where.kind == Target::Kind::Remote;
     done = move(f->device, where, t, bytes, false) + (remote ? m.remote_load_ns : m.global_latency_ns);
     if (acquire_sys) done += m.acquire_sys_extra_ns;
   }
-  if (strong) {
-    // A value still in flight is seen when it arrives.
-    auto it = visible_at_.find(reinterpret_cast<uintptr_t>(ptr));
-    if (it != visible_at_.end()) done = std::max(done, it->second);
-  }
+  if (strong) done = std::max(done, in_flight_until(ptr));  // a value still in flight is seen when it arrives
   f->clock_ns = std::max(f->clock_ns, done);
 }
 
 void Timing::store(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool strong, bool release, bool sys) {
-  if (release) f->clock_ns = std::max({f->clock_ns, f->local_stores_done_ns, sys ? f->remote_stores_done_ns : 0.0});
+  if (release) wait_for_stores(f, sys);
   const double t = issue(f);
   const TimingModel& m = devices_[f->device].model;
   double visible;
   if (where.kind == Target::Kind::Shared) {
-    visible = devices_[f->device].sms[f->block->sm].smem.pass(t, static_cast<double>(bytes)) +
-              m.smem_latency_cycles / m.sm_clock_ghz;
+    visible = through_smem(f, t, bytes, 1);
   } else if (where.kind == Target::Kind::Local) {
     visible = move(f->device, where, t, bytes, true) + m.global_latency_ns;
     f->local_stores_done_ns = std::max(f->local_stores_done_ns, visible);
@@ -109,19 +118,17 @@ void Timing::store(Fiber* f, Target where, const void* ptr, std::size_t bytes, b
 }
 
 void Timing::atomic(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool release, bool sys) {
-  if (release) f->clock_ns = std::max({f->clock_ns, f->local_stores_done_ns, sys ? f->remote_stores_done_ns : 0.0});
+  if (release) wait_for_stores(f, sys);
   const double t = issue(f);
   const TimingModel& m = devices_[f->device].model;
   double done;
   if (where.kind == Target::Kind::Shared) {
-    done = devices_[f->device].sms[f->block->sm].smem.pass(t, static_cast<double>(bytes)) +
-           2 * m.smem_latency_cycles / m.sm_clock_ghz;
+    done = through_smem(f, t, bytes, 2);
   } else {
     const bool remote = where.kind == Target::Kind::Remote;
     done = move(f->device, where, t, bytes, true) + (remote ? m.remote_atomic_ns : 2 * m.global_latency_ns);
   }
-  auto it = visible_at_.find(reinterpret_cast<uintptr_t>(ptr));
-  if (it != visible_at_.end()) done = std::max(done, it->second);
+  done = std::max(done, in_flight_until(ptr));
   visible_at_[reinterpret_cast<uintptr_t>(ptr)] = done;
   f->clock_ns = std::max(f->clock_ns, done);
 }
@@ -129,9 +136,8 @@ void Timing::atomic(Fiber* f, Target where, const void* ptr, std::size_t bytes, 
 void Timing::fence(Fiber* f, int scope) {
   const TimingModel& m = devices_[f->device].model;
   if (scope == 0) return cycles(f, m.op_cycles);
-  double t = std::max(f->clock_ns, f->local_stores_done_ns);
-  if (scope == 2) t = std::max(t, f->remote_stores_done_ns);
-  f->clock_ns = t + (scope == 2 ? m.fence_sys_ns : m.fence_gpu_ns);
+  wait_for_stores(f, scope == 2);
+  f->clock_ns += scope == 2 ? m.fence_sys_ns : m.fence_gpu_ns;
 }
 
 double Timing::bulk_g2s(Fiber* f, Target source, std::size_t bytes) {
@@ -148,9 +154,9 @@ Timing::S2G Timing::bulk_s2g(Fiber* f, Target destination, std::size_t bytes) {
   Device& d = devices_[f->device];
   const TimingModel& m = d.model;
   f->clock_ns += m.tma_issue_cycles / m.sm_clock_ghz;
-  Sm& sm = d.sms[f->block->sm];
-  const double read = sm.smem.pass(t, static_cast<double>(bytes)) + m.smem_latency_cycles / m.sm_clock_ghz;
-  const double sent = std::max(sm.tma.pass(t, static_cast<double>(bytes)), move(f->device, destination, t, bytes, true));
+  const double read = through_smem(f, t, bytes, 1);
+  const double sent =
+      std::max(d.sms[f->block->sm].tma.pass(t, static_cast<double>(bytes)), move(f->device, destination, t, bytes, true));
   const double write =
       sent + (destination.kind == Target::Kind::Remote ? m.remote_store_ns : m.global_latency_ns);
   return {read, write};

@@ -86,6 +86,14 @@ class Timing {
   // Bytes moved between device `from` (reading) and device `to` (writing) memory, one
   // of them the thread's: the time the last byte has passed every pipe on the way.
   double move(int self, Target where, double start, std::size_t bytes, bool to_target);
+  // Bytes through the thread's SM's shared memory from `start`, plus `latencies` times
+  // its latency.
+  double through_smem(Fiber* f, double start, std::size_t bytes, double latencies);
+  // A release or fence: the thread waits until its posted stores (`remote`: to other
+  // devices too) are visible.
+  static void wait_for_stores(Fiber* f, bool remote);
+  // When the last strong store to `ptr` becomes visible (0: none in flight).
+  double in_flight_until(const void* ptr) const;
 
   bool enabled_ = false;
   std::vector<Device> devices_;

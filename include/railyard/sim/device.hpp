@@ -57,8 +57,8 @@ enum class Scope : uint8_t { Block, Gpu, System };
 void check_global_or_shared(const void* ptr, std::size_t bytes, std::size_t align, bool write,
                             const char* op, Loc loc);
 void check_shared(const void* ptr, std::size_t bytes, std::size_t align, const char* op, Loc loc);
-void check_global(const void* ptr, std::size_t bytes, std::size_t align, bool write,
-                  const char* op, Loc loc);
+// Returns the owner of the memory: its device, or -1 for pinned host memory.
+int check_global(const void* ptr, std::size_t bytes, std::size_t align, bool write, const char* op, Loc loc);
 
 // Loads/stores of 1, 2, 4, 8 or 16 bytes (value bits in little-endian order in `data`).
 // Loads other than Plain are scheduling points; a load that returns the same value
