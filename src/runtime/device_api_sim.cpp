@@ -169,7 +169,11 @@ void stream_wait_event(GpuStream stream, GpuEvent event) {
 void event_synchronize(GpuEvent event) {
   if (event->latest.id >= 0) sim::event_synchronize(event->latest);
 }
-std::optional<float> event_elapsed_ms(GpuEvent, GpuEvent) { return std::nullopt; }
+// The simulator's events carry times only in its timed mode: SIMULATED time, then.
+std::optional<float> event_elapsed_ms(GpuEvent start, GpuEvent end) {
+  if (!sim::config().timed || start->latest.id < 0 || end->latest.id < 0) return std::nullopt;
+  return checked("event_elapsed_ms", [&] { return static_cast<float>(sim::elapsed_ns(start->latest, end->latest) / 1e6); });
+}
 
 bool can_access_peer(int device, int peer) {
   return checked("can_access_peer", [&] {

@@ -357,13 +357,14 @@ void check_global_or_shared(const void* ptr, std::size_t bytes, std::size_t alig
 void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope scope, const char* op, Loc loc) {
   if (order == Order::Acquire && mutation::mutated(mutation::SiteKind::Acquire, loc)) order = Order::Relaxed;
   const int owner = check_tracked(ptr, bytes, false, op, loc);
-  std::memcpy(data, ptr, bytes);
   Engine& e = engine();
   Fiber* f = self();
+  e.catch_up();
+  std::memcpy(data, ptr, bytes);
   if (e.weak().enabled()) e.weak().load(f, ptr, bytes, order, scope, op, loc);
   if (e.timing().enabled())
     e.timing().load(f, target(f, owner), ptr, bytes, order != Order::Plain,
-                    order == Order::Acquire && scope == Scope::System);
+                    order == Order::Acquire && scope != Scope::Block, scope == Scope::System);
   if (order == Order::Plain) {
     // Timed mode: every access is an event at its thread's time, so that the pipes
     // see their transfers in time order (a thread running ahead would queue its
@@ -382,7 +383,8 @@ void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope sco
     std::memcpy(data, ptr, bytes);  // return what is there now
     if (e.weak().enabled()) e.weak().load(f, ptr, bytes, order, scope, op, loc);
     if (e.timing().enabled())
-      e.timing().load(f, target(f, owner), ptr, bytes, true, order == Order::Acquire && scope == Scope::System);
+      e.timing().load(f, target(f, owner), ptr, bytes, true, order == Order::Acquire && scope != Scope::Block,
+                      scope == Scope::System);
     idle_poll(f, ptr, data, bytes);
     return;
   }
@@ -392,12 +394,12 @@ void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope sco
 void store(void* ptr, const void* data, std::size_t bytes, Order order, Scope scope, const char* op, Loc loc) {
   if (order == Order::Release && mutation::mutated(mutation::SiteKind::Release, loc)) order = Order::Relaxed;
   const int owner = check_tracked(ptr, bytes, true, op, loc);
-  std::memcpy(ptr, data, bytes);
   Engine& e = engine();
+  if (e.timing().enabled() && order == Order::Release) e.timing().release(self(), scope == Scope::System);
+  e.catch_up();
+  std::memcpy(ptr, data, bytes);
   if (e.weak().enabled()) e.weak().store(self(), ptr, bytes, order, scope, op, loc);
-  if (e.timing().enabled())
-    e.timing().store(self(), target(self(), owner), ptr, bytes, order != Order::Plain,
-                     order == Order::Release, scope == Scope::System);
+  if (e.timing().enabled()) e.timing().store(self(), target(self(), owner), ptr, bytes, order != Order::Plain);
   e.progress();
   forget_polls(self());
   if (order != Order::Plain || e.timing().enabled()) e.yield_runnable();
@@ -407,14 +409,15 @@ uint64_t atomic_rmw(void* ptr, std::size_t bytes, RmwFn fn, uint64_t a, uint64_t
                     Loc loc) {
   if (bytes != 4 && bytes != 8) fail(ErrorKind::Misuse, std::string(op) + ": atomics take 4 or 8 bytes", loc);
   const int owner = check_tracked(ptr, bytes, true, op, loc);
+  Engine& e = engine();
+  Fiber* f = self();
+  if (e.timing().enabled() && is_release(op)) e.timing().release(f, scope == Scope::System);
+  e.catch_up();
   uint64_t old = 0;
   std::memcpy(&old, ptr, bytes);
   uint64_t next = fn(old, a, b);
   if (bytes == 4) next &= 0xffffffffull;
-  Engine& e = engine();
-  Fiber* f = self();
-  if (e.timing().enabled())
-    e.timing().atomic(f, target(f, owner), ptr, bytes, is_release(op), scope == Scope::System);
+  if (e.timing().enabled()) e.timing().atomic(f, target(f, owner), ptr, bytes);
   if (next == old) {
     // An atomic that changes nothing is a poll (a CAS spin, an add of zero).
     if (idle_poll(f, ptr, &old, bytes)) {
@@ -612,6 +615,7 @@ void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_
   check_bulk_size(bytes, op, loc);
   check_shared(smem_dst, bytes, 16, op, loc);
   const int owner = check_global(gmem_src, bytes, 16, false, op, loc);
+  e.catch_up();
   Mbarrier* m = e.mbarrier(bar, loc, true);
   Fiber* f = self();
   if (m->init_unfenced_by != nullptr)
@@ -638,6 +642,7 @@ void bulk_copy_s2g(void* gmem_dst, const void* smem_src, uint32_t bytes, Loc loc
   check_bulk_size(bytes, op, loc);
   check_shared(smem_src, bytes, 16, op, loc);
   const int owner = check_global(gmem_dst, bytes, 16, true, op, loc);
+  e.catch_up();
   Fiber* f = self();
   e.proxy().bulk_s2g(f, gmem_dst, smem_src, bytes, loc);
   if (e.weak().enabled()) e.weak().bulk_write_issued(f, gmem_dst, bytes, loc);

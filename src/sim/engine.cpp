@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <sstream>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -419,6 +420,7 @@ void Engine::reset(const Config& config) {
   kernels_.clear();
   last_run_ = nullptr;
   runnable_.clear();
+  by_clock_.clear();
   parked_.clear();
   timed_.clear();
   async_.clear();
@@ -610,6 +612,10 @@ void Engine::make_runnable(Fiber* f) {
   f->state = FiberState::Runnable;
   f->runnable_index = runnable_.size();
   runnable_.push_back(f);
+  if (timing_.enabled()) {
+    by_clock_.push_back({f->clock_ns, runnable_order_++, f});
+    std::push_heap(by_clock_.begin(), by_clock_.end(), std::greater<>{});
+  }
 }
 
 void Engine::add_waiting(std::vector<Fiber*>& list, Fiber* f) {
@@ -669,6 +675,10 @@ void Engine::yield_runnable() {
   switch_to_scheduler(f);
 }
 
+void Engine::catch_up() {
+  if (timing_.enabled() && current_->clock_ns > now_ns_) yield_runnable();
+}
+
 void Engine::yield_parked(const WaitInfo& wait) {
   Fiber* f = current_;
   f->woken_by_warp = false;
@@ -715,7 +725,7 @@ void Engine::run_fiber(Fiber* f) {
     return;
   }
   switch (f->state) {
-    case FiberState::Runnable: runnable_.push_back(f), f->runnable_index = runnable_.size() - 1; break;
+    case FiberState::Runnable: make_runnable(f); break;
     case FiberState::Parked:
       f->park_epoch = epoch_;
       add_waiting(parked_, f);
@@ -767,7 +777,7 @@ bool Engine::step() {
   if (timing_.enabled()) {
     // The earliest thread or copy step; a copy first on a tie (it completes what a
     // thread at the same time may wait for).
-    Fiber* f = earliest_fiber();
+    Fiber* f = by_clock_.empty() ? nullptr : by_clock_.front().fiber;
     const std::size_t a = earliest_async();
     if (a < na && (f == nullptr || async_[a].next_ns() <= f->clock_ns)) {
       record_decision(1, static_cast<uint64_t>(async_[a].block->kernel->device), async_[a].issuer->tid,
@@ -775,7 +785,7 @@ bool Engine::step() {
       complete_async(a);
     } else {
       record_decision(0, static_cast<uint64_t>(f->device), f->block_linear, f->tid);
-      run_fiber(f);
+      run_fiber(pop_earliest_fiber());
     }
     return true;
   }
@@ -799,13 +809,14 @@ bool Engine::step() {
   return true;
 }
 
-// Timed mode: the runnable thread with the earliest clock (the first of equals in the
-// runnable list), and the copy whose next step is earliest (async_.size(): none).
-Fiber* Engine::earliest_fiber() const {
-  Fiber* best = nullptr;
-  for (Fiber* f : runnable_)
-    if (best == nullptr || f->clock_ns < best->clock_ns) best = f;
-  return best;
+// Timed mode: takes the runnable thread with the earliest clock (the first to become
+// runnable among equals) off the heap; and finds the copy whose next step is earliest
+// (async_.size(): none).
+Fiber* Engine::pop_earliest_fiber() {
+  std::pop_heap(by_clock_.begin(), by_clock_.end(), std::greater<>{});
+  Fiber* f = by_clock_.back().fiber;
+  by_clock_.pop_back();
+  return f;
 }
 
 std::size_t Engine::earliest_async() const {
@@ -1122,6 +1133,8 @@ void Engine::destroy_kernel(KernelRun& k) {
   auto in_kernel = [&](Fiber* f) { return f->block->kernel == &k; };
   std::erase_if(runnable_, in_kernel);
   for (std::size_t i = 0; i < runnable_.size(); ++i) runnable_[i]->runnable_index = i;
+  std::erase_if(by_clock_, [&](const TimedEntry& e) { return in_kernel(e.fiber); });
+  std::make_heap(by_clock_.begin(), by_clock_.end(), std::greater<>{});
   for (auto* waiting : {&parked_, &timed_}) {
     std::erase_if(*waiting, in_kernel);
     for (std::size_t i = 0; i < waiting->size(); ++i) (*waiting)[i]->wait_index = i;

@@ -372,6 +372,10 @@ class Engine {
   // ---- device side (engine thread, world held by the engine) ----
   Fiber* current() const { return current_; }
   void yield_runnable();                    // stay runnable, let others run
+  // Timed mode: a thread whose clock has run past the scheduler's time (a release's
+  // wait, a barrier's cost) yields until it is the earliest, so that its next access
+  // meets the pipes in time order.
+  void catch_up();
   void yield_parked(const WaitInfo& wait);  // idle until anything makes progress
   void yield_blocked(const WaitInfo& wait);  // until woken explicitly
   bool yield_timed(const WaitInfo& wait);  // until woken (true) or clock warp (false)
@@ -412,7 +416,7 @@ class Engine {
   void check_bulk_reads_at_exit(Fiber* f);
   void complete_async(std::size_t index);
   Fiber* neighbour_to_run();
-  Fiber* earliest_fiber() const;       // timed mode
+  Fiber* pop_earliest_fiber();         // timed mode
   std::size_t earliest_async() const;  // timed mode
   void record_decision(uint64_t what, uint64_t a, uint64_t b, uint64_t c);
   void warp_or_hang();
@@ -457,6 +461,18 @@ class Engine {
   std::vector<std::shared_ptr<KernelRun>> kernels_;  // running
   uint64_t next_launch_id_ = 0;
   std::vector<Fiber*> runnable_;
+  // Timed mode: runnable_ again, as a min-heap on (clock, order of becoming runnable).
+  // A runnable thread's clock does not change, so the heap holds exactly runnable_.
+  struct TimedEntry {
+    double clock_ns;
+    uint64_t order;
+    Fiber* fiber;
+    bool operator>(const TimedEntry& o) const {
+      return clock_ns != o.clock_ns ? clock_ns > o.clock_ns : order > o.order;
+    }
+  };
+  std::vector<TimedEntry> by_clock_;
+  uint64_t runnable_order_ = 0;
   std::vector<Fiber*> parked_;
   std::vector<Fiber*> timed_;
   std::vector<AsyncOp> async_;

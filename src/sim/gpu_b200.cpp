@@ -17,6 +17,7 @@ DeviceProps b200_props() {
   TimingModel& t = p.timing;
   t.sm_clock_ghz = 1.9;  // [M/E] public benchmark logs: 1965 MHz max; sustained not published. -8%
   t.smem_latency_cycles = 39;  // [M] Chips and Cheese, B200 L1/shared pointer chase: 39 cycles. +-10%
+  t.l1_latency_cycles = 39;    // [M] the same pointer chase hits L1 there. +-10%
   // [M] measured 5-6 TB/s in untuned tests of the 8 TB/s [V] HBM3e (Chips and
   // Cheese; cuda-samples); a tuned copy is expected near 6.5. +-15%.
   t.hbm_gbps = 6500;

@@ -31,6 +31,12 @@ DeviceProps h100_props() {
   // [E] no public per-SM figure for H100's TMA; 64 B/cycle at 1.83 GHz. -40% / +100%.
   t.tma_gbps = 117;
   t.tma_issue_cycles = 16;  // [E] x/÷ 2
+  // [M] gpu-benches gpu-latency/h100_pcie.txt: 34.2 cycles (19.5 ns at 1755 MHz) for
+  // data sets up to 216 KB. +-10%.
+  t.l1_latency_cycles = 34;
+  // [D] 256 KiB of L1 and shared memory per SM [V, whitepaper] less the carve-out for
+  // Railyard's kernels' FIFOs (up to 227 KiB [V]); the rest is L1. -50% / +100%.
+  t.l1_bytes = 32768;
   // [D] HBM3 3.35 TB/s [V, datasheet] x 0.87-0.92, the copy efficiency measured on
   // GH200, H200 and H100 PCIe (gpu-benches "gpu-stream"). +-7%.
   t.hbm_gbps = 3000;

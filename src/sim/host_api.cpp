@@ -393,6 +393,13 @@ void reset_traffic() {
   Engine& e = engine();
   auto lock = e.acquire();
   e.reset_traffic();
+  e.timing().reset_busy();
+}
+
+std::vector<BusyTime> busy_time() {
+  Engine& e = engine();
+  auto lock = e.acquire();
+  return e.timing().busy();
 }
 
 Stats stats() {

@@ -8,6 +8,10 @@
 
 namespace railyard::sim::detail {
 
+namespace {
+constexpr uintptr_t kLineBytes = 128;
+}
+
 void Timing::reset(bool enabled) {
   enabled_ = enabled;
   devices_.clear();
@@ -17,9 +21,10 @@ void Timing::reset(bool enabled) {
 void Timing::add_device(const DeviceProps& props) {
   const TimingModel& m = props.timing;
   if (!(m.sm_clock_ghz > 0 && m.issue_ops_per_cycle > 0 && m.smem_bytes_per_cycle > 0 && m.tma_gbps > 0 &&
-        m.hbm_gbps > 0 && m.nvlink_gbps > 0))
+        m.hbm_gbps > 0 && m.nvlink_gbps > 0 && m.l1_bytes >= 128))
     throw std::invalid_argument("railyard::sim::add_device: device '" + props.name +
-                                "' has a TimingModel with a clock or bandwidth <= 0; expected every one > 0");
+                                "' has a TimingModel with a clock or bandwidth <= 0 or l1_bytes < 128; expected every one > 0 and "
+                                "l1_bytes >= 128");
   Device d;
   d.model = m;
   d.hbm.ns_per_byte = 1.0 / m.hbm_gbps;
@@ -30,6 +35,7 @@ void Timing::add_device(const DeviceProps& props) {
     sm.issue.ns_per_byte = 1.0 / (m.issue_ops_per_cycle * m.sm_clock_ghz);  // one "byte" per thread operation
     sm.smem.ns_per_byte = 1.0 / (m.smem_bytes_per_cycle * m.sm_clock_ghz);
     sm.tma.ns_per_byte = 1.0 / m.tma_gbps;
+    sm.l1.assign(static_cast<std::size_t>(m.l1_bytes / static_cast<double>(kLineBytes)), 0);
   }
   for (int s = slots - 1; s >= 0; --s) d.free_sms.push_back(s % props.sm_count);
   devices_.push_back(std::move(d));
@@ -39,10 +45,33 @@ int Timing::take_sm(int device) {
   Device& d = devices_[device];
   const int sm = d.free_sms.back();
   d.free_sms.pop_back();
+  std::fill(d.sms[sm].l1.begin(), d.sms[sm].l1.end(), 0);  // L1 starts empty for a new block
   return sm;
 }
 
 void Timing::release_sm(int device, int sm) { devices_[device].free_sms.push_back(sm); }
+
+std::vector<BusyTime> Timing::busy() const {
+  std::vector<BusyTime> out;
+  if (!enabled_) return out;
+  for (const Device& d : devices_) {
+    BusyTime b{.hbm_ns = d.hbm.busy_ns, .nvlink_out_ns = d.nvlink_out.busy_ns, .nvlink_in_ns = d.nvlink_in.busy_ns};
+    for (const Sm& sm : d.sms) {
+      b.sm_issue_ns = std::max(b.sm_issue_ns, sm.issue.busy_ns);
+      b.sm_smem_ns = std::max(b.sm_smem_ns, sm.smem.busy_ns);
+      b.sm_tma_ns = std::max(b.sm_tma_ns, sm.tma.busy_ns);
+    }
+    out.push_back(b);
+  }
+  return out;
+}
+
+void Timing::reset_busy() {
+  for (Device& d : devices_) {
+    d.hbm.busy_ns = d.nvlink_out.busy_ns = d.nvlink_in.busy_ns = 0;
+    for (Sm& sm : d.sms) sm.issue.busy_ns = sm.smem.busy_ns = sm.tma.busy_ns = 0;
+  }
+}
 
 double Timing::issue(Fiber* f) {
   Device& d = devices_[f->device];
@@ -80,28 +109,47 @@ void Timing::wait_for_stores(Fiber* f, bool remote) {
   f->clock_ns = std::max({f->clock_ns, f->local_stores_done_ns, remote ? f->remote_stores_done_ns : 0.0});
 }
 
+bool Timing::l1_hit(Fiber* f, const void* ptr) {
+  std::vector<uintptr_t>& l1 = devices_[f->device].sms[f->block->sm].l1;
+  const uintptr_t line = reinterpret_cast<uintptr_t>(ptr) / kLineBytes + 1;
+  uintptr_t& set = l1[line % l1.size()];
+  const bool hit = set == line;
+  set = line;
+  return hit;
+}
+
+void Timing::l1_invalidate(Fiber* f) {
+  std::vector<uintptr_t>& l1 = devices_[f->device].sms[f->block->sm].l1;
+  std::fill(l1.begin(), l1.end(), 0);
+}
+
 double Timing::in_flight_until(const void* ptr) const {
   auto it = visible_at_.find(reinterpret_cast<uintptr_t>(ptr));
   return it != visible_at_.end() ? it->second : 0.0;
 }
 
-void Timing::load(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool strong, bool acquire_sys) {
+void Timing::load(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool strong, bool acquire, bool sys) {
   const double t = issue(f);
   const TimingModel& m = devices_[f->device].model;
+  const bool acquire_sys = acquire && sys;
   double done;
   if (where.kind == Target::Kind::Shared) {
     done = through_smem(f, t, bytes, 1);
+  } else if (where.kind == Target::Kind::Local && !strong && l1_hit(f, ptr)) {
+    done = t + m.l1_latency_cycles / m.sm_clock_ghz;
   } else {
     const bool remote = where.kind == Target::Kind::Remote;
     done = move(f->device, where, t, bytes, false) + (remote ? m.remote_load_ns : m.global_latency_ns);
     if (acquire_sys) done += m.acquire_sys_extra_ns;
   }
   if (strong) done = std::max(done, in_flight_until(ptr));  // a value still in flight is seen when it arrives
+  if (acquire) l1_invalidate(f);
   f->clock_ns = std::max(f->clock_ns, done);
 }
 
-void Timing::store(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool strong, bool release, bool sys) {
-  if (release) wait_for_stores(f, sys);
+void Timing::release(Fiber* f, bool sys) { wait_for_stores(f, sys); }
+
+void Timing::store(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool strong) {
   const double t = issue(f);
   const TimingModel& m = devices_[f->device].model;
   double visible;
@@ -117,8 +165,7 @@ void Timing::store(Fiber* f, Target where, const void* ptr, std::size_t bytes, b
   if (strong) visible_at_[reinterpret_cast<uintptr_t>(ptr)] = visible;
 }
 
-void Timing::atomic(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool release, bool sys) {
-  if (release) wait_for_stores(f, sys);
+void Timing::atomic(Fiber* f, Target where, const void* ptr, std::size_t bytes) {
   const double t = issue(f);
   const TimingModel& m = devices_[f->device].model;
   double done;
@@ -137,6 +184,7 @@ void Timing::fence(Fiber* f, int scope) {
   const TimingModel& m = devices_[f->device].model;
   if (scope == 0) return cycles(f, m.op_cycles);
   wait_for_stores(f, scope == 2);
+  l1_invalidate(f);
   f->clock_ns += scope == 2 ? m.fence_sys_ns : m.fence_gpu_ns;
 }
 

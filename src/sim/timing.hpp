@@ -28,8 +28,10 @@ struct Block;
 struct Pipe {
   double ns_per_byte = 0;
   double free_at = 0;
+  double busy_ns = 0;  // since the last reset_busy()
   // A transfer of `bytes` ready at `start`: when its last byte has passed.
   double pass(double start, double bytes) {
+    busy_ns += bytes * ns_per_byte;
     free_at = std::max(start, free_at) + bytes * ns_per_byte;
     return free_at;
   }
@@ -58,10 +60,19 @@ class Timing {
   int take_sm(int device);
   void release_sm(int device, int sm);
 
+  // Each pipe's busy time (sim::busy_time()), and a new count from zero.
+  std::vector<BusyTime> busy() const;
+  void reset_busy();
+
   // Costs to the calling thread f (of block b on SM b->sm).
-  void load(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool strong, bool acquire_sys);
-  void store(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool strong, bool release, bool sys);
-  void atomic(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool release, bool sys);
+  // `acquire`: an ld.acquire (of scope `sys` or narrower above the block).
+  void load(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool strong, bool acquire, bool sys);
+  // A release (store or atomic) first waits until the thread's posted stores are
+  // visible (`sys`: to other devices too); then the thread catches up (Engine::catch_up)
+  // and the access issues.
+  void release(Fiber* f, bool sys);
+  void store(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool strong);
+  void atomic(Fiber* f, Target where, const void* ptr, std::size_t bytes);
   void fence(Fiber* f, int scope);  // 0 block, 1 device, 2 system
   void cycles(Fiber* f, double n);  // a fixed cost in SM cycles
   // Bulk copies: the times their reads and writes complete.
@@ -74,6 +85,7 @@ class Timing {
  private:
   struct Sm {
     Pipe issue, smem, tma;
+    std::vector<uintptr_t> l1;  // by set: the line held (its address / 128 + 1), 0: none
   };
   struct Device {
     TimingModel model;
@@ -92,6 +104,9 @@ class Timing {
   // A release or fence: the thread waits until its posted stores (`remote`: to other
   // devices too) are visible.
   static void wait_for_stores(Fiber* f, bool remote);
+  // Whether the thread's SM holds ptr's line in L1, which it fills on a miss.
+  bool l1_hit(Fiber* f, const void* ptr);
+  void l1_invalidate(Fiber* f);
   // When the last strong store to `ptr` becomes visible (0: none in flight).
   double in_flight_until(const void* ptr) const;
 

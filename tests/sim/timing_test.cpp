@@ -155,16 +155,25 @@ TEST_P(Timed, BulkStoresToAPeerReproduceTheNvlinkRate) {
   expect_within_10_percent(static_cast<double>(bytes) / ns, model().nvlink_gbps, "NVLink GB/s per direction");
 }
 
-// Load latency: one thread chases pointers through memory of `owner`.
-double chase_ns_per_hop(int owner, int hops) {
-  DeviceArray<uint64_t> ring(owner, 64, "ring");
-  for (int i = 0; i < 64; ++i) ring[i] = reinterpret_cast<uint64_t>(&ring.ptr[(i * 17 + 1) % 64]);
-  DeviceArray<uint64_t> out(0, 2, "out");
-  uint64_t *r = ring.ptr, *o = out.ptr;
+// Load latency: one thread chases pointers through memory of `owner`, over `lines`
+// 128-byte lines, one entry per line, with plain loads; Hop::WithAcquire: each hop
+// also reads a zero with ld.acquire.gpu (a new one each hop: not a poll).
+enum class Hop { Plain, WithAcquire };
+double chase_ns_per_hop(int owner, int hops, int lines = 1024, Hop hop = Hop::Plain) {
+  constexpr int kStride = 128 / sizeof(uint64_t);
+  DeviceArray<uint64_t> ring(owner, static_cast<std::size_t>(lines) * kStride, "ring");
+  for (int i = 0; i < lines; ++i)
+    ring[i * kStride] = reinterpret_cast<uint64_t>(&ring.ptr[((i * 17 + 1) % lines) * kStride]);
+  DeviceArray<uint64_t> out(0, 2, "out"), zeros(0, static_cast<std::size_t>(hops), "zeros");
+  for (int i = 0; i < hops; ++i) zeros[i] = 0;
+  uint64_t *r = ring.ptr, *o = out.ptr, *z = zeros.ptr;
   sim::launch(sim::default_stream(0), {1, 1, 0, "chase"}, [=] {
     uint64_t p = reinterpret_cast<uint64_t>(r);
     const auto t0 = static_cast<uint64_t>(clock64());
-    for (int i = 0; i < hops; ++i) p = arch::ld_global(reinterpret_cast<const uint64_t*>(p));
+    for (int i = 0; i < hops; ++i) {
+      p = arch::ld_global(reinterpret_cast<const uint64_t*>(p));
+      if (hop == Hop::WithAcquire) p += arch::ld_acquire_gpu(z + i);
+    }
     const auto t1 = static_cast<uint64_t>(clock64());
     arch::st_global(o, t1 - t0);
     arch::st_global(o + 1, p);
@@ -173,9 +182,27 @@ double chase_ns_per_hop(int owner, int hops) {
   return static_cast<double>(out[0]) / sim::device_props(0).timing.sm_clock_ghz / hops;
 }
 
+// 1024 lines (128 KiB) do not fit in L1: every hop misses.
 TEST_P(Timed, PointerChaseReproducesTheDeviceMemoryLatency) {
   start(1);
   expect_within_10_percent(chase_ns_per_hop(0, 100), model().global_latency_ns, "device load ns");
+}
+
+// 16 lines fit: after the first round every hop hits.
+TEST_P(Timed, PointerChaseInL1ReproducesTheL1Latency) {
+  start(1);
+  const double first_round = chase_ns_per_hop(0, 16, 16);
+  expect_within_10_percent(first_round, model().global_latency_ns, "first round, every line a miss");
+  const double ns = (chase_ns_per_hop(0, 16 + 1600, 16) * 1616 - first_round * 16) / 1600;
+  expect_within_10_percent(ns, model().l1_latency_cycles / model().sm_clock_ghz, "L1 hit ns");
+}
+
+// An acquire empties L1 (and, a strong load, does not use it): every plain hop misses
+// although its lines fit, so a hop costs two device loads.
+TEST_P(Timed, AnAcquireEmptiesL1) {
+  start(1);
+  expect_within_10_percent(chase_ns_per_hop(0, 400, 16, Hop::WithAcquire), 2 * model().global_latency_ns,
+                           "plain load + acquire load ns over lines that fit in L1");
 }
 
 TEST_P(Timed, PointerChaseOverNvlinkReproducesTheRemoteLoadLatency) {

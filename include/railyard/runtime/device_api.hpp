@@ -139,8 +139,9 @@ void event_record(GpuEvent event, GpuStream stream);
 // Work enqueued on `stream` later waits for the event's last record (none: no wait).
 void stream_wait_event(GpuStream stream, GpuEvent event);
 void event_synchronize(GpuEvent event);
-// Milliseconds between two completed records; empty where the backend has no clock
-// (the simulator's time says nothing about a GPU's).
+// Milliseconds between two completed records; empty where the backend has no clock.
+// The simulator has one only in its timed mode, and its times are SIMULATED
+// (docs/simulator.md, "Timed mode"), never a GPU's.
 std::optional<float> event_elapsed_ms(GpuEvent start, GpuEvent end);
 
 bool can_access_peer(int device, int peer);

@@ -249,7 +249,18 @@ struct Traffic {
   }
 };
 Traffic traffic();
+// Also restarts busy_time()'s count.
 void reset_traffic();
+
+// Timed mode: how long each resource of a device's timing model was busy since reset()
+// or reset_traffic() (the sum of the transfers' bytes over its bandwidth, queued ones
+// included). Per-SM resources are the busiest SM's. A resource busy for most of an
+// operation's time is what bounds it; none near 100% means latency does.
+struct BusyTime {
+  double hbm_ns = 0, nvlink_out_ns = 0, nvlink_in_ns = 0;
+  double sm_issue_ns = 0, sm_smem_ns = 0, sm_tma_ns = 0;
+};
+std::vector<BusyTime> busy_time();  // by device; empty outside the timed mode
 
 struct Stats {
   uint64_t scheduler_steps = 0;

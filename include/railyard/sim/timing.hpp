@@ -17,6 +17,11 @@ struct TimingModel {
   double smem_latency_cycles = 30;    // ld.shared until the value is there
   double tma_gbps = 100;              // one SM's bulk-copy (TMA) engine
   double tma_issue_cycles = 16;       // a thread issuing one cp.async.bulk
+  // The SM's L1: weak loads of the device's own memory hit in it (128-byte lines,
+  // direct-mapped over l1_bytes); strong loads bypass it, acquires and fences above
+  // block scope empty it. Bulk copies do not pass through it.
+  double l1_latency_cycles = 34;
+  double l1_bytes = 32768;
   // ---- per GPU ----
   double hbm_gbps = 3000;           // device memory, reads and writes together
   double global_latency_ns = 300;   // a load of device memory that misses L1
