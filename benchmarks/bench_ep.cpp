@@ -40,12 +40,14 @@ const char* const kUsage =
     "usage: %s [--preset seed|deepep] [--hidden H] [--tokens T] [--ranks R] [--experts-per-rank E]\n"
     "          [--topk K] [--dtype bf16|fp8] [--skew S] [--sms N | --sms-sweep 1,2,4,...]\n"
     "          [--layout received|grouped|both] [--pad-multiple P] [--iters N] [--warmup N] [--seed S]\n"
-    "          [--json FILE] [--sim-tokens T] [--sim-full] [--preemption P] [--host-overhead-iters N]\n"
+    "          [--json FILE] [--sim-tokens T] [--sim-full] [--no-sim-timed] [--preemption P]\n"
+    "          [--host-overhead-iters N]\n"
     "          [--model-fixed-us U] [--model-token-latency-us U]\n"
     "  presets: seed   = hidden 8192, BF16, 4096 tokens/rank, 2 experts/rank, top-8, uniform, 8 ranks (default)\n"
     "           deepep = hidden 7168, FP8, 4096 tokens/rank, 256 experts (32/rank), top-8, uniform, 8 ranks\n"
-    "  simulator: runs --sim-tokens (default 128) tokens per rank, or --tokens with --sim-full (slow);\n"
-    "             the model's headline is for --tokens from the routing's closed-form bytes.\n";
+    "  simulator: runs --sim-tokens (default 128) tokens per rank, or --tokens with --sim-full (slow),\n"
+    "             checked; then once per SM count in its timed mode (SIMULATED times; --no-sim-timed skips);\n"
+    "             the roofline model's upper bound is for --tokens from the routing's closed-form bytes.\n";
 
 bool parse_int_list(const std::string& s, std::vector<int>* out) {
   out->clear();
@@ -67,6 +69,10 @@ bool parse(int argc, char** argv, Params* p) {
     const std::string arg = argv[i];
     if (arg == "--sim-full") {
       p->sim_full = true;
+      continue;
+    }
+    if (arg == "--no-sim-timed") {
+      p->sim_timed = false;
       continue;
     }
     if (i + 1 >= argc) return false;
@@ -220,6 +226,25 @@ void json_model(Json& j, const char* key, const Params& p, const std::vector<Mod
   j.end_array().end_object();
 }
 
+// The timed runs' rows of one operation: printed, and the JSON's `simulated` list.
+void print_simulated(Json& j, const OpResult& op, int64_t tokens) {
+  std::printf("  SIMULATED on simulated H100s (timed mode, %lld tokens/rank; NOT a measurement; us, GB/s):\n",
+              static_cast<long long>(tokens));
+  std::printf("    %5s %10s %9s %9s  %-10s %s\n", "SMs", "time", "algbw", "busbw", "bound", "busiest resource");
+  j.begin_array("simulated");
+  for (const Simulated& s : op.simulated) {
+    std::printf("    %5d %10.1f %9.1f %9.1f  %-10s %s %.0f%%%s\n", s.sms, s.time_us, s.algbw_gbps, s.busbw_gbps,
+                s.bound.c_str(), s.busiest.c_str(), 100 * s.busiest_fraction,
+                s.mismatches ? "  <-- outputs MISMATCH" : "");
+    j.begin_object().str("kind", "SIMULATED (Railyard's timed simulator, H100 preset), not a measurement");
+    j.integer("sms", s.sms).integer("tokens_per_rank", tokens).num("sim_time_us", s.time_us);
+    j.num("sim_algbw_gbps", s.algbw_gbps).num("sim_busbw_gbps", s.busbw_gbps).str("sim_bound", s.bound);
+    j.str("sim_busiest", s.busiest).num("sim_busiest_fraction", s.busiest_fraction);
+    j.uinteger("mismatches", s.mismatches).end_object();
+  }
+  j.end_array();
+}
+
 // Runs the simulator build when this CUDA build finds too few GPUs.
 [[noreturn]] void run_simulator_instead(char** argv, const std::string& why) {
   std::string self(4096, '\0');
@@ -256,7 +281,8 @@ int main(int argc, char** argv) {
     std::printf("railyard_bench_ep: MEASURED on %d GPUs (CUDA flavour), one host thread per GPU.\n", p.ranks);
   } else {
     std::printf("railyard_bench_ep: SIMULATOR run on Railyard's CPU simulator (no GPU here): results are checked and "
-                "NVLink bytes counted; every time and bandwidth below is a MODEL estimate, never a measurement.\n");
+                "NVLink bytes counted; every time and bandwidth below is SIMULATED (the simulator's timed mode, "
+                "docs/simulator.md) or a MODEL estimate (a roofline upper bound), never a measurement.\n");
   }
   std::fflush(stdout);
   const int64_t run_tokens = kSim ? (p.sim_full ? p.tokens : std::min(p.sim_tokens, p.tokens)) : p.tokens;
@@ -272,6 +298,9 @@ int main(int argc, char** argv) {
               kSim ? (" (the simulator runs its kernels with " + std::to_string(p.sim_sms) +
                           " blocks; the model is applied at every count: NVLink bytes do not depend on it)").c_str()
                      : "");
+  if (kSim && p.sim_timed && *std::max_element(p.sms.begin(), p.sms.end()) > kSimTimedMaxSms)
+    std::printf("  NOTE: SIMULATED rows stop at %d SMs (the simulator's threads each hold a stack mapping; more "
+                "exceed the kernel's vm.max_map_count); the MODEL covers every count.\n", kSimTimedMaxSms);
   print_definitions();
   std::fflush(stdout);
 
@@ -289,7 +318,7 @@ int main(int argc, char** argv) {
   j.integer("experts", p.num_experts()).integer("topk", p.topk).str("dtype", dtype_name(p.dtype)).num("skew", p.skew);
   j.integer("pad_multiple", p.pad_multiple).integer("iters", p.iters).integer("warmup", p.warmup);
   j.uinteger("seed", p.seed).integer("dispatch_row_bytes", p.dispatch_row_bytes());
-  if (kSim) j.integer("sim_blocks", p.sim_sms).num("sim_preemption", p.preemption);
+  if (kSim) j.integer("sim_blocks", p.sim_sms).num("sim_preemption", p.preemption).boolean("sim_timed", p.sim_timed);
   j.integer("combine_row_bytes", p.combine_row_bytes()).begin_array("sms");
   for (int s : p.sms) j.integer(nullptr, s);
   j.end_array().end_object();
@@ -339,6 +368,7 @@ int main(int argc, char** argv) {
       j.end_array().end_object();
       if (op.op == Op::Combine && i >= 1 && res.ops[i - 1].has_traffic) print_links(res.ops[i - 1], op, run_pairs, p.ranks);
     }
+    if (!op.simulated.empty()) print_simulated(j, op, res.tokens);
     if (!op.measured.empty()) {
       std::printf("  MEASURED (%d iterations after %d warm-up; us; GB/s):\n", p.iters, p.warmup);
       std::printf("    %5s %10s %10s %10s %10s %10s %9s %9s\n", "SMs", "median", "min", "p10", "p90", "max", "algbw",

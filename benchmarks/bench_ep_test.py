@@ -136,8 +136,13 @@ def check_json(path, like=None):
             elif isinstance(a, list) and a and isinstance(a[0], dict) and b:
                 keys_of(a[0], b[0], f"{where}[0]")
 
-        # host_overhead is another quantity (the Python layer's work per call, not the C++ op's)
+        # host_overhead is another quantity (the Python layer's work per call, not the C++ op's);
+        # the timed simulator's rows (`simulated`, parameters.sim_timed) are the C++ benchmark's
+        # only, until bench_ep.py runs its ops in the timed mode too (issue 12, left open).
         c.pop("host_overhead", None)
+        c["parameters"].pop("sim_timed", None)
+        for o in c["ops"]:
+            o.pop("simulated", None)
         keys_of(c, d, "$")
     print(f"bench_ep.py JSON OK: {len(d['ops'])} ops" + (f", every key of {os.path.basename(like)}" if like else ""))
 

@@ -3,6 +3,8 @@
 //    against railyard::reference and counts the NVLink bytes of every operation;
 //  - bench_run_cuda.cpp: real GPUs, one host thread per GPU, timed with
 //    CUDA events.
+//   With Params::sim_timed it runs every operation again in the simulator's timed
+//   mode once per SM count: SIMULATED times (docs/simulator.md, "Timed mode").
 // Both go through the public C++ API (railyard::Buffer) only.
 #pragma once
 
@@ -18,6 +20,21 @@ struct Timed {  // one SM count, measured on GPUs
   int sms = 0;
   Spread time_us;  // over iterations, of the slowest rank's time in each iteration
   double algbw_gbps = 0, busbw_gbps = 0;  // at the median time
+};
+
+// The largest SM count the timed runs simulate: every simulated thread has its own
+// guarded stack (two memory mappings), and 8 ranks x 32 blocks x 4-10 warps of 32 pass
+// Linux's default vm.max_map_count (65530).
+inline constexpr int kSimTimedMaxSms = 16;
+
+struct Simulated {  // one SM count, in the simulator's timed mode: SIMULATED, not measured
+  int sms = 0;
+  double time_us = 0;  // the slowest rank's, from a common start
+  double algbw_gbps = 0, busbw_gbps = 0;
+  std::string bound;     // the resource busy for >= 70% of the time, or "latency"
+  std::string busiest;   // the busiest resource of any device
+  double busiest_fraction = 0;  // its busy time / time
+  uint64_t mismatches = 0;      // the timed run's outputs against the reference
 };
 
 struct OpResult {
@@ -36,6 +53,8 @@ struct OpResult {
   int bad_pairs = 0;              // pairs off their minimum (other than polls)
   double sim_seconds = 0;
   uint64_t sim_steps = 0;
+  // Simulator, timed mode: per SM count.
+  std::vector<Simulated> simulated;
   // GPU: timings per SM count.
   std::vector<Timed> measured;
 };

@@ -96,6 +96,7 @@ uint64_t check_dispatch(const Params& p, const DispatchResult& d, const Expected
 struct Sample {
   sim::Traffic traffic;
   sim::Stats stats;
+  std::vector<sim::BusyTime> busy;  // timed mode
   Clock::time_point time;
 };
 
@@ -126,6 +127,16 @@ void fill_traffic(OpResult* op, const Sample& before, const Sample& after, int R
       op->bad_pairs += !ok;
     }
   }
+}
+
+std::string checked_what(const Params& p, const OpResult& op) {
+  const bool grouped = op.layout == TokenLayout::ExpertGrouped;
+  if (op.op == Op::Combine)
+    return std::string("every rank's [T, H] BF16 output, bit for bit, against reference::") +
+           (grouped ? "combine_with_unpermute" : "combine");
+  return std::string("every rank's rows") + (p.dtype == DType::FP8_E4M3 ? ", scales" : "") +
+         (grouped ? ", probs, recv_row" : ", probs, routing map, src_rank, src_token") +
+         ", bit for bit, against reference::" + (grouped ? "permute(dispatch)" : "dispatch");
 }
 
 std::vector<ref::RankInput> reference_inputs(const Params& p, const std::vector<std::vector<bf16>>& rows,
@@ -204,6 +215,159 @@ HostOverhead host_overhead(const Params& full) {
   return h;
 }
 
+// One run of every operation (per layout: first dispatch, dispatch on the handle,
+// combine) on R simulated H100s with `sms` blocks, every output checked. Untimed, each
+// operation has its own traffic window; in the timed mode (`timed`), each also has a
+// common start (every rank's stream waits for every other's before it) and a SIMULATED
+// time: the slowest rank's, from events on its stream.
+struct Pass {
+  std::vector<Sample> samples;                  // [0] start, then 5 per layout (see below)
+  std::vector<std::vector<uint64_t>> mismatches;  // [op][rank]
+  std::vector<double> time_us;                  // [op], timed only
+  uint64_t count_row_bytes = 0;
+  std::string error;
+};
+
+Pass run_pass(const Params& p, const std::vector<ref::RankInput>& inputs, const std::vector<Routing>& routing,
+              const std::vector<Expected>& expected, int64_t T, int sms, bool timed) {
+  const int R = p.ranks;
+  Pass pass;
+  const std::size_t num_ops = 3 * p.layouts.size();
+  pass.samples.resize(1 + 5 * p.layouts.size());
+  pass.mismatches.assign(num_ops, std::vector<uint64_t>(R, 0));
+  std::vector<std::vector<double>> op_us(num_ops, std::vector<double>(R, 0.0));
+  std::vector<runtime::GpuEvent> ready(R);
+  for (auto& e : ready) e = gpu::event_create();
+  sim::reset(sim::Config{.seed = p.seed, .preemption = p.preemption, .timed = timed});
+  for (int r = 0; r < R; ++r) sim::add_device(sim::h100_props());  // one NVLink domain
+  auto group = runtime::make_sim_group(R);
+  const BufferConfig config = buffer_config(p, T);
+  std::mutex error_mutex;
+
+  const auto rank_main = [&](int rank) {
+    gpu::set_current(rank);
+    auto bootstrap = group->bootstrap(rank);
+    const GpuStream stream = sim::default_stream(rank);
+    Buffer buffer(config, *bootstrap, BufferOptions{.dispatch_sms = sms, .combine_sms = sms});
+    if (rank == 0) pass.count_row_bytes = static_cast<uint64_t>(buffer.registered_buffer().layout().count_row_ints()) * 4;
+    auto& alloc = buffer.allocator();
+    const ref::HiddenRows& hin = inputs[rank].hidden;
+    const auto x = to_device(alloc, hin.bytes, T, p.hidden * dtype_bytes(p.dtype), stream);
+    const auto scales = to_device(alloc, hin.scales, T, p.hidden / ref::kFp8ScaleBlockElems, stream);
+    const float* sc = p.dtype == DType::FP8_E4M3 ? scales.data() : nullptr;
+    const auto idx = to_device(alloc, routing[rank].topk_idx, T, p.topk, stream);
+    const auto wts = to_device(alloc, routing[rank].topk_weights, T, p.topk, stream);
+    auto out = DeviceArray<bf16>::allocate(alloc, std::max<int64_t>(T, 1), p.hidden);
+    gpu::stream_synchronize(stream);
+
+    std::size_t next_sample = 0;
+    const auto sample = [&] {
+      bootstrap->barrier();
+      if (rank == 0) {
+        Sample& s = pass.samples[next_sample];
+        s.traffic = sim::traffic();
+        s.stats = sim::stats();
+        s.busy = sim::busy_time();
+        s.time = Clock::now();
+        sim::reset_traffic();
+      }
+      ++next_sample;
+      bootstrap->barrier();
+    };
+    // Operation `op`, waited for, then a sample; timed: from a common start.
+    const auto window = [&](std::size_t op, const auto& call) {
+      runtime::GpuEvent start = nullptr, stop = nullptr;
+      if (timed) {
+        gpu::event_record(ready[rank], stream);
+        bootstrap->barrier();
+        for (int r = 0; r < R; ++r) gpu::stream_wait_event(stream, ready[r]);
+        start = gpu::event_create(), stop = gpu::event_create();
+        gpu::event_record(start, stream);
+      }
+      auto result = call();
+      if (timed) gpu::event_record(stop, stream);
+      gpu::stream_synchronize(stream);
+      if (timed) {
+        op_us[op][rank] = 1e3 * gpu::event_elapsed_ms(start, stop).value_or(0.0f);
+        gpu::event_destroy(start), gpu::event_destroy(stop);
+        bootstrap->barrier();  // every rank has read `ready` before it is recorded again
+      }
+      sample();
+      return result;
+    };
+    sample();
+    for (std::size_t l = 0; l < p.layouts.size(); ++l) {
+      const TokenLayout layout = p.layouts[l];
+      const Expected& e = expected[l];
+      const std::size_t op0 = 3 * l;
+      DispatchResult d = window(op0, [&] {
+        return buffer.dispatch({.hidden = x.data(), .scales = sc, .num_tokens = T, .topk_idx = idx.data(),
+                                .topk_weights = wts.data(), .num_topk = p.topk, .layout = layout,
+                                .pad_multiple = p.pad_multiple, .stream = stream});
+      });
+      pass.mismatches[op0][rank] = check_dispatch(p, d, e, rank, stream);
+
+      // The same dispatch on the handle, into the same (poisoned) outputs.
+      const DispatchOutputs outs = outputs_of(d, layout);
+      gpu::memset_async(d.hidden.data(), 0xA5, d.hidden.bytes(), stream);
+      if (d.scales.data()) gpu::memset_async(d.scales.data(), 0xA5, d.scales.bytes(), stream);
+      gpu::stream_synchronize(stream);
+      sample();  // the memsets are not kernels' traffic, but keep them out of the window anyway
+      window(op0 + 1, [&] {
+        return buffer.dispatch({.hidden = x.data(), .scales = sc, .num_tokens = T, .layout = layout,
+                                .pad_multiple = p.pad_multiple, .handle = &d.handle, .outputs = &outs,
+                                .stream = stream});
+      });
+      pass.mismatches[op0 + 1][rank] = check_dispatch(p, d, e, rank, stream);
+
+      const auto y = to_device(alloc, e.y[rank], d.num_rows, p.hidden, stream);
+      gpu::stream_synchronize(stream);
+      sample();
+      window(op0 + 2, [&] {
+        buffer.combine({.handle = &d.handle, .hidden = y.data(), .out = out.data(), .stream = stream});
+        return 0;
+      });
+      pass.mismatches[op0 + 2][rank] = count_diff(to_host(out.data(), static_cast<std::size_t>(T * p.hidden), stream),
+                                                  e.combined[rank].hidden);
+    }
+    gpu::stream_synchronize(stream);
+  };
+  try {
+    sim::run_ranks(R, [&](int rank) {
+      try {
+        rank_main(rank);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (pass.error.empty()) pass.error = "rank " + std::to_string(rank) + ": " + e.what();
+        throw;
+      }
+    });
+  } catch (const std::exception& e) {
+    if (pass.error.empty()) pass.error = e.what();
+  }
+  for (auto& e : ready) gpu::event_destroy(e);
+  if (timed)
+    for (const auto& per_rank : op_us) pass.time_us.push_back(*std::max_element(per_rank.begin(), per_rank.end()));
+  return pass;
+}
+
+// The resource that bounds a timed operation: the busiest of every device's over the
+// operation's time, when busy for at least kBoundBusy of it; else "latency".
+constexpr double kBoundBusy = 0.7;
+void set_bound(Simulated* s, const std::vector<sim::BusyTime>& busy) {
+  const double t_ns = s->time_us * 1e3;
+  for (const sim::BusyTime& b : busy) {
+    const std::pair<const char*, double> resources[] = {
+        {"nvlink_out", b.nvlink_out_ns}, {"nvlink_in", b.nvlink_in_ns}, {"hbm", b.hbm_ns},
+        {"sm_issue", b.sm_issue_ns},     {"sm_smem", b.sm_smem_ns},     {"sm_tma", b.sm_tma_ns}};
+    for (const auto& [name, ns] : resources) {
+      const double f = t_ns > 0 ? ns / t_ns : 0.0;
+      if (f > s->busiest_fraction) s->busiest = name, s->busiest_fraction = f;
+    }
+  }
+  s->bound = s->busiest_fraction >= kBoundBusy ? s->busiest : "latency";
+}
+
 }  // namespace
 
 RunResult run(const Params& p) {
@@ -235,117 +399,52 @@ RunResult run(const Params& p) {
     }
   }
 
-  sim::reset(sim::Config{.seed = p.seed, .preemption = p.preemption});
-  for (int r = 0; r < R; ++r) sim::add_device(sim::h100_props());  // one NVLink domain
-  auto group = runtime::make_sim_group(R);
-  const BufferConfig config = buffer_config(p, T);
-  const int sms = p.sim_sms;
-  // sample() runs once at the start and five times per layout (see below).
-  std::vector<Sample> samples(1 + 5 * p.layouts.size());
-  std::vector<std::vector<uint64_t>> mismatches(res.ops.size(), std::vector<uint64_t>(R, 0));
-  std::mutex error_mutex;
-  std::string first_error;
-
-  const auto rank_main = [&](int rank) {
-    gpu::set_current(rank);
-    auto bootstrap = group->bootstrap(rank);
-    const GpuStream stream = sim::default_stream(rank);
-    Buffer buffer(config, *bootstrap, BufferOptions{.dispatch_sms = sms, .combine_sms = sms});
-    if (rank == 0) res.count_row_bytes = static_cast<uint64_t>(buffer.registered_buffer().layout().count_row_ints()) * 4;
-    auto& alloc = buffer.allocator();
-    const ref::HiddenRows& hin = inputs[rank].hidden;
-    const auto x = to_device(alloc, hin.bytes, T, p.hidden * dtype_bytes(p.dtype), stream);
-    const auto scales = to_device(alloc, hin.scales, T, p.hidden / ref::kFp8ScaleBlockElems, stream);
-    const float* sc = p.dtype == DType::FP8_E4M3 ? scales.data() : nullptr;
-    const auto idx = to_device(alloc, routing[rank].topk_idx, T, p.topk, stream);
-    const auto wts = to_device(alloc, routing[rank].topk_weights, T, p.topk, stream);
-    auto out = DeviceArray<bf16>::allocate(alloc, std::max<int64_t>(T, 1), p.hidden);
-    gpu::stream_synchronize(stream);
-
-    std::size_t next_sample = 0;
-    const auto sample = [&] {
-      bootstrap->barrier();
-      if (rank == 0) {
-        Sample& s = samples[next_sample];
-        s.traffic = sim::traffic();
-        s.stats = sim::stats();
-        s.time = Clock::now();
-        sim::reset_traffic();
-      }
-      ++next_sample;
-      bootstrap->barrier();
-    };
-    sample();
-    for (std::size_t l = 0; l < p.layouts.size(); ++l) {
-      const TokenLayout layout = p.layouts[l];
-      const Expected& e = expected[l];
-      const std::size_t op0 = 3 * l;
-      DispatchResult d = buffer.dispatch({.hidden = x.data(), .scales = sc, .num_tokens = T,
-                                          .topk_idx = idx.data(), .topk_weights = wts.data(), .num_topk = p.topk,
-                                          .layout = layout, .pad_multiple = p.pad_multiple, .stream = stream});
-      gpu::stream_synchronize(stream);
-      sample();
-      mismatches[op0][rank] = check_dispatch(p, d, e, rank, stream);
-
-      // The same dispatch on the handle, into the same (poisoned) outputs.
-      const DispatchOutputs outs = outputs_of(d, layout);
-      gpu::memset_async(d.hidden.data(), 0xA5, d.hidden.bytes(), stream);
-      if (d.scales.data()) gpu::memset_async(d.scales.data(), 0xA5, d.scales.bytes(), stream);
-      gpu::stream_synchronize(stream);
-      sample();  // the memsets are not kernels' traffic, but keep them out of the window anyway
-      buffer.dispatch({.hidden = x.data(), .scales = sc, .num_tokens = T, .layout = layout,
-                       .pad_multiple = p.pad_multiple, .handle = &d.handle, .outputs = &outs, .stream = stream});
-      gpu::stream_synchronize(stream);
-      sample();
-      mismatches[op0 + 1][rank] = check_dispatch(p, d, e, rank, stream);
-
-      const std::vector<bf16>& yh = e.y[rank];
-      const auto y = to_device(alloc, yh, d.num_rows, p.hidden, stream);
-      gpu::stream_synchronize(stream);
-      sample();
-      buffer.combine({.handle = &d.handle, .hidden = y.data(), .out = out.data(), .stream = stream});
-      gpu::stream_synchronize(stream);
-      sample();
-      mismatches[op0 + 2][rank] = count_diff(to_host(out.data(), static_cast<std::size_t>(T * p.hidden), stream),
-                                             e.combined[rank].hidden);
-    }
-    gpu::stream_synchronize(stream);
-  };
-  try {
-    sim::run_ranks(R, [&](int rank) {
-      try {
-        rank_main(rank);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (first_error.empty()) first_error = "rank " + std::to_string(rank) + ": " + e.what();
-        throw;
-      }
-    });
-  } catch (const std::exception& e) {
-    res.error = first_error.empty() ? e.what() : first_error;
+  const Pass checked = run_pass(p, inputs, routing, expected, T, p.sim_sms, /*timed=*/false);
+  if (!checked.error.empty()) {
+    res.error = checked.error;
     return res;
   }
-
+  res.count_row_bytes = checked.count_row_bytes;
   // Samples: [0] start; per layout l at 1 + 5l: after first dispatch, before reuse,
   // after reuse, before combine, after combine.
-  for (std::size_t l = 0; l < p.layouts.size(); ++l) {
-    const std::size_t base = 5 * l;
-    const Sample* window[3][2] = {{&samples[base], &samples[base + 1]},
-                                  {&samples[base + 2], &samples[base + 3]},
-                                  {&samples[base + 4], &samples[base + 5]}};
-    for (int k = 0; k < 3; ++k) {
-      OpResult& op = res.ops[3 * l + k];
-      op.minimum = minimum_matrices(p, pairs, op.op, /*metadata=*/k == 0, res.count_row_bytes);
-      fill_traffic(&op, *window[k][0], *window[k][1], R);
-      op.checked = true;
-      for (int r = 0; r < R; ++r) op.mismatches += mismatches[3 * l + k][r];
-      op.checked_what = op.op == Op::Combine
-                            ? "every rank's [T, H] BF16 output, bit for bit, against reference::" +
-                                  std::string((op.layout == TokenLayout::ExpertGrouped) ? "combine_with_unpermute" : "combine")
-                            : std::string("every rank's rows") + (p.dtype == DType::FP8_E4M3 ? ", scales" : "") +
-                                  ((op.layout == TokenLayout::ExpertGrouped) ? ", probs, recv_row" : ", probs, routing map, src_rank, src_token") +
-                                  ", bit for bit, against reference::" +
-                                  ((op.layout == TokenLayout::ExpertGrouped) ? "permute(dispatch)" : "dispatch");
+  const auto window_of = [](const Pass& pass, std::size_t op) {
+    const std::size_t k = op % 3, base = 5 * (op / 3);
+    const std::size_t from = base + (k == 0 ? 0 : k == 1 ? 2 : 4);
+    return std::pair<const Sample*, const Sample*>{&pass.samples[from], &pass.samples[from + 1]};
+  };
+  for (std::size_t i = 0; i < res.ops.size(); ++i) {
+    OpResult& op = res.ops[i];
+    const auto [before, after] = window_of(checked, i);
+    op.minimum = minimum_matrices(p, pairs, op.op, /*metadata=*/i % 3 == 0, res.count_row_bytes);
+    fill_traffic(&op, *before, *after, R);
+    op.checked = true;
+    for (int r = 0; r < R; ++r) op.mismatches += checked.mismatches[i][r];
+    op.checked_what = checked_what(p, op);
+  }
+
+  // SIMULATED time per SM count: one timed pass each.
+  if (p.sim_timed) {
+    for (const int sms : p.sms) {
+      if (sms > kSimTimedMaxSms) continue;
+      const Pass timed = run_pass(p, inputs, routing, expected, T, sms, /*timed=*/true);
+      if (!timed.error.empty()) {
+        res.error = "timed run with " + std::to_string(sms) + " SMs: " + timed.error;
+        return res;
+      }
+      for (std::size_t i = 0; i < res.ops.size(); ++i) {
+        OpResult& op = res.ops[i];
+        Simulated s;
+        s.sms = sms;
+        s.time_us = timed.time_us[i];
+        if (s.time_us > 0) {
+          s.algbw_gbps = op.counted.algbw_mean() / (s.time_us * 1e3);
+          s.busbw_gbps = op.counted.busbw_mean() / (s.time_us * 1e3);
+        }
+        set_bound(&s, window_of(timed, i).second->busy);
+        for (int r = 0; r < R; ++r) s.mismatches += timed.mismatches[i][r];
+        op.mismatches += s.mismatches;
+        op.simulated.push_back(s);
+      }
     }
   }
   res.host = host_overhead(p);

@@ -32,6 +32,7 @@ struct Params {
   int sim_sms = 8;  // blocks the simulated kernels run with (--sms N sets it too)
   int64_t sim_tokens = 128;  // tokens per rank the simulator runs (capped at `tokens`)
   bool sim_full = false;     // simulate `tokens` itself (slow: minutes to hours)
+  bool sim_timed = true;     // also a timed run per SM count: SIMULATED times (--no-sim-timed: skip)
   double preemption = 0.25;  // the simulator's switch probability at non-blocking points
   int host_overhead_iters = 50;  // host-overhead microbenchmark calls per op (0: skip)
   double model_fixed_us = 0;          // the model's fixed cost per operation

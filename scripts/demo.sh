@@ -4,10 +4,13 @@
 # configuration's dispatch, combine and their expert-grouped (permute) variants through
 # the public API (railyard::Buffer) on eight simulated GPUs in one NVLink domain, every
 # output checked against railyard::reference, every link's bytes against the minimum,
-# and a MODEL estimate of H100 and B200 times and bandwidths from those bytes
-# (docs/performance-model.md). The simulator runs 128 tokens per rank by default (about
-# 30 s on 2 cores); the model's headline is for the configuration's 4096. No GPU is
-# needed or used, and nothing it prints is a GPU measurement.
+# every operation again in the simulator's timed mode at 1, 8 and 16 SMs (SIMULATED
+# times and bandwidths from a cost model of the H100, docs/simulator.md "Timed mode"),
+# and a MODEL (roofline) estimate of H100 and B200 from those bytes, an upper bound
+# (docs/performance-model.md). The simulator runs 128 tokens per rank by default; the
+# model's headline is for the configuration's 4096. No GPU is needed or used, and
+# nothing it prints is a GPU measurement. Options after the script's name come after
+# its default sweep, so --sms-sweep or --sms replaces it.
 #
 #   bash scripts/demo.sh [benchmark options, e.g. --preset deepep --json out.json --sim-tokens 64]
 set -euo pipefail
@@ -25,4 +28,4 @@ ninja -C "$build" -j"${RAILYARD_JOBS:-2}" railyard_bench_ep
 echo
 # In a coverage build (scripts/test.sh), the benchmark's gcov counters go aside so they
 # neither mix with the tests' coverage nor clash with stale counters.
-GCOV_PREFIX="$build/demo-gcov" "$build/benchmarks/railyard_bench_ep" "$@"
+GCOV_PREFIX="$build/demo-gcov" "$build/benchmarks/railyard_bench_ep" --sms-sweep 1,8,16,32 "$@"
