@@ -89,6 +89,7 @@ PYBIND11_MODULE(_bench, m) {
       .def_readwrite("sim_sms", &Params::sim_sms)
       .def_readwrite("sim_tokens", &Params::sim_tokens)
       .def_readwrite("sim_full", &Params::sim_full)
+      .def_readwrite("sim_timed", &Params::sim_timed)
       .def_readwrite("preemption", &Params::preemption)
       .def_readwrite("host_overhead_iters", &Params::host_overhead_iters)
       .def_readwrite("model_fixed_us", &Params::model_fixed_us)

@@ -5,7 +5,7 @@
     python benchmarks/bench_ep.py [options]                                               # no GPU
 
 The Python twin of railyard_bench_ep (benchmarks/bench_ep.cpp): the same presets,
-options, definitions, JSON layout and kinds (MEASURED / MODEL), and the same code for
+options, definitions, JSON layout and kinds (MEASURED / SIMULATED / MODEL), and the same code for
 the routing, the counted bytes, the NVLink minimum and the performance model, which it
 calls through the binding railyard._bench (benchmarks/bench_bindings.cpp).
 
@@ -17,14 +17,17 @@ calls through the binding railyard._bench (benchmarks/bench_bindings.cpp).
 - No GPU: the same entry point runs every operation once on Railyard's CPU simulator
   (railyard.sim.run, --ranks simulated H100s in this one process), checks every output
   against closed forms computed here from the routing, compares the NVLink bytes of
-  every link (railyard.sim.traffic()) with the minimum, and prints a MODEL estimate of
-  H100 and B200 times and bandwidths. Its first line says so.
+  every link (railyard.sim.traffic()) with the minimum, runs every operation again in
+  the simulator's timed mode per SM count (railyard.sim.run(timed=True): SIMULATED times
+  and bandwidths), and prints a roofline MODEL of H100 and B200 as an upper bound. Its
+  first line says so.
 
 docs/benchmarks.md says what every number means.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -70,6 +73,8 @@ def parse_args(argv=None):
     ap.add_argument("--sim-tokens", type=int, default=128, help="simulator: tokens per rank it runs (capped at --tokens)")
     ap.add_argument("--sim-full", action="store_true", help="simulator: run --tokens itself (slow)")
     ap.add_argument("--sim", action="store_true", help="run the simulator even where GPUs are available")
+    ap.add_argument("--no-sim-timed", action="store_true",
+                    help="simulator: skip the timed runs (SIMULATED time per SM count)")
     ap.add_argument("--preemption", type=float, default=0.25, help="simulator: the scheduler's switch probability")
     ap.add_argument("--host-overhead-iters", type=int, default=1000,
                     help="calls per method of the Python-layer overhead microbenchmark (0 skips it)")
@@ -93,7 +98,7 @@ def make_params(a):
         except ValueError:
             return None
     p.layouts, p.pad_multiple, p.iters, p.warmup, p.seed = LAYOUTS[a.layout], a.pad_multiple, a.iters, a.warmup, a.seed
-    p.sim_tokens, p.sim_full, p.preemption = a.sim_tokens, a.sim_full, a.preemption
+    p.sim_tokens, p.sim_full, p.preemption, p.sim_timed = a.sim_tokens, a.sim_full, a.preemption, not a.no_sim_timed
     p.host_overhead_iters = 0 if a.no_overhead else a.host_overhead_iters
     p.model_fixed_us, p.model_token_latency_us = a.model_fixed_us, a.model_token_latency_us
     fp8 = p.dtype == "fp8"
@@ -295,48 +300,57 @@ def sim_tokens(p):
     return p.tokens if p.sim_full else min(p.sim_tokens, p.tokens)
 
 
-def run_simulator(p):
-    """Per layout: dispatch (first call), dispatch on its handle, combine; each checked,
-    each in its own traffic window. Returns (run tokens, list of op dicts)."""
+# As railyard_bench_ep: the largest SM count the timed runs simulate (every simulated
+# thread holds a guarded stack, two memory mappings; more pass vm.max_map_count).
+TIMED_MAX_SMS = 16
+BOUND_BUSY = 0.7  # a resource busy this share of an op's time bounds it; none: "latency"
+
+
+def _simulate(p, T, inputs, expected, sms, timed):
+    """One run of every operation (per layout: dispatch (first call), dispatch on its
+    handle, combine) with `sms` blocks, each checked and in its own traffic window; timed:
+    in the timed mode, each op from a common start (every rank's stream waits for every
+    other's), its SIMULATED time the slowest rank's. Returns (windows, mismatches per rank)."""
     import railyard.sim
 
-    R, T, H, K, El = p.ranks, sim_tokens(p), p.hidden, p.topk, p.experts_per_rank
+    R, H, K, El = p.ranks, p.hidden, p.topk, p.experts_per_rank
     fp8 = p.dtype == "fp8"
-    layouts = p.layouts
-    routing, pairs, counted = workload(p, T)
-    inputs = []
-    for r, rows in enumerate(rb.make_rows(p, T, p.seed)):
-        x = _from_bytes(rows, torch.bfloat16).view(T, H)
-        codes, scales = quantize_fp8(x) if fp8 else (None, None)
-        idx, w = routing_tensors(routing[r], T, K)
-        inputs.append((x, codes, scales, idx, w))
-    expected = {layout: expected_outputs(p, inputs, layout) for layout in layouts}
-    names = ["dispatch (first call)", "dispatch", "combine"]
-    windows = []  # per op: (seconds, written, read), filled by rank 0
+    windows = []  # per op, filled by rank 0: dict seconds, written, read, busy, and time_us when timed
+    times = [[0.0] * R for _ in range(3 * len(p.layouts))]
 
     def fn(group):
         rank = group.rank()
         barrier = _barrier_of(group)
         x, codes, scales, idx, w = inputs[rank]
         hidden = codes if fp8 else x
-        buf = railyard.Buffer(group, H, max(T, 1), El, use_fp8=fp8, num_sms_dispatch=p.sim_sms,
-                              num_sms_combine=p.sim_sms, max_top_k=K)
+        buf = railyard.Buffer(group, H, max(T, 1), El, use_fp8=fp8, num_sms_dispatch=sms, num_sms_combine=sms,
+                              max_top_k=K)
         mismatches = []
+        op_index = itertools.count()
 
         def window(op):
+            n = next(op_index)
             barrier()
             if rank == 0:
                 railyard.sim.reset_traffic()
                 t0 = time.perf_counter()
             barrier()
+            if timed:
+                for ready in group.all_gather_object(railyard.sim.record_event()):
+                    railyard.sim.wait_event(ready)
+                start = railyard.sim.record_event()
             result = op()
+            if timed:
+                times[n][rank] = railyard.sim.elapsed_us(start, railyard.sim.record_event())
             barrier()
             if rank == 0:
-                windows.append((time.perf_counter() - t0,) + _pair_matrices(railyard.sim.traffic(), R))
+                written, read = _pair_matrices(railyard.sim.traffic(), R)
+                windows.append({"seconds": time.perf_counter() - t0, "written": written, "read": read,
+                                "busy": railyard.sim.busy_time()})
             barrier()
             return result
 
-        for layout in layouts:
+        for layout in p.layouts:
             want, combined = expected[layout][0][rank], expected[layout][1][rank]
             if layout == "received":
                 first = window(lambda: buf.dispatch(hidden, topk_idx=idx, topk_weights=w, scaling_factor=scales))
@@ -354,11 +368,45 @@ def run_simulator(p):
 
     # timeout: how long a rank may wait at a barrier for the others' operation (--sim-full is slow)
     per_rank = railyard.sim.run(world_size=R, fn=fn, ranks_per_domain=R, seed=p.seed, preemption=p.preemption,
-                                timeout=3600.0)
+                                timeout=3600.0, timed=timed)
+    for i, wnd in enumerate(windows):
+        wnd["time_us"] = max(times[i])
+    return windows, per_rank
+
+
+def sim_bound(time_us, busy):
+    """(bound, busiest, its share): the resource of any device busy the longest over the
+    op's time, the bound when busy >= BOUND_BUSY of it, else "latency"."""
+    busiest, share = "", 0.0
+    for device in busy:
+        for name in ("nvlink_out", "nvlink_in", "hbm", "sm_issue", "sm_smem", "sm_tma"):
+            f = device[name] / (time_us * 1e3) if time_us > 0 else 0.0
+            if f > share:
+                busiest, share = name, f
+    return (busiest if share >= BOUND_BUSY else "latency"), busiest, share
+
+
+def run_simulator(p):
+    """Per layout: dispatch (first call), dispatch on its handle, combine; each checked,
+    each in its own traffic window; then, unless --no-sim-timed, each again in the timed
+    mode per SM count up to TIMED_MAX_SMS. Returns (run tokens, pairs, list of op dicts)."""
+    R, T, H, K = p.ranks, sim_tokens(p), p.hidden, p.topk
+    fp8 = p.dtype == "fp8"
+    routing, pairs, counted = workload(p, T)
+    inputs = []
+    for r, rows in enumerate(rb.make_rows(p, T, p.seed)):
+        x = _from_bytes(rows, torch.bfloat16).view(T, H)
+        codes, scales = quantize_fp8(x) if fp8 else (None, None)
+        idx, w = routing_tensors(routing[r], T, K)
+        inputs.append((x, codes, scales, idx, w))
+    expected = {layout: expected_outputs(p, inputs, layout) for layout in p.layouts}
+    names = ["dispatch (first call)", "dispatch", "combine"]
+    windows, per_rank = _simulate(p, T, inputs, expected, p.sim_sms, False)
     count_row = rb.count_row_bytes(p)
     ops = []
-    for i, (seconds, written, read) in enumerate(windows):
-        layout, k = layouts[i // 3], i % 3
+    for i, wnd in enumerate(windows):
+        written, read = wnd["written"], wnd["read"]
+        layout, k = p.layouts[i // 3], i % 3
         op = "combine" if k == 2 else "dispatch"
         minimum = rb.minimum_matrices(p, pairs, op, k == 0, count_row)
         polls = bad = 0
@@ -375,7 +423,20 @@ def run_simulator(p):
         ops.append({"name": names[k], "op": op, "layout": layout, "modelled": k != 0, "counted": counted[op],
                     "mismatches": sum(m[i] for m in per_rank), "what": checked_what(p, op, layout),
                     "written": written, "read": read, "min_written": minimum.written, "min_read": minimum.read,
-                    "polls": polls, "bad_pairs": bad, "sim_seconds": seconds})
+                    "polls": polls, "bad_pairs": bad, "sim_seconds": wnd["seconds"], "simulated": []})
+    for sms in (s for s in p.sms if p.sim_timed and s <= TIMED_MAX_SMS):
+        timed, timed_per_rank = _simulate(p, T, inputs, expected, sms, True)
+        for i, (o, wnd) in enumerate(zip(ops, timed)):
+            t = wnd["time_us"]
+            bound, busiest, share = sim_bound(t, wnd["busy"])
+            bad = sum(m[i] for m in timed_per_rank)
+            o["mismatches"] += bad
+            o["simulated"].append({
+                "kind": "SIMULATED (Railyard's timed simulator, H100 preset), not a measurement", "sms": sms,
+                "tokens_per_rank": T, "sim_time_us": t,
+                "sim_algbw_gbps": o["counted"].algbw_mean() / (t * 1e3) if t > 0 else 0.0,
+                "sim_busbw_gbps": o["counted"].busbw_mean() / (t * 1e3) if t > 0 else 0.0,
+                "sim_bound": bound, "sim_busiest": busiest, "sim_busiest_fraction": share, "mismatches": bad})
     return T, pairs, ops
 
 
@@ -454,6 +515,14 @@ def report_simulator(p, run_tokens, pairs, ops, doc):
                                for s in range(R) for d in range(R) if s != d]}}
         if o["op"] == "combine" and i >= 1:
             print_links(ops[i - 1], o, pairs, R)
+        if o["simulated"]:
+            print(f"  SIMULATED on simulated H100s (timed mode, {run_tokens} tokens/rank; NOT a measurement; us, GB/s):")
+            print(f"    {'SMs':>5} {'time':>10} {'algbw':>9} {'busbw':>9}  {'bound':<10} busiest resource")
+            for row in o["simulated"]:
+                print(f"    {row['sms']:5d} {row['sim_time_us']:10.1f} {row['sim_algbw_gbps']:9.1f} "
+                      f"{row['sim_busbw_gbps']:9.1f}  {row['sim_bound']:<10} {row['sim_busiest']} "
+                      f"{100 * row['sim_busiest_fraction']:.0f}%" + ("  <-- outputs MISMATCH" if row["mismatches"] else ""))
+            entry["simulated"] = o["simulated"]
         if o["modelled"]:
             m = rb.minimum_matrices(p, full_pairs, o["op"], False, rb.count_row_bytes(p))
             headline = model_op(p, m.written, m.read, rb.counted_bytes(p, full_pairs, o["op"]), p.tokens)
@@ -606,7 +675,7 @@ def parameters_json(p, run_tokens, sim):
          "dtype": p.dtype, "skew": p.skew, "pad_multiple": p.pad_multiple, "iters": p.iters, "warmup": p.warmup,
          "seed": p.seed, "dispatch_row_bytes": p.dispatch_row_bytes()}
     if sim:
-        d.update(sim_blocks=p.sim_sms, sim_preemption=p.preemption)
+        d.update(sim_blocks=p.sim_sms, sim_preemption=p.preemption, sim_timed=p.sim_timed)
     d.update(combine_row_bytes=p.combine_row_bytes(), sms=list(p.sms), layouts=list(p.layouts))
     return d
 
@@ -651,6 +720,9 @@ def header(p, run_tokens, sim):
     extra = (f" (the simulator runs its kernels with {p.sim_sms} blocks; the model is applied at every count: NVLink "
              "bytes do not depend on it)") if sim else ""
     print(f"  layouts: {layouts}; SM counts: {','.join(map(str, p.sms))}{extra}")
+    if sim and p.sim_timed and max(p.sms) > TIMED_MAX_SMS:
+        print(f"  NOTE: SIMULATED rows stop at {TIMED_MAX_SMS} SMs (the simulator's threads each hold a stack mapping; "
+              "more exceed the kernel's vm.max_map_count); the MODEL covers every count.")
     print_definitions()
 
 
@@ -684,7 +756,8 @@ def main(argv=None):
                   f"{p.ranks} simulated GPUs; this rank exits.", flush=True)
             return 0
         print(f"bench_ep.py: SIMULATOR run on Railyard's CPU simulator ({why}): results are checked and NVLink bytes "
-              "counted; every time and bandwidth below is a MODEL estimate, never a measurement.", flush=True)
+              "counted; every time and bandwidth below is SIMULATED (the simulator's timed mode, docs/simulator.md) "
+              "or a MODEL estimate (a roofline upper bound), never a measurement.", flush=True)
         if not railyard.has_sim_flavour():
             print("bench_ep.py: this installation has no simulator flavour (_C_sim)\nbench_ep.py: FAILED")
             return 1

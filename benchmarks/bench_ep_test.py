@@ -124,6 +124,15 @@ def check_json(path, like=None):
                             o["model_at_simulated_size"]["kind"].startswith("MODEL") for o in modelled)
     assert all(o["check"]["mismatches"] == 0 and o["simulator_traffic"]["links_off_minimum"] == 0 for o in d["ops"])
     assert all(len(o["counted_bytes_per_rank"]["algbw"]) == d["parameters"]["ranks"] for o in d["ops"])
+    if d["parameters"]["sim_timed"]:  # a SIMULATED row per SM count up to 16, its bandwidth its bytes over its time
+        timed_sms = [s for s in d["parameters"]["sms"] if s <= bench_ep.TIMED_MAX_SMS]
+        for o in d["ops"]:
+            assert [r["sms"] for r in o["simulated"]] == timed_sms, o["simulated"]
+            busbw = o["counted_bytes_per_rank"]["busbw"]
+            for r in o["simulated"]:
+                assert r["kind"].startswith("SIMULATED") and r["sim_time_us"] > 0 and r["mismatches"] == 0, r
+                assert abs(r["sim_busbw_gbps"] * r["sim_time_us"] * 1e3 - sum(busbw) / len(busbw)) <= 1e-6 * sum(busbw)
+                assert r["sim_bound"] in ("latency", r["sim_busiest"]), r
     if like:  # every key railyard_bench_ep writes, at every level that both have
         c = json.load(open(like))
 
@@ -136,13 +145,8 @@ def check_json(path, like=None):
             elif isinstance(a, list) and a and isinstance(a[0], dict) and b:
                 keys_of(a[0], b[0], f"{where}[0]")
 
-        # host_overhead is another quantity (the Python layer's work per call, not the C++ op's);
-        # the timed simulator's rows (`simulated`, parameters.sim_timed) are the C++ benchmark's
-        # only, until bench_ep.py runs its ops in the timed mode too (issue 12, left open).
+        # host_overhead is another quantity (the Python layer's work per call, not the C++ op's)
         c.pop("host_overhead", None)
-        c["parameters"].pop("sim_timed", None)
-        for o in c["ops"]:
-            o.pop("simulated", None)
         keys_of(c, d, "$")
     print(f"bench_ep.py JSON OK: {len(d['ops'])} ops" + (f", every key of {os.path.basename(like)}" if like else ""))
 

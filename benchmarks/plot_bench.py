@@ -4,8 +4,9 @@
     python3 benchmarks/plot_bench.py results.json [-o bench.png]
 
 One panel per bandwidth (algbw, NVLink busbw per GPU), one line per operation and
-source. MEASURED points (GPU runs) are solid lines with markers; MODEL estimates
-(docs/performance-model.md) are dashed and labelled "MODEL". The links' per-direction
+source. MEASURED points (GPU runs) are solid lines with markers; SIMULATED points (the
+simulator's timed mode, at the simulated token count) are dash-dotted and labelled
+"SIMULATED"; MODEL estimates (docs/performance-model.md) are dashed and labelled "MODEL". The links' per-direction
 bandwidths are drawn as horizontal lines on the busbw panel. Needs matplotlib.
 """
 import argparse
@@ -14,7 +15,7 @@ import sys
 
 
 def series(results):
-    """(label, kind, sms list, algbw list, busbw list) for every modelled or measured op."""
+    """(label, kind, sms list, algbw list, busbw list) for every measured, simulated or modelled op."""
     out = []
     for op in results["ops"]:
         name = f'{op["op"]} [{op["layout"]}, {op["dtype"]}]'
@@ -23,6 +24,11 @@ def series(results):
             pts = measured["points"]
             out.append((f"{name} MEASURED", "measured", [p["sms"] for p in pts],
                         [p["algbw_gbps"] for p in pts], [p["busbw_gbps"] for p in pts]))
+        simulated = op.get("simulated")
+        if simulated:
+            out.append((f'{name} H100 SIMULATED ({simulated[0]["tokens_per_rank"]} tokens/rank)', "simulated",
+                        [p["sms"] for p in simulated], [p["sim_algbw_gbps"] for p in simulated],
+                        [p["sim_busbw_gbps"] for p in simulated]))
         model = op.get("model")
         if model:
             for gpu in model["gpus"]:
@@ -56,6 +62,8 @@ def main(argv=None):
             ys = algbw if idx == 3 else busbw
             if kind == "measured":
                 ax.plot(sms, ys, marker="o", linestyle="-", label=label)
+            elif kind == "simulated":
+                ax.plot(sms, ys, marker="s", linestyle="-.", label=label)
             else:
                 ax.plot(sms, ys, marker=".", linestyle="--", alpha=0.8, label=label)
         if idx == 4:
@@ -68,7 +76,8 @@ def main(argv=None):
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
     axes[1].legend(fontsize=7, loc="lower right")
-    source = "MEASURED on GPUs" if results.get("gpu_measurement") else "MODEL estimate from simulator-counted bytes (no GPU)"
+    source = ("MEASURED on GPUs" if results.get("gpu_measurement")
+              else "SIMULATED (timed simulator) and MODEL (roofline) estimates, no GPU")
     fig.suptitle(f'{results.get("benchmark", "railyard_bench_ep")}, preset {par["preset"]}: {par["ranks"]} ranks, hidden {par["hidden"]}, '
                  f'{par["tokens_per_rank"]} tokens/rank, top-{par["topk"]} of {par["experts"]}, {par["dtype"]} '
                  f'dispatch; {source}', fontsize=10)

@@ -4,7 +4,7 @@
 # configuration's dispatch, combine and their expert-grouped (permute) variants through
 # the public API (railyard::Buffer) on eight simulated GPUs in one NVLink domain, every
 # output checked against railyard::reference, every link's bytes against the minimum,
-# every operation again in the simulator's timed mode at 1, 8 and 16 SMs (SIMULATED
+# every operation again in the simulator's timed mode at 1 and 8 SMs (SIMULATED
 # times and bandwidths from a cost model of the H100, docs/simulator.md "Timed mode"),
 # and a MODEL (roofline) estimate of H100 and B200 from those bytes, an upper bound
 # (docs/performance-model.md). The simulator runs 128 tokens per rank by default; the
@@ -28,4 +28,4 @@ ninja -C "$build" -j"${RAILYARD_JOBS:-2}" railyard_bench_ep
 echo
 # In a coverage build (scripts/test.sh), the benchmark's gcov counters go aside so they
 # neither mix with the tests' coverage nor clash with stale counters.
-GCOV_PREFIX="$build/demo-gcov" "$build/benchmarks/railyard_bench_ep" --sms-sweep 1,8,16,32 "$@"
+GCOV_PREFIX="$build/demo-gcov" "$build/benchmarks/railyard_bench_ep" --sms-sweep 1,8,32 "$@"

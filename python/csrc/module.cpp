@@ -175,7 +175,7 @@ py::list sim_exchange(SimRank& r, py::bytes mine, const std::string& what) {
 // `ranks_per_domain`, and runs fn(SimRank) on one thread per rank (each with its device
 // current). fn must not raise (python/railyard/sim.py catches and reports).
 void sim_run(int world_size, int ranks_per_domain, uint64_t seed, const std::string& device, double preemption,
-             double timeout_seconds, int sm_count, py::function fn) {
+             double timeout_seconds, int sm_count, bool timed, py::function fn) {
   if (world_size < 1) throw std::invalid_argument("railyard.sim.run: world_size is " + std::to_string(world_size) + "; expected >= 1");
   if (ranks_per_domain < 1 || world_size % ranks_per_domain != 0)
     throw std::invalid_argument("railyard.sim.run: ranks_per_domain is " + std::to_string(ranks_per_domain) +
@@ -188,6 +188,7 @@ void sim_run(int world_size, int ranks_per_domain, uint64_t seed, const std::str
   sim::Config config;
   config.seed = seed;
   config.preemption = preemption;
+  config.timed = timed;
   sim::reset(config);
   for (int r = 0; r < world_size; ++r) {
     props.nvlink_domain = r / ranks_per_domain;
@@ -205,6 +206,31 @@ void sim_run(int world_size, int ranks_per_domain, uint64_t seed, const std::str
     py::gil_scoped_acquire gil;
     fn(SimRank{rendezvous, rank, world_size});
   });
+}
+
+// Timed mode (railyard.sim.record_event and the rest): events on the calling rank's
+// stream, the one its Buffer's operations use.
+int sim_record_event() { return sim::record_event(sim::default_stream(runtime::gpu::current())).id; }
+void sim_wait_event(int event) {
+  sim::stream_wait_event(sim::default_stream(runtime::gpu::current()), sim::Event{event});
+}
+double sim_elapsed_ns(int start, int end) {
+  {
+    py::gil_scoped_release nogil;  // the other ranks' threads may need it to finish the work
+    sim::event_synchronize(sim::Event{start});
+    sim::event_synchronize(sim::Event{end});
+  }
+  return sim::elapsed_ns(sim::Event{start}, sim::Event{end});
+}
+py::list sim_busy_time() {
+  py::list out;
+  for (const sim::BusyTime& b : sim::busy_time()) {
+    py::dict d;
+    d["nvlink_out"] = b.nvlink_out_ns, d["nvlink_in"] = b.nvlink_in_ns, d["hbm"] = b.hbm_ns;
+    d["sm_issue"] = b.sm_issue_ns, d["sm_smem"] = b.sm_smem_ns, d["sm_tma"] = b.sm_tma_ns;
+    out.append(d);
+  }
+  return out;
 }
 
 py::dict sim_traffic() {
@@ -259,8 +285,12 @@ PYBIND11_MODULE(RAILYARD_MODULE_NAME, m) {
       .def("abort", [](SimRank& r, const std::string& why) { r.rendezvous->abort(r.rank, why, "railyard.sim:"); },
            py::arg("why"));
   m.def("sim_run", &sim_run, py::arg("world_size"), py::arg("ranks_per_domain"), py::arg("seed"), py::arg("device"),
-        py::arg("preemption"), py::arg("timeout_seconds"), py::arg("sm_count"), py::arg("fn"));
+        py::arg("preemption"), py::arg("timeout_seconds"), py::arg("sm_count"), py::arg("timed"), py::arg("fn"));
   m.def("sim_traffic", &sim_traffic);
+  m.def("sim_record_event", &sim_record_event);
+  m.def("sim_wait_event", &sim_wait_event, py::arg("event"));
+  m.def("sim_elapsed_ns", &sim_elapsed_ns, py::arg("start"), py::arg("end"));
+  m.def("sim_busy_time", &sim_busy_time);
   m.def("sim_reset_traffic", [] { railyard::sim::reset_traffic(); });
 #endif
 }

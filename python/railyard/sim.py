@@ -107,7 +107,8 @@ def current_group() -> Optional[SimGroup]:
 
 
 def run(world_size: int, fn: Callable[[SimGroup], Any], ranks_per_domain: Optional[int] = None, seed: int = 1,
-        device: str = "h100", preemption: float = 1.0, timeout: float = 120.0, sm_count: int = 0) -> list:
+        device: str = "h100", preemption: float = 1.0, timeout: float = 120.0, sm_count: int = 0,
+        timed: bool = False) -> list:
     """Runs fn(group) on `world_size` simulated GPUs, one thread per rank, and returns
     the ranks' results in rank order. Re-raises the first exception a rank raised
     (first in time). A rank that raises breaks the group: its peers' collectives
@@ -117,7 +118,10 @@ def run(world_size: int, fn: Callable[[SimGroup], Any], ranks_per_domain: Option
     ranks_per_domain: ranks per NVLink domain (default: all); device: "h100" or
     "b200"; preemption: the scheduler's preemption probability in (0, 1] (lower runs
     faster, still seeded); timeout: seconds a rank waits for the others in a
-    collective (Buffer creation, SimGroup.barrier, ...); sm_count: SMs per simulated GPU (0: the device's).
+    collective (Buffer creation, SimGroup.barrier, ...); sm_count: SMs per simulated GPU (0: the device's);
+    timed: the simulator's timed mode (docs/simulator.md, "Timed mode"): every operation
+    costs simulated time by the device's cost model, and record_event() / elapsed_us()
+    time the ranks' operations. Such times are SIMULATED, never a GPU's.
     Buffers still alive when fn returns are destroyed (collectively) after it.
     """
     if _flavours.sim is None:
@@ -140,7 +144,7 @@ def run(world_size: int, fn: Callable[[SimGroup], Any], ranks_per_domain: Option
             _local.group = None
 
     _flavours.sim.sim_run(world_size, ranks_per_domain or world_size, seed, device, preemption, timeout, sm_count,
-                          rank_main)
+                          timed, rank_main)
     if errors:
         errors.sort(key=lambda e: e[0])
         _, rank, error = errors[0]
@@ -161,4 +165,30 @@ def traffic() -> dict:
 
 
 def reset_traffic() -> None:
+    """Restarts traffic()'s counts, and busy_time()'s."""
     _flavours.sim.sim_reset_traffic()
+
+
+def record_event() -> int:
+    """Records an event on the calling rank's stream (the one its Buffer uses); returns
+    its id. Inside run()."""
+    return _flavours.sim.sim_record_event()
+
+
+def wait_event(event: int) -> None:
+    """The calling rank's later work waits for `event` (of any rank: ranks can start an
+    operation together)."""
+    _flavours.sim.sim_wait_event(event)
+
+
+def elapsed_us(start: int, end: int) -> float:
+    """run(timed=True) only: SIMULATED microseconds between two recorded events (it
+    waits for both). Raises outside the timed mode."""
+    return _flavours.sim.sim_elapsed_ns(start, end) / 1e3
+
+
+def busy_time() -> list:
+    """run(timed=True) only: per device, the ns each resource of the cost model was busy
+    since reset_traffic() (nvlink_out, nvlink_in, hbm; sm_issue, sm_smem, sm_tma: the busiest
+    SM's). Empty outside the timed mode."""
+    return _flavours.sim.sim_busy_time()
