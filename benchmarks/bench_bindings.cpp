@@ -208,6 +208,16 @@ PYBIND11_MODULE(_bench, m) {
         py::arg("busbw_bytes"), py::arg("tokens") = 0);
   m.def("sms_to_fill", &sms_to_fill, py::arg("gpu"), py::arg("bytes"), py::arg("tokens") = 0);
 
+  m.attr("SIM_TIMED_MAX_SMS") = kSimTimedMaxSms;
+  m.attr("SIMULATED_KIND") = kSimulatedKind;
+  m.def(
+      "sim_bound",
+      [](double time_us, const std::vector<std::vector<std::pair<std::string, double>>>& busy) {
+        const SimBound b = sim_bound(time_us, busy);
+        return py::make_tuple(b.bound, b.busiest, b.busiest_fraction);
+      },
+      py::arg("time_us"), py::arg("busy"));
+
   py::dict defs;
   defs["algbw"] = kDefAlgbw;
   defs["busbw"] = kDefBusbw;

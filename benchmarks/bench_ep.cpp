@@ -234,12 +234,12 @@ void print_simulated(Json& j, const OpResult& op, int64_t tokens) {
   j.begin_array("simulated");
   for (const Simulated& s : op.simulated) {
     std::printf("    %5d %10.1f %9.1f %9.1f  %-10s %s %.0f%%%s\n", s.sms, s.time_us, s.algbw_gbps, s.busbw_gbps,
-                s.bound.c_str(), s.busiest.c_str(), 100 * s.busiest_fraction,
+                s.bound.bound.c_str(), s.bound.busiest.c_str(), 100 * s.bound.busiest_fraction,
                 s.mismatches ? "  <-- outputs MISMATCH" : "");
-    j.begin_object().str("kind", "SIMULATED (Railyard's timed simulator, H100 preset), not a measurement");
+    j.begin_object().str("kind", kSimulatedKind);
     j.integer("sms", s.sms).integer("tokens_per_rank", tokens).num("sim_time_us", s.time_us);
-    j.num("sim_algbw_gbps", s.algbw_gbps).num("sim_busbw_gbps", s.busbw_gbps).str("sim_bound", s.bound);
-    j.str("sim_busiest", s.busiest).num("sim_busiest_fraction", s.busiest_fraction);
+    j.num("sim_algbw_gbps", s.algbw_gbps).num("sim_busbw_gbps", s.busbw_gbps).str("sim_bound", s.bound.bound);
+    j.str("sim_busiest", s.bound.busiest).num("sim_busiest_fraction", s.bound.busiest_fraction);
     j.uinteger("mismatches", s.mismatches).end_object();
   }
   j.end_array();

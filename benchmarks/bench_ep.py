@@ -300,12 +300,6 @@ def sim_tokens(p):
     return p.tokens if p.sim_full else min(p.sim_tokens, p.tokens)
 
 
-# As railyard_bench_ep: the largest SM count the timed runs simulate (every simulated
-# thread holds a guarded stack, two memory mappings; more pass vm.max_map_count).
-TIMED_MAX_SMS = 16
-BOUND_BUSY = 0.7  # a resource busy this share of an op's time bounds it; none: "latency"
-
-
 def _simulate(p, T, inputs, expected, sms, timed):
     """One run of every operation (per layout: dispatch (first call), dispatch on its
     handle, combine) with `sms` blocks, each checked and in its own traffic window; timed:
@@ -374,22 +368,10 @@ def _simulate(p, T, inputs, expected, sms, timed):
     return windows, per_rank
 
 
-def sim_bound(time_us, busy):
-    """(bound, busiest, its share): the resource of any device busy the longest over the
-    op's time, the bound when busy >= BOUND_BUSY of it, else "latency"."""
-    busiest, share = "", 0.0
-    for device in busy:
-        for name in ("nvlink_out", "nvlink_in", "hbm", "sm_issue", "sm_smem", "sm_tma"):
-            f = device[name] / (time_us * 1e3) if time_us > 0 else 0.0
-            if f > share:
-                busiest, share = name, f
-    return (busiest if share >= BOUND_BUSY else "latency"), busiest, share
-
-
 def run_simulator(p):
     """Per layout: dispatch (first call), dispatch on its handle, combine; each checked,
     each in its own traffic window; then, unless --no-sim-timed, each again in the timed
-    mode per SM count up to TIMED_MAX_SMS. Returns (run tokens, pairs, list of op dicts)."""
+    mode per SM count up to rb.SIM_TIMED_MAX_SMS. Returns (run tokens, pairs, list of op dicts)."""
     R, T, H, K = p.ranks, sim_tokens(p), p.hidden, p.topk
     fp8 = p.dtype == "fp8"
     routing, pairs, counted = workload(p, T)
@@ -424,15 +406,15 @@ def run_simulator(p):
                     "mismatches": sum(m[i] for m in per_rank), "what": checked_what(p, op, layout),
                     "written": written, "read": read, "min_written": minimum.written, "min_read": minimum.read,
                     "polls": polls, "bad_pairs": bad, "sim_seconds": wnd["seconds"], "simulated": []})
-    for sms in (s for s in p.sms if p.sim_timed and s <= TIMED_MAX_SMS):
+    for sms in (s for s in p.sms if p.sim_timed and s <= rb.SIM_TIMED_MAX_SMS):
         timed, timed_per_rank = _simulate(p, T, inputs, expected, sms, True)
         for i, (o, wnd) in enumerate(zip(ops, timed)):
             t = wnd["time_us"]
-            bound, busiest, share = sim_bound(t, wnd["busy"])
+            bound, busiest, share = rb.sim_bound(t, [list(device.items()) for device in wnd["busy"]])
             bad = sum(m[i] for m in timed_per_rank)
             o["mismatches"] += bad
             o["simulated"].append({
-                "kind": "SIMULATED (Railyard's timed simulator, H100 preset), not a measurement", "sms": sms,
+                "kind": rb.SIMULATED_KIND, "sms": sms,
                 "tokens_per_rank": T, "sim_time_us": t,
                 "sim_algbw_gbps": o["counted"].algbw_mean() / (t * 1e3) if t > 0 else 0.0,
                 "sim_busbw_gbps": o["counted"].busbw_mean() / (t * 1e3) if t > 0 else 0.0,
@@ -720,8 +702,8 @@ def header(p, run_tokens, sim):
     extra = (f" (the simulator runs its kernels with {p.sim_sms} blocks; the model is applied at every count: NVLink "
              "bytes do not depend on it)") if sim else ""
     print(f"  layouts: {layouts}; SM counts: {','.join(map(str, p.sms))}{extra}")
-    if sim and p.sim_timed and max(p.sms) > TIMED_MAX_SMS:
-        print(f"  NOTE: SIMULATED rows stop at {TIMED_MAX_SMS} SMs (the simulator's threads each hold a stack mapping; "
+    if sim and p.sim_timed and max(p.sms) > rb.SIM_TIMED_MAX_SMS:
+        print(f"  NOTE: SIMULATED rows stop at {rb.SIM_TIMED_MAX_SMS} SMs (the simulator's threads each hold a stack mapping; "
               "more exceed the kernel's vm.max_map_count); the MODEL covers every count.")
     print_definitions()
 

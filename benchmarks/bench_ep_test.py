@@ -125,7 +125,7 @@ def check_json(path, like=None):
     assert all(o["check"]["mismatches"] == 0 and o["simulator_traffic"]["links_off_minimum"] == 0 for o in d["ops"])
     assert all(len(o["counted_bytes_per_rank"]["algbw"]) == d["parameters"]["ranks"] for o in d["ops"])
     if d["parameters"]["sim_timed"]:  # a SIMULATED row per SM count up to 16, its bandwidth its bytes over its time
-        timed_sms = [s for s in d["parameters"]["sms"] if s <= bench_ep.TIMED_MAX_SMS]
+        timed_sms = [s for s in d["parameters"]["sms"] if s <= rb.SIM_TIMED_MAX_SMS]
         for o in d["ops"]:
             assert [r["sms"] for r in o["simulated"]] == timed_sms, o["simulated"]
             busbw = o["counted_bytes_per_rank"]["busbw"]

@@ -119,6 +119,22 @@ TEST(BenchWorkload, MinimumBytes) {
   EXPECT_EQ(m.read[0][0], 0u);
 }
 
+TEST(BenchWorkload, SimBoundIsTheResourceBusyMostOfTheTime) {
+  // 10 us = 10,000 ns. Device 1's NVLink out is busy 8,000 ns: 0.8 >= 0.7, the bound.
+  const std::vector<std::vector<std::pair<std::string, double>>> busy = {
+      {{"nvlink_out", 2000}, {"hbm", 5000}}, {{"nvlink_out", 8000}, {"sm_tma", 7900}}};
+  SimBound b = sim_bound(10, busy);
+  EXPECT_EQ(b.bound, "nvlink_out");
+  EXPECT_EQ(b.busiest, "nvlink_out");
+  EXPECT_DOUBLE_EQ(b.busiest_fraction, 0.8);
+  // At 20 us the busiest is 0.4 of the time: latency bounds it.
+  b = sim_bound(20, busy);
+  EXPECT_EQ(b.bound, "latency");
+  EXPECT_EQ(b.busiest, "nvlink_out");
+  EXPECT_DOUBLE_EQ(b.busiest_fraction, 0.4);
+  EXPECT_EQ(sim_bound(0, busy).bound, "latency");  // no time: nothing is busy a share of it
+}
+
 TEST(BenchWorkload, Spread) {
   const Spread s = spread_of({5, 1, 4, 2, 3, 6, 7, 8, 9, 10});
   EXPECT_DOUBLE_EQ(s.min, 1);

@@ -22,19 +22,12 @@ struct Timed {  // one SM count, measured on GPUs
   double algbw_gbps = 0, busbw_gbps = 0;  // at the median time
 };
 
-// The largest SM count the timed runs simulate: every simulated thread has its own
-// guarded stack (two memory mappings), and 8 ranks x 32 blocks x 4-10 warps of 32 pass
-// Linux's default vm.max_map_count (65530).
-inline constexpr int kSimTimedMaxSms = 16;
-
 struct Simulated {  // one SM count, in the simulator's timed mode: SIMULATED, not measured
   int sms = 0;
   double time_us = 0;  // the slowest rank's, from a common start
   double algbw_gbps = 0, busbw_gbps = 0;
-  std::string bound;     // the resource busy for >= 70% of the time, or "latency"
-  std::string busiest;   // the busiest resource of any device
-  double busiest_fraction = 0;  // its busy time / time
-  uint64_t mismatches = 0;      // the timed run's outputs against the reference
+  SimBound bound;
+  uint64_t mismatches = 0;  // the timed run's outputs against the reference
 };
 
 struct OpResult {

@@ -288,11 +288,10 @@ Pass run_pass(const Params& p, const std::vector<ref::RankInput>& inputs, const 
       if (timed) gpu::event_record(stop, stream);
       gpu::stream_synchronize(stream);
       if (timed) {
-        op_us[op][rank] = 1e3 * gpu::event_elapsed_ms(start, stop).value_or(0.0f);
+        op_us[op][rank] = 1e3 * gpu::event_elapsed_ms(start, stop).value();  // the timed mode has a clock
         gpu::event_destroy(start), gpu::event_destroy(stop);
-        bootstrap->barrier();  // every rank has read `ready` before it is recorded again
       }
-      sample();
+      sample();  // its barriers: every rank has waited on `ready` before it is recorded again
       return result;
     };
     sample();
@@ -351,21 +350,13 @@ Pass run_pass(const Params& p, const std::vector<ref::RankInput>& inputs, const 
   return pass;
 }
 
-// The resource that bounds a timed operation: the busiest of every device's over the
-// operation's time, when busy for at least kBoundBusy of it; else "latency".
-constexpr double kBoundBusy = 0.7;
-void set_bound(Simulated* s, const std::vector<sim::BusyTime>& busy) {
-  const double t_ns = s->time_us * 1e3;
-  for (const sim::BusyTime& b : busy) {
-    const std::pair<const char*, double> resources[] = {
-        {"nvlink_out", b.nvlink_out_ns}, {"nvlink_in", b.nvlink_in_ns}, {"hbm", b.hbm_ns},
-        {"sm_issue", b.sm_issue_ns},     {"sm_smem", b.sm_smem_ns},     {"sm_tma", b.sm_tma_ns}};
-    for (const auto& [name, ns] : resources) {
-      const double f = t_ns > 0 ? ns / t_ns : 0.0;
-      if (f > s->busiest_fraction) s->busiest = name, s->busiest_fraction = f;
-    }
-  }
-  s->bound = s->busiest_fraction >= kBoundBusy ? s->busiest : "latency";
+// sim_bound's input: every device's resources by name.
+std::vector<std::vector<std::pair<std::string, double>>> named(const std::vector<sim::BusyTime>& busy) {
+  std::vector<std::vector<std::pair<std::string, double>>> out;
+  for (const sim::BusyTime& b : busy)
+    out.push_back({{"nvlink_out", b.nvlink_out_ns}, {"nvlink_in", b.nvlink_in_ns}, {"hbm", b.hbm_ns},
+                   {"sm_issue", b.sm_issue_ns}, {"sm_smem", b.sm_smem_ns}, {"sm_tma", b.sm_tma_ns}});
+  return out;
 }
 
 }  // namespace
@@ -440,7 +431,7 @@ RunResult run(const Params& p) {
           s.algbw_gbps = op.counted.algbw_mean() / (s.time_us * 1e3);
           s.busbw_gbps = op.counted.busbw_mean() / (s.time_us * 1e3);
         }
-        set_bound(&s, window_of(timed, i).second->busy);
+        s.bound = sim_bound(s.time_us, named(window_of(timed, i).second->busy));
         for (int r = 0; r < R; ++r) s.mismatches += timed.mismatches[i][r];
         op.mismatches += s.mismatches;
         op.simulated.push_back(s);

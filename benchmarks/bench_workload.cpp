@@ -167,4 +167,16 @@ std::string with_commas(uint64_t n) {
   return out;
 }
 
+SimBound sim_bound(double time_us, const std::vector<std::vector<std::pair<std::string, double>>>& busy) {
+  SimBound b;
+  for (const auto& device : busy) {
+    for (const auto& [name, ns] : device) {
+      const double f = time_us > 0 ? ns / (time_us * 1e3) : 0.0;
+      if (f > b.busiest_fraction) b.busiest = name, b.busiest_fraction = f;
+    }
+  }
+  b.bound = b.busiest_fraction >= kSimBoundBusy ? b.busiest : "latency";
+  return b;
+}
+
 }  // namespace railyard::bench

@@ -118,6 +118,21 @@ Spread spread_of(std::vector<double> values);
 
 std::string with_commas(uint64_t n);
 
+// The timed simulator's rows (SIMULATED), shared by both benchmarks: the largest SM
+// count they cover (every simulated thread holds a guarded stack, two memory mappings,
+// and 8 ranks x 32 blocks x 4-10 warps of 32 pass Linux's default vm.max_map_count,
+// 65530), their kind marker, and the resource that bounds an operation: the busiest of
+// every device's over its time when busy at least kSimBoundBusy of it, else "latency".
+inline constexpr int kSimTimedMaxSms = 16;
+inline constexpr const char* kSimulatedKind = "SIMULATED (Railyard's timed simulator, H100 preset), not a measurement";
+inline constexpr double kSimBoundBusy = 0.7;
+struct SimBound {
+  std::string bound, busiest;
+  double busiest_fraction = 0;  // the busiest resource's busy time / the operation's time
+};
+// busy: per device, (resource, busy ns) as sim::busy_time() / railyard.sim.busy_time() give them.
+SimBound sim_bound(double time_us, const std::vector<std::vector<std::pair<std::string, double>>>& busy);
+
 // The definitions, printed and written to the JSON by both benchmarks (bench_ep.cpp,
 // and bench_ep.py through the binding railyard._bench): docs/benchmarks.md.
 inline constexpr const char* kDefAlgbw =

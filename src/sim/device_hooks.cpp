@@ -362,9 +362,12 @@ void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope sco
   e.catch_up();
   std::memcpy(data, ptr, bytes);
   if (e.weak().enabled()) e.weak().load(f, ptr, bytes, order, scope, op, loc);
-  if (e.timing().enabled())
-    e.timing().load(f, target(f, owner), ptr, bytes, order != Order::Plain,
-                    order == Order::Acquire && scope != Scope::Block, scope == Scope::System);
+  const auto timed_load = [&] {
+    if (e.timing().enabled())
+      e.timing().load(f, target(f, owner), ptr, bytes, order != Order::Plain,
+                      order == Order::Acquire && scope != Scope::Block, scope == Scope::System);
+  };
+  timed_load();
   if (order == Order::Plain) {
     // Timed mode: every access is an event at its thread's time, so that the pipes
     // see their transfers in time order (a thread running ahead would queue its
@@ -382,9 +385,7 @@ void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope sco
     e.yield_parked(wi);
     std::memcpy(data, ptr, bytes);  // return what is there now
     if (e.weak().enabled()) e.weak().load(f, ptr, bytes, order, scope, op, loc);
-    if (e.timing().enabled())
-      e.timing().load(f, target(f, owner), ptr, bytes, true, order == Order::Acquire && scope != Scope::Block,
-                      scope == Scope::System);
+    timed_load();
     idle_poll(f, ptr, data, bytes);
     return;
   }

@@ -45,7 +45,7 @@ int Timing::take_sm(int device) {
   Device& d = devices_[device];
   const int sm = d.free_sms.back();
   d.free_sms.pop_back();
-  std::fill(d.sms[sm].l1.begin(), d.sms[sm].l1.end(), 0);  // L1 starts empty for a new block
+  empty_l1(d.sms[sm]);  // a new block starts with an empty L1
   return sm;
 }
 
@@ -75,7 +75,7 @@ void Timing::reset_busy() {
 
 double Timing::issue(Fiber* f) {
   Device& d = devices_[f->device];
-  const double issued = d.sms[f->block->sm].issue.pass(f->clock_ns, 1.0);
+  const double issued = sm_of(f).issue.pass(f->clock_ns, 1.0);
   f->clock_ns = issued + d.model.op_cycles / d.model.sm_clock_ghz;
   return issued;
 }
@@ -101,7 +101,7 @@ double Timing::move(int self, Target where, double start, std::size_t bytes, boo
 
 double Timing::through_smem(Fiber* f, double start, std::size_t bytes, double latencies) {
   const TimingModel& m = devices_[f->device].model;
-  return devices_[f->device].sms[f->block->sm].smem.pass(start, static_cast<double>(bytes)) +
+  return sm_of(f).smem.pass(start, static_cast<double>(bytes)) +
          latencies * m.smem_latency_cycles / m.sm_clock_ghz;
 }
 
@@ -110,7 +110,7 @@ void Timing::wait_for_stores(Fiber* f, bool remote) {
 }
 
 bool Timing::l1_hit(Fiber* f, const void* ptr) {
-  std::vector<uintptr_t>& l1 = devices_[f->device].sms[f->block->sm].l1;
+  std::vector<uintptr_t>& l1 = sm_of(f).l1;
   const uintptr_t line = reinterpret_cast<uintptr_t>(ptr) / kLineBytes + 1;
   uintptr_t& set = l1[line % l1.size()];
   const bool hit = set == line;
@@ -118,10 +118,9 @@ bool Timing::l1_hit(Fiber* f, const void* ptr) {
   return hit;
 }
 
-void Timing::l1_invalidate(Fiber* f) {
-  std::vector<uintptr_t>& l1 = devices_[f->device].sms[f->block->sm].l1;
-  std::fill(l1.begin(), l1.end(), 0);
-}
+Timing::Sm& Timing::sm_of(const Fiber* f) { return devices_[f->device].sms[f->block->sm]; }
+
+void Timing::empty_l1(Sm& sm) { std::fill(sm.l1.begin(), sm.l1.end(), 0); }
 
 double Timing::in_flight_until(const void* ptr) const {
   auto it = visible_at_.find(reinterpret_cast<uintptr_t>(ptr));
@@ -143,7 +142,7 @@ void Timing::load(Fiber* f, Target where, const void* ptr, std::size_t bytes, bo
     if (acquire_sys) done += m.acquire_sys_extra_ns;
   }
   if (strong) done = std::max(done, in_flight_until(ptr));  // a value still in flight is seen when it arrives
-  if (acquire) l1_invalidate(f);
+  if (acquire) empty_l1(sm_of(f));
   f->clock_ns = std::max(f->clock_ns, done);
 }
 
@@ -184,27 +183,25 @@ void Timing::fence(Fiber* f, int scope) {
   const TimingModel& m = devices_[f->device].model;
   if (scope == 0) return cycles(f, m.op_cycles);
   wait_for_stores(f, scope == 2);
-  l1_invalidate(f);
+  empty_l1(sm_of(f));
   f->clock_ns += scope == 2 ? m.fence_sys_ns : m.fence_gpu_ns;
 }
 
 double Timing::bulk_g2s(Fiber* f, Target source, std::size_t bytes) {
   const double t = issue(f);
-  Device& d = devices_[f->device];
-  const TimingModel& m = d.model;
+  const TimingModel& m = devices_[f->device].model;
   f->clock_ns += m.tma_issue_cycles / m.sm_clock_ghz;
-  double done = std::max(d.sms[f->block->sm].tma.pass(t, static_cast<double>(bytes)), move(f->device, source, t, bytes, false));
+  double done = std::max(sm_of(f).tma.pass(t, static_cast<double>(bytes)), move(f->device, source, t, bytes, false));
   return done + (source.kind == Target::Kind::Remote ? m.remote_load_ns : m.global_latency_ns);
 }
 
 Timing::S2G Timing::bulk_s2g(Fiber* f, Target destination, std::size_t bytes) {
   const double t = issue(f);
-  Device& d = devices_[f->device];
-  const TimingModel& m = d.model;
+  const TimingModel& m = devices_[f->device].model;
   f->clock_ns += m.tma_issue_cycles / m.sm_clock_ghz;
   const double read = through_smem(f, t, bytes, 1);
   const double sent =
-      std::max(d.sms[f->block->sm].tma.pass(t, static_cast<double>(bytes)), move(f->device, destination, t, bytes, true));
+      std::max(sm_of(f).tma.pass(t, static_cast<double>(bytes)), move(f->device, destination, t, bytes, true));
   const double write =
       sent + (destination.kind == Target::Kind::Remote ? m.remote_store_ns : m.global_latency_ns);
   return {read, write};

@@ -106,7 +106,8 @@ class Timing {
   static void wait_for_stores(Fiber* f, bool remote);
   // Whether the thread's SM holds ptr's line in L1, which it fills on a miss.
   bool l1_hit(Fiber* f, const void* ptr);
-  void l1_invalidate(Fiber* f);
+  static void empty_l1(Sm& sm);
+  Sm& sm_of(const Fiber* f);  // the SM the thread's block runs on
   // When the last strong store to `ptr` becomes visible (0: none in flight).
   double in_flight_until(const void* ptr) const;
 
