@@ -396,7 +396,7 @@ void store(void* ptr, const void* data, std::size_t bytes, Order order, Scope sc
   if (order == Order::Release && mutation::mutated(mutation::SiteKind::Release, loc)) order = Order::Relaxed;
   const int owner = check_tracked(ptr, bytes, true, op, loc);
   Engine& e = engine();
-  if (e.timing().enabled() && order == Order::Release) e.timing().release(self(), scope == Scope::System);
+  if (e.timing().enabled() && order == Order::Release) e.timing().release(self(), static_cast<int>(scope));
   e.catch_up();
   std::memcpy(ptr, data, bytes);
   if (e.weak().enabled()) e.weak().store(self(), ptr, bytes, order, scope, op, loc);
@@ -412,7 +412,7 @@ uint64_t atomic_rmw(void* ptr, std::size_t bytes, RmwFn fn, uint64_t a, uint64_t
   const int owner = check_tracked(ptr, bytes, true, op, loc);
   Engine& e = engine();
   Fiber* f = self();
-  if (e.timing().enabled() && is_release(op)) e.timing().release(f, scope == Scope::System);
+  if (e.timing().enabled() && is_release(op)) e.timing().release(f, static_cast<int>(scope));
   e.catch_up();
   uint64_t old = 0;
   std::memcpy(&old, ptr, bytes);

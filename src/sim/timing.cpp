@@ -146,7 +146,15 @@ void Timing::load(Fiber* f, Target where, const void* ptr, std::size_t bytes, bo
   f->clock_ns = std::max(f->clock_ns, done);
 }
 
-void Timing::release(Fiber* f, bool sys) { wait_for_stores(f, sys); }
+void Timing::release(Fiber* f, int scope) {
+  // st.release / red.release compile to the fence of their scope and a strong access
+  // (MEMBAR.GPU or MEMBAR.SYS, then ST.STRONG): the same cost as fence(), without the
+  // acquire half that empties L1.
+  const TimingModel& m = devices_[f->device].model;
+  if (scope == 0) return cycles(f, m.op_cycles);
+  wait_for_stores(f, scope == 2);
+  f->clock_ns += scope == 2 ? m.fence_sys_ns : m.fence_gpu_ns;
+}
 
 void Timing::store(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool strong) {
   const double t = issue(f);

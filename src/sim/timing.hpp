@@ -67,10 +67,11 @@ class Timing {
   // Costs to the calling thread f (of block b on SM b->sm).
   // `acquire`: an ld.acquire (of scope `sys` or narrower above the block).
   void load(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool strong, bool acquire, bool sys);
-  // A release (store or atomic) first waits until the thread's posted stores are
-  // visible (`sys`: to other devices too); then the thread catches up (Engine::catch_up)
-  // and the access issues.
-  void release(Fiber* f, bool sys);
+  // A release (store or atomic) of scope 0 block, 1 device, 2 system: above the block,
+  // first waits until the thread's posted stores are visible (system: to other devices
+  // too) and costs its fence's time; then the thread catches up (Engine::catch_up) and
+  // the access issues.
+  void release(Fiber* f, int scope);
   void store(Fiber* f, Target where, const void* ptr, std::size_t bytes, bool strong);
   void atomic(Fiber* f, Target where, const void* ptr, std::size_t bytes);
   void fence(Fiber* f, int scope);  // 0 block, 1 device, 2 system
