@@ -83,6 +83,16 @@ struct Combine {
   // Two slots suffice between reducers and the store warp: a reduced piece is ready
   // only every (sources of the token) load slots.
   static constexpr int kStoreStages = 2;
+  // The store lane gives a slot back once the next slot's store is issued and its own
+  // has read it; it publishes a staged row once at most kWriteLag stores issued after
+  // the row's last are still in flight, kPublishBatch rows at a time (one
+  // fence.acq_rel.sys for the batch), at once when kPendingRows await it, and every
+  // one at the end of the stage jobs (kFlush), before gather jobs may wait for them.
+  static constexpr int kStoreReadLag = 1;
+  static constexpr int kWriteLag = 4;
+  static constexpr int kPublishBatch = 4;
+  static constexpr int kPendingRows = 16;
+  static_assert(kPublishBatch < kPendingRows);
   // Sources of one job: local experts of a received row, or ranks of a home token.
   static constexpr int kMaxSources =
       layout::kMaxLocalExperts > layout::kMaxRanksPerDomain ? layout::kMaxLocalExperts
@@ -90,6 +100,7 @@ struct Combine {
 
   using LoadPipeline = pipeline::Pipeline<Stages>;
   using StorePipeline = pipeline::Pipeline<kStoreStages>;
+  using StoreConsumer = pipeline::BulkConsumer<kStoreStages, kStoreReadLag>;
 
   // What a FIFO slot holds, for the roles downstream (written before the slot's
   // producer arrival, read after the consumer's wait).
@@ -100,6 +111,8 @@ struct Combine {
     kLast = 1u << 3,          // after adding: the piece is complete, emit it
     kDomainRounded = 1u << 4, // the piece's result is `total` (gather), else `partial` (stage)
     kDone = 1u << 5,          // no more jobs: pass it on and stop
+    kFlush = 1u << 6,         // the stage jobs are over: pass it on; the store lane
+                              // publishes every staged row before the gather jobs
   };
   struct SlotTag {
     uint8_t* dst;         // where the reduced piece goes
@@ -114,9 +127,14 @@ struct Combine {
     alignas(128) uint8_t store_slots[kStoreStages][SlotBytes];
     arch::SharedVar<SlotTag> load_tags[Stages];
     arch::SharedVar<SlotTag> store_tags[kStoreStages];
-    // The current job's sources, in summation order (Load warp only).
+    // The current jobs' sources, in summation order (Load warp only): a stage job's
+    // from 0; gather job i of a batch's from i x num_ranks.
     arch::SharedVar<const uint8_t*> sources[kMaxSources];
     arch::SharedVar<int16_t> source_rank[kMaxSources];
+    // Staged rows whose bulk stores are issued and whose seq is not yet released, a
+    // ring (store lane only): the row, and the bulk groups committed with its store.
+    arch::SharedVar<int64_t> staged_row[kPendingRows];
+    arch::SharedVar<uint32_t> staged_groups[kPendingRows];
     typename LoadPipeline::SharedStorage load_pipe;
     typename StorePipeline::SharedStorage store_pipe;
   };
@@ -219,7 +237,7 @@ struct Combine {
     } else if (role == WarpRole::Reduce) {
       run_reduce(storage, load_pipe, store_pipe);
     } else {
-      run_store(p, storage, store_pipe, seq);
+      run_store(p, storage, seq);
     }
     op_end(dom, seq);
   }
@@ -253,8 +271,8 @@ struct Combine {
 
   // Lane 0: every piece of a job, and for each piece every source in order.
   RAILYARD_DEVICE static void push_job(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
-                                       typename LoadPipeline::State& state, int num_sources, uint8_t* dst,
-                                       int64_t publish_row, bool gather) {
+                                       typename LoadPipeline::State& state, int first, int num_sources,
+                                       uint8_t* dst, int64_t publish_row, bool gather) {
     const uint32_t row_bytes = static_cast<uint32_t>(layout::IntranodeLayout(p.domain.shape).combine_row_bytes());
     for (uint32_t offset = 0; offset < row_bytes; offset += SlotBytes) {
       const uint32_t bytes = piece_bytes(row_bytes, offset);
@@ -270,12 +288,12 @@ struct Combine {
         uint32_t flags = job_flags | kData;
         if (i == 0) flags |= kFirst;
         if (last) flags |= kLast;
-        if (gather && (last || storage.source_rank[i + 1].load() / p.ranks_per_domain !=
-                                   storage.source_rank[i].load() / p.ranks_per_domain)) {
+        if (gather && (last || storage.source_rank[first + i + 1].load() / p.ranks_per_domain !=
+                                   storage.source_rank[first + i].load() / p.ranks_per_domain)) {
           flags |= kDomainEnd;
         }
         const SlotTag tag{dst + offset, last && last_piece ? publish_row : -1, bytes, flags};
-        push_slot(storage, pipe, state, tag, storage.sources[i].load() + offset);
+        push_slot(storage, pipe, state, tag, storage.sources[first + i].load() + offset);
       }
     }
   }
@@ -309,119 +327,128 @@ struct Combine {
     // Received layout: a row exists as input iff the caller passes it.
     const int64_t rows_with_input = p.permuted_input ? described : min_i64(described, p.num_input_rows);
 
-    const int64_t chunk = p.chunk_rows;
-    for (int64_t begin = int64_t{blockIdx.x} * chunk; begin < num_recv; begin += int64_t{gridDim.x} * chunk) {
-      const int64_t end = min_i64(num_recv, begin + chunk);
-      for (int64_t r = begin; r < end; ++r) {
-        __syncwarp();  // lane 0 is done with the previous job's sources
-        layout::RowHeader* header = lay.header(dom.self(), r);
-        layout::HeaderEntry* entries = lay.header_entries(dom.self(), r);
-        const int n = r < rows_with_input ? arch::ld_global(&h.recv_num_entries[r]) : 0;
-        // Keep the entries whose input exists, in handle order (local expert
-        // ascending, the unpermute's summation order), and describe them in the
-        // header for the probs combine.
-        int kept = 0;
-        for (int base = 0; base < n; base += 32) {
-          const int i = base + static_cast<int>(lane);
-          layout::RecvEntry entry{-1, -1};
-          bool keep = false;
-          if (i < n) {
-            entry = arch::ld_global(&h.recv_entries[r * Kl + i]);
-            keep = !p.permuted_input || (entry.permuted_pos >= 0 && entry.permuted_pos < p.num_input_rows);
-          }
-          const uint32_t keepers = __ballot_sync(arch::kFullWarpMask, keep);
-          if (keep) {
-            const int idx = kept + __popc(keepers & lower_lanes);
-            if (p.permuted_input) storage.sources[idx].store(p.input + int64_t{entry.permuted_pos} * row_bytes);
-            float prob = 0.0f;
-            if (with_probs) {
-              prob = arch::ld_global(p.permuted_input ? &p.input_probs[entry.permuted_pos]
-                                                      : &p.input_probs[r * El + entry.local_expert]);
-            }
-            arch::st_global(&entries[idx].local_expert, entry.local_expert);
-            arch::st_global(&entries[idx].prob, prob);
-            arch::st_global(&entries[idx].permuted_pos, entry.permuted_pos);
-          }
-          kept += __popc(keepers);
+    for_each_in_block_chunks(num_recv, p.chunk_rows, [&](int64_t r) {
+      __syncwarp();  // lane 0 is done with the previous job's sources
+      layout::RowHeader* header = lay.header(dom.self(), r);
+      layout::HeaderEntry* entries = lay.header_entries(dom.self(), r);
+      const int n = r < rows_with_input ? arch::ld_global(&h.recv_num_entries[r]) : 0;
+      // Keep the entries whose input exists, in handle order (local expert
+      // ascending, the unpermute's summation order), and describe them in the
+      // header for the probs combine.
+      int kept = 0;
+      for (int base = 0; base < n; base += 32) {
+        const int i = base + static_cast<int>(lane);
+        layout::RecvEntry entry{-1, -1};
+        bool keep = false;
+        if (i < n) {
+          entry = arch::ld_global(&h.recv_entries[r * Kl + i]);
+          keep = !p.permuted_input || (entry.permuted_pos >= 0 && entry.permuted_pos < p.num_input_rows);
         }
-        const int num_sources = p.permuted_input ? kept : (kept > 0 ? 1 : 0);
-        if (!p.permuted_input && lane == 0) storage.sources[0].store(p.input + r * row_bytes);
-        __syncwarp();  // sources and header entries are written
-        if (lane != 0) continue;
-        // num_entries 0 tells home ranks the row has nothing for them (semantics.md 6:
-        // dropped rows contribute nothing).
-        arch::st_global(&header->num_entries, static_cast<int16_t>(kept));
-        if (num_sources == 0) {
-          arch::st_release_sys(&header->seq, seq);
-        } else {
-          // The store warp releases seq once the row's bulk stores have completed.
-          push_job(p, storage, pipe, state, num_sources, lay.stage_row(dom.self(), r), r, /*gather=*/false);
+        const uint32_t keepers = __ballot_sync(arch::kFullWarpMask, keep);
+        if (keep) {
+          const int idx = kept + __popc(keepers & lower_lanes);
+          if (p.permuted_input) storage.sources[idx].store(p.input + int64_t{entry.permuted_pos} * row_bytes);
+          float prob = 0.0f;
+          if (with_probs) {
+            prob = arch::ld_global(p.permuted_input ? &p.input_probs[entry.permuted_pos]
+                                                    : &p.input_probs[r * El + entry.local_expert]);
+          }
+          arch::st_global(&entries[idx].local_expert, entry.local_expert);
+          arch::st_global(&entries[idx].prob, prob);
+          arch::st_global(&entries[idx].permuted_pos, entry.permuted_pos);
         }
+        kept += __popc(keepers);
       }
-    }
+      const int num_sources = p.permuted_input ? kept : (kept > 0 ? 1 : 0);
+      if (!p.permuted_input && lane == 0) storage.sources[0].store(p.input + r * row_bytes);
+      __syncwarp();  // sources and header entries are written
+      if (lane != 0) return;
+      // num_entries 0 tells home ranks the row has nothing for them (semantics.md 6:
+      // dropped rows contribute nothing).
+      arch::st_global(&header->num_entries, static_cast<int16_t>(kept));
+      if (num_sources == 0) {
+        arch::st_release_sys(&header->seq, seq);
+      } else {
+        // The store warp releases seq once the row's bulk stores have completed.
+        push_job(p, storage, pipe, state, 0, num_sources, lay.stage_row(dom.self(), r), r, /*gather=*/false);
+      }
+    });
+
+    // The store lane publishes every staged row before any gather job waits for one.
+    if (lane == 0) push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kFlush}, nullptr);
 
     // ---- gather jobs: this rank's tokens, pulled from every rank that holds them -------
+    // The warp waits for the rows of `batch` tokens at once, a lane per (token, rank)
+    // pair, so that their NVLink round trips overlap.
     const int E = R * El;
-    for (int64_t begin = int64_t{blockIdx.x} * chunk; begin < p.num_tokens; begin += int64_t{gridDim.x} * chunk) {
-      const int64_t end = min_i64(p.num_tokens, begin + chunk);
-      for (int64_t t = begin; t < end; ++t) {
-        __syncwarp();  // lane 0 is done with the previous job's sources
-        if (with_probs) {
-          for (int e = static_cast<int>(lane); e < E; e += 32) arch::st_global(&p.combined_probs[t * E + e], 0.0f);
-          __syncwarp();  // zeros before the chosen experts' probs, which other lanes write
-        }
-        // Lane l waits for rank d = l (+ 32, + 64)'s row of t: the waits overlap.
-        int num_sources = 0;
-        for (int base = 0; base < R; base += 32) {
-          const int d = base + static_cast<int>(lane);
-          bool has_row = false;
-          const uint8_t* row = nullptr;
-          if (d < R) {
-            const int32_t pos = arch::ld_global(&h.recv_pos[t * R + d]);
-            // A row at or past d's bound on received rows was never dispatched: its
-            // pair is skipped without touching d. (Read here rather than kept in a
-            // per-lane array, which a runtime index would put in local memory.)
-            const int32_t bound =
-                pos < 0 ? -1
-                        : arch::ld_global(&h.count_matrix[int64_t{d} * lay.count_row_ints() +
-                                                          static_cast<int>(layout::CountRow::MaxRecvRows)]);
-            if (pos >= 0 && (bound < 0 || pos < bound)) {
-              uint8_t* peer = dom.peers.ptr[d];
-              const layout::RowHeader* header = lay.header(peer, pos);
-              pipeline::timeout_while(
-                  [&] { return arch::ld_acquire_sys(&header->seq) < seq; },
-                  {"combine: staged row header seq of peer rank (index) at row (value)", d, pos},
-                  dom.wait());
-              const int32_t num_entries = arch::ld_global(&header->num_entries);
-              if (with_probs) {
-                const layout::HeaderEntry* entries = lay.header_entries(peer, pos);
-                for (int i = 0; i < num_entries; ++i) {
-                  const int32_t j = arch::ld_global(&entries[i].local_expert);
-                  arch::st_global(&p.combined_probs[t * E + int64_t{d} * El + j], arch::ld_global(&entries[i].prob));
-                }
+    const int batch = R >= static_cast<int>(arch::kWarpSize) ? 1 : static_cast<int>(arch::kWarpSize) / R;
+    for_each_batch_in_block_chunks(p.num_tokens, p.chunk_rows, batch, [&](int64_t t0, int n) {
+      __syncwarp();  // lane 0 is done with the previous batch's sources
+      if (with_probs) {
+        for (int64_t e = lane; e < int64_t{n} * E; e += 32) arch::st_global(&p.combined_probs[t0 * E + e], 0.0f);
+        __syncwarp();  // zeros before the chosen experts' probs, which other lanes write
+      }
+      // Lane l waits for pair q = l (+ 32, + 64: one token then): token t0 + q / R's
+      // row on rank q % R. The waits overlap.
+      int running = 0;        // sources of the (one) token in earlier rounds
+      uint32_t holders = 0;   // the last round's pairs with a row
+      for (int base = 0; base < n * R; base += 32) {
+        const int q = base + static_cast<int>(lane);
+        const int i = q / R, d = q % R;
+        const int64_t t = t0 + i;
+        bool has_row = false;
+        const uint8_t* row = nullptr;
+        if (q < n * R) {
+          const int32_t pos = arch::ld_global(&h.recv_pos[t * R + d]);
+          // A row at or past d's bound on received rows was never dispatched: its
+          // pair is skipped without touching d. (Read here rather than kept in a
+          // per-lane array, which a runtime index would put in local memory.)
+          const int32_t bound =
+              pos < 0 ? -1
+                      : arch::ld_global(&h.count_matrix[int64_t{d} * lay.count_row_ints() +
+                                                        static_cast<int>(layout::CountRow::MaxRecvRows)]);
+          if (pos >= 0 && (bound < 0 || pos < bound)) {
+            uint8_t* peer = dom.peers.ptr[d];
+            const layout::RowHeader* header = lay.header(peer, pos);
+            pipeline::wait_at_least_acquire(&header->seq, seq,
+                                            {"combine: staged row header seq of peer rank (index) at row (value)", d,
+                                             pos},
+                                            dom.wait());
+            const int32_t num_entries = arch::ld_global(&header->num_entries);
+            if (with_probs) {
+              const layout::HeaderEntry* entries = lay.header_entries(peer, pos);
+              for (int k = 0; k < num_entries; ++k) {
+                const int32_t j = arch::ld_global(&entries[k].local_expert);
+                arch::st_global(&p.combined_probs[t * E + int64_t{d} * El + j], arch::ld_global(&entries[k].prob));
               }
-              has_row = num_entries > 0;
-              row = lay.stage_row(peer, pos);
             }
+            has_row = num_entries > 0;
+            row = lay.stage_row(peer, pos);
           }
-          const uint32_t holders = __ballot_sync(arch::kFullWarpMask, has_row);
-          if (has_row) {
-            const int idx = num_sources + __popc(holders & lower_lanes);
-            storage.sources[idx].store(row);
-            storage.source_rank[idx].store(static_cast<int16_t>(d));
-          }
-          num_sources += __popc(holders);
         }
-        // The lanes that acquired the headers synchronise with lane 0 here, before it
-        // bulk-loads the rows those headers published; its proxy fence then orders
-        // what it learned (generic proxy) before its TMA reads (async proxy).
-        __syncwarp();
-        if (lane == 0) {
-          arch::fence_proxy_async_global();
-          push_job(p, storage, pipe, state, num_sources, p.out + t * row_bytes, -1, /*gather=*/true);
+        holders = __ballot_sync(arch::kFullWarpMask, has_row);
+        if (has_row) {
+          // Its place among its token's sources: the holders below it of the same token.
+          const int token_first_lane = i * R - base;
+          const uint32_t same_token = token_first_lane > 0 ? ~((1u << token_first_lane) - 1u) : ~0u;
+          const int idx = i * R + running + __popc(holders & lower_lanes & same_token);
+          storage.sources[idx].store(row);
+          storage.source_rank[idx].store(static_cast<int16_t>(d));
+        }
+        if (n == 1) running += __popc(holders);
+      }
+      // The lanes that acquired the headers synchronise with lane 0 here, before it
+      // bulk-loads the rows those headers published; its proxy fence then orders
+      // what it learned (generic proxy) before its TMA reads (async proxy).
+      __syncwarp();
+      if (lane == 0) {
+        arch::fence_proxy_async_global();
+        for (int i = 0; i < n; ++i) {
+          const int num_sources = n == 1 ? running : __popc((holders >> (i * R)) & ((1u << R) - 1u));
+          push_job(p, storage, pipe, state, i * R, num_sources, p.out + (t0 + i) * row_bytes, -1, /*gather=*/true);
         }
       }
-    }
+    });
 
     if (lane == 0) push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kDone}, nullptr);
   }
@@ -443,12 +470,16 @@ struct Combine {
     for (;;) {
       load_pipe.consumer_wait(load_state);
       const SlotTag tag = storage.load_tags[load_state.index].load();
-      if (tag.flags & kDone) {
-        // The load lane fills no slot after this one: it is not released.
+      if (tag.flags & (kDone | kFlush)) {
+        // Nothing to reduce: passed on to the store lane.
         store_pipe.producer_acquire(store_state);
         if (leader) storage.store_tags[store_state.index].store(tag);
         store_pipe.producer_commit(store_state);
-        return;
+        if (tag.flags & kDone) return;  // the load lane fills no slot after this one: not released
+        ++store_state;
+        load_pipe.consumer_release(load_state);
+        ++load_state;
+        continue;
       }
       if (tag.flags & kFirst) {
         for (uint32_t k = 0; k < kAccumulators; ++k) partial[k] = total[k] = 0.0f;
@@ -509,37 +540,62 @@ struct Combine {
 
   // ---- Store -------------------------------------------------------------------------------
 
-  RAILYARD_DEVICE static void run_store(const Params& p, SharedStorage& storage, StorePipeline& pipe, uint64_t seq) {
+  RAILYARD_DEVICE static void run_store(const Params& p, SharedStorage& storage, uint64_t seq) {
     // Bulk groups belong to the issuing thread: one lane commits and waits for all.
     if (arch::lane_idx() != 0) return;
     const layout::IntranodeLayout lay(p.domain.shape);
-    typename StorePipeline::State state;
+    StoreConsumer fifo(storage.store_pipe, p.domain.wait());
+    int64_t staged = 0, published = 0;  // staged rows whose store is issued, and released
     for (;;) {
-      pipe.consumer_wait(state);
-      const SlotTag tag = storage.store_tags[state.index].load();
-      if (tag.flags & kDone) {
-        pipe.consumer_release(state);
-        break;
+      const uint32_t slot = fifo.wait();
+      const SlotTag tag = storage.store_tags[slot].load();
+      if (tag.flags & (kDone | kFlush)) {
+        published += publish_staged(p, lay, storage, seq, fifo.committed, published, staged, /*all=*/true);
+        fifo.commit();  // nothing to store: an empty group, so that slots go back in order
+        if (tag.flags & kDone) break;
+        continue;
       }
-      arch::bulk_copy_s2g(tag.dst, storage.store_slots[state.index], tag.bytes);
-      arch::bulk_commit_group();
-      // The slot may be refilled once the store has read it.
-      arch::bulk_wait_group_read<0>();
-      pipe.consumer_release(state);
-      ++state;
+      arch::bulk_copy_s2g(tag.dst, storage.store_slots[slot], tag.bytes);
+      fifo.commit();
       if (tag.publish_row >= 0) {
-        // The row's writes must be complete before its header says so; the release
-        // then publishes them (and the header entries the Load warp wrote) to the
-        // home ranks, which acquire seq before reading anything else of the row.
-        // The wait's completion is followed by an implicit generic-async proxy fence.
-        arch::bulk_wait_group<0>();
-        arch::st_release_sys(&lay.header(p.domain.self(), tag.publish_row)->seq, seq);
+        storage.staged_row[staged % kPendingRows].store(tag.publish_row);
+        storage.staged_groups[staged % kPendingRows].store(fifo.committed);
+        ++staged;
+        published += publish_staged(p, lay, storage, seq, fifo.committed, published, staged,
+                                    staged - published == kPendingRows);
       }
     }
-    // No wait here: each store's read of shared memory was waited for before its slot's
-    // release, so none is left when the loop ends. Their writes (this rank's combined
-    // rows) need none: every staged row was waited for before its release above, and
-    // the kernel's completion orders the rest before later work.
+    // Every store has read its slot. Their writes (this rank's combined rows) need no
+    // wait: every staged row was waited for before its release, and the kernel's
+    // completion orders the rest before later work.
+    fifo.finish();
+  }
+
+  // Releases `seq` of the staged rows [published, staged) whose stores have completed,
+  // kPublishBatch or more at a time; with `all`, of every one (after waiting for every
+  // store). A completed wait is followed by an implicit generic-async proxy fence (PTX,
+  // "Async proxy"); the fence.acq_rel.sys then makes the relaxed stores of seq the
+  // release of the rows and of the header entries the Load warp wrote (home ranks
+  // acquire seq before reading anything else of the row). Returns the rows released.
+  RAILYARD_DEVICE static int64_t publish_staged(const Params& p, const layout::IntranodeLayout& lay,
+                                                const SharedStorage& storage, uint64_t seq, uint32_t committed,
+                                                int64_t published, int64_t staged, bool all) {
+    if (published == staged) return 0;
+    uint32_t done = committed;
+    if (all) {
+      arch::bulk_wait_group<0>();
+    } else {
+      arch::bulk_wait_group<kWriteLag>();
+      done = committed > kWriteLag ? committed - kWriteLag : 0;
+    }
+    int64_t n = published;
+    while (n < staged && storage.staged_groups[n % kPendingRows].load() <= done) ++n;
+    if (n == published || (!all && n - published < kPublishBatch)) return 0;
+    arch::fence_acq_rel_sys();
+    for (int64_t i = published; i < n; ++i) {
+      arch::st_relaxed_sys(&lay.header(p.domain.self(), storage.staged_row[i % kPendingRows].load())->seq, seq);
+    }
+    return n - published;
   }
 };
 

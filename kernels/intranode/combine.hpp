@@ -50,7 +50,9 @@ struct CombineArguments {
   int ranks_per_domain = 0;
 
   // Blocks (channels) of the launch, 1..SM count; each takes every num_blocks-th chunk
-  // of chunk_rows rows (received rows to stage, home tokens to gather).
+  // of received rows to stage and of home tokens to gather. A chunk holds chunk_rows
+  // items, or fewer when that many would leave blocks idle: ceil(count / num_blocks),
+  // at least 1.
   int num_blocks = 1;
   int chunk_rows = 32;
 };

@@ -7,17 +7,21 @@
 //                       send FIFO;
 //   SendStore    (S2G)  TMA-stores each piece into the staging row of every
 //                       destination of the token (ascending rank, over the peer
-//                       mapping); once the row has landed, writes the row header's
-//                       entries and FP8 scales, then `seq` with a release store;
+//                       mapping) and writes the row header's entries and FP8
+//                       scales; keeps several rows in flight and publishes `seq`
+//                       (fence.acq_rel.sys, then relaxed stores) for batches of
+//                       tokens whose rows have landed;
 //   CopyOutLoad  (G2S)  for each received row of this block's chunks, waits for its
 //                       header `seq` (acquire, bounded), TMA-loads it into the
 //                       copy-out FIFO;
 //   CopyOutStore (S2G)  TMA-stores it to the caller's output (its received row, or
-//                       each of its permuted positions), writes probs, routing map,
-//                       source and the handle's expert side; zeroes padding rows.
+//                       each of its permuted positions); zeroes padding rows;
+//   RowFields           one lane per received row, 32 rows at a time: waits for its
+//                       header `seq` (acquire, bounded) and writes the row's probs,
+//                       routing map, source, scales and the handle's expert side.
 // Only each role's elected lane touches the FIFOs and the bulk copies (bulk groups
-// belong to the issuing thread); the other lanes of the S2G warps write the small
-// per-row fields in parallel.
+// belong to the issuing thread); the other lanes of SendStore write the small
+// per-token fields in parallel.
 #pragma once
 
 #include <cstddef>
@@ -51,8 +55,8 @@ struct Dispatch {
   static constexpr int kStages = Stages;
   static constexpr const char* kName = "IntranodeDispatch";
 
-  enum class WarpRole : uint32_t { SendLoad = 0, SendStore = 1, CopyOutLoad = 2, CopyOutStore = 3 };
-  static constexpr uint32_t kNumWarps = 4;
+  enum class WarpRole : uint32_t { SendLoad = 0, SendStore = 1, CopyOutLoad = 2, CopyOutStore = 3, RowFields = 4 };
+  static constexpr uint32_t kNumWarps = 5;
   static constexpr uint32_t kMaxThreadsPerBlock = kNumWarps * arch::kWarpSize;
   static constexpr uint32_t kMinBlocksPerSm = 1;
 
@@ -63,6 +67,19 @@ struct Dispatch {
     uint32_t word[4];
   };
   static constexpr int kMaxRanks = layout::kMaxRanksPerDomain;
+  // The S2G roles keep rows in flight instead of waiting for each: a FIFO slot goes
+  // back to its producer once the stores of kReadLag later slots have been issued and
+  // its own have read it (pipeline::BulkConsumer). SendStore publishes a token's header
+  // once at most
+  // kWriteLag bulk groups (pieces) issued after its own are still in flight
+  // (bulk_wait_group), kPublishBatch landed tokens at a time (one fence.acq_rel.sys per
+  // destination lane for the batch), and at once when kPendingTokens await it.
+  static constexpr int kReadLag = 1;
+  static constexpr int kWriteLag = 4;
+  static constexpr int kPublishBatch = 4;
+  static constexpr int kPendingTokens = 16;
+  static_assert(kPublishBatch < kPendingTokens);
+  using BulkConsumer = pipeline::BulkConsumer<Stages, kReadLag>;
 
   struct SharedStorage {
     alignas(128) uint8_t send_slots[Stages][SlotBytes];  // SendLoad -> SendStore
@@ -71,11 +88,15 @@ struct Dispatch {
     typename Pipeline::SharedStorage send_pipe;
     typename Pipeline::SharedStorage copy_pipe;
     arch::SharedVar<int32_t> recv_bound[kMaxRanks];  // every rank's max_recv_rows, -1: none
-    // SendStore's view of its current token, written by its lanes for its leader:
-    // the token's row at each destination (-1: no header there) and whether that
-    // destination copies the row out (else only the header travels).
-    arch::SharedVar<int32_t> send_pos[kMaxRanks];
+    // SendStore's tokens whose headers are not yet published, a ring written by its
+    // lanes: each token's row at each destination (-1: no header there), and the bulk
+    // groups its leader had committed once the token's pieces were issued.
+    arch::SharedVar<int32_t> send_pos[kPendingTokens][kMaxRanks];
+    arch::SharedVar<uint32_t> send_groups[kPendingTokens];
+    // Whether each destination copies the current token's row out (else only the
+    // header travels), and how many pending tokens the leader found landed.
     arch::SharedVar<uint8_t> send_bytes[kMaxRanks];
+    arch::SharedVar<int32_t> publish_count;
   };
   static_assert(sizeof(SharedStorage) <= arch::kMaxDynamicSmemBytes,
                 "Dispatch FIFOs exceed the 227 KiB shared-memory budget");
@@ -188,6 +209,7 @@ struct Dispatch {
       case WarpRole::SendStore: send_store(params, ctx, storage, seq); break;
       case WarpRole::CopyOutLoad: copy_out_load(params, ctx, storage, seq); break;
       case WarpRole::CopyOutStore: copy_out_store(params, ctx, storage); break;
+      case WarpRole::RowFields: row_fields(params, ctx, seq); break;
     }
     op_end(params.domain, seq);
   }
@@ -240,17 +262,6 @@ struct Dispatch {
     }
   };
 
-  // Calls fn(i) for the items of this block: chunks blockIdx.x, +gridDim.x, ... of
-  // chunk_rows items each.
-  template <class Fn>
-  RAILYARD_DEVICE static void for_each_in_my_chunks(int64_t count, int64_t chunk_rows, Fn&& fn) {
-    const int64_t stride = static_cast<int64_t>(gridDim.x) * chunk_rows;
-    for (int64_t begin = static_cast<int64_t>(blockIdx.x) * chunk_rows; begin < count; begin += stride) {
-      const int64_t end = min_i64(begin + chunk_rows, count);
-      for (int64_t i = begin; i < end; ++i) fn(i);
-    }
-  }
-
   // Whether token t's row goes into the send FIFO: some destination copies it out.
   // SendLoad and SendStore both decide with this one function, so they agree on
   // which tokens occupy FIFO slots.
@@ -276,7 +287,7 @@ struct Dispatch {
     if (!arch::elect_one_sync()) return;
     Pipeline pipe(s.send_pipe, p.domain.wait());
     PipelineState state;
-    for_each_in_my_chunks(p.num_tokens, p.chunk_rows, [&](int64_t t) {
+    for_each_in_block_chunks(p.num_tokens, p.chunk_rows, [&](int64_t t) {
       if (!token_sends_row(p, c, s, t)) return;
       const uint8_t* src = p.hidden + t * c.row_bytes;
       for (uint32_t offset = 0; offset < c.row_bytes; offset += SlotBytes) {
@@ -288,106 +299,169 @@ struct Dispatch {
     });
   }
 
+  // SendStore's leader: issues each piece to every destination that copies the row
+  // out, and finds the tokens whose rows have landed.
+  struct SendIssuer {
+    BulkConsumer fifo;
+
+    RAILYARD_DEVICE SendIssuer(SharedStorage& s, const pipeline::WaitPolicy& wait) : fifo(s.send_pipe, wait) {}
+
+    RAILYARD_DEVICE void piece(const Params& p, const Context& c, SharedStorage& s, int ring, uint32_t offset) {
+      const uint32_t bytes = piece_bytes(c.row_bytes, offset);
+      const uint32_t slot = fifo.wait();
+      for (int d = 0; d < c.num_ranks; ++d) {
+        if (!s.send_bytes[d].load()) continue;
+        uint8_t* row = c.layout.stage_row(p.domain.peers.ptr[d], s.send_pos[ring][d].load());
+        arch::bulk_copy_s2g(row + offset, s.send_slots[slot], bytes);
+      }
+      fifo.commit();
+    }
+
+    // How many of the pending tokens [published, issued) to publish now: those whose
+    // groups have completed, kPublishBatch or more at a time; with `all`, every one
+    // (after waiting for every group). A completed wait is followed by an implicit
+    // generic-async proxy fence (PTX, "Async proxy"), so the lanes' release after the
+    // warp barrier that follows publishes the rows.
+    RAILYARD_DEVICE int landed(const SharedStorage& s, int64_t published, int64_t issued, bool all) {
+      const uint32_t committed = fifo.committed;
+      uint32_t done;
+      if (all) {
+        arch::bulk_wait_group<0>();
+        done = committed;
+        fifo.give_back(committed);
+      } else {
+        arch::bulk_wait_group<kWriteLag>();
+        done = committed > kWriteLag ? committed - kWriteLag : 0;
+      }
+      int64_t n = published;
+      while (n < issued && s.send_groups[n % kPendingTokens].load() <= done) ++n;
+      return all || n - published >= kPublishBatch ? static_cast<int>(n - published) : 0;
+    }
+  };
+
   RAILYARD_DEVICE static void send_store(const Params& p, const Context& c, SharedStorage& s, uint64_t seq) {
     const bool leader = arch::elect_one_sync();
+    SendIssuer issuer(s, p.domain.wait());  // used by the leader only
+    int64_t issued = 0, published = 0;      // this block's tokens so far
+    for_each_in_block_chunks(p.num_tokens, p.chunk_rows, [&](int64_t t) {
+      const int ring = static_cast<int>(issued % kPendingTokens);
+      route_token(p, c, s, t, ring);
+      // The row, piece by piece, to every destination that copies it out, each once
+      // however many of its experts the token chose.
+      if (leader) {
+        if (token_sends_row(p, c, s, t)) {
+          for (uint32_t offset = 0; offset < c.row_bytes; offset += SlotBytes) issuer.piece(p, c, s, ring, offset);
+        }
+        s.send_groups[ring].store(issuer.fifo.committed);
+      }
+      write_header(p, c, s, t, ring);
+      ++issued;
+      // Publish the tokens whose rows have landed; all of them when the ring is full.
+      if (leader) s.publish_count.store(issuer.landed(s, published, issued, issued - published == kPendingTokens));
+      __syncwarp();  // every lane's header writes and the leader's completed waits are behind
+      published += publish(p, c, s, seq, published);
+      // The leader writes publish_count again only after the next token's route_token
+      // barrier, which every lane reaches after reading it here.
+    });
+    __syncwarp();  // every lane has read the last publish_count
+    if (leader) s.publish_count.store(issuer.landed(s, published, issued, /*all=*/true));
+    __syncwarp();
+    publish(p, c, s, seq, published);
+  }
+
+  // SendStore step 1, every lane: where token t goes, into ring entry `ring`. A
+  // destination gets the header when it waits for it (every row in the grouped layout,
+  // rows below its bound otherwise) and the row bytes when it copies them out. Ends
+  // with a warp barrier: the leader reads every destination's entry.
+  RAILYARD_DEVICE static void route_token(const Params& p, const Context& c, SharedStorage& s, int64_t t, int ring) {
+    const int R = c.num_ranks, K = c.max_topk, El = c.num_local_experts;
+    const int32_t* slot_expert = p.handle.slot_expert + t * K;
+    const int32_t* slot_pos = p.handle.slot_pos + t * K;
+    for (int d = static_cast<int>(arch::lane_idx()); d < R; d += static_cast<int>(arch::kWarpSize)) {
+      const int32_t pos = arch::ld_global(p.handle.recv_pos + t * R + d);
+      const int32_t bound = s.recv_bound[d].load();
+      const bool header = pos >= 0 && (c.grouped || bound < 0 || pos < bound);
+      bool bytes = header && !c.grouped;
+      if (header && c.grouped) {
+        for (int k = 0; k < K && !bytes; ++k) {
+          const int32_t e = arch::ld_global(slot_expert + k);
+          bytes = e >= 0 && e / El == d && arch::ld_global(slot_pos + k) >= 0;
+        }
+      }
+      s.send_pos[ring][d].store(header ? pos : -1);
+      s.send_bytes[d].store(static_cast<uint8_t>(bytes));
+    }
+    __syncwarp();
+  }
+
+  // SendStore step 3, every lane: token t's header fields and entries, and its FP8
+  // scales, at every destination. Entries are in ascending local expert order, the
+  // order combine sums in. `seq` is not written here: publish() does, once the row
+  // has landed.
+  RAILYARD_DEVICE static void write_header(const Params& p, const Context& c, SharedStorage& s, int64_t t,
+                                           int ring) {
     const int lane = static_cast<int>(arch::lane_idx());
     const int R = c.num_ranks, K = c.max_topk, El = c.num_local_experts;
-    const int rank = p.domain.rank;
-    Pipeline pipe(s.send_pipe, p.domain.wait());
-    PipelineState state;
-    for_each_in_my_chunks(p.num_tokens, p.chunk_rows, [&](int64_t t) {
-      const int32_t* slot_expert = p.handle.slot_expert + t * K;
-      const int32_t* slot_pos = p.handle.slot_pos + t * K;
-      // 1. Where the token goes. A destination gets the header when it waits for it
-      //    (every row in the grouped layout, rows below its bound otherwise) and the
-      //    row bytes when it copies them out.
-      for (int d = lane; d < R; d += static_cast<int>(arch::kWarpSize)) {
-        const int32_t pos = arch::ld_global(p.handle.recv_pos + t * R + d);
-        const int32_t bound = s.recv_bound[d].load();
-        const bool header = pos >= 0 && (c.grouped || bound < 0 || pos < bound);
-        bool bytes = header && !c.grouped;
-        if (header && c.grouped) {
-          for (int k = 0; k < K && !bytes; ++k) {
-            const int32_t e = arch::ld_global(slot_expert + k);
-            bytes = e >= 0 && e / El == d && arch::ld_global(slot_pos + k) >= 0;
-          }
-        }
-        s.send_pos[d].store(header ? pos : -1);
-        s.send_bytes[d].store(static_cast<uint8_t>(bytes));
-      }
-      __syncwarp();
-
-      // 2. The row, piece by piece, to every destination that copies it out, each
-      //    once however many of its experts the token chose.
-      if (leader && token_sends_row(p, c, s, t)) {
-        for (uint32_t offset = 0; offset < c.row_bytes; offset += SlotBytes) {
-          const uint32_t bytes = piece_bytes(c.row_bytes, offset);
-          pipe.consumer_wait(state);
-          for (int d = 0; d < R; ++d) {
-            if (!s.send_bytes[d].load()) continue;
-            arch::bulk_copy_s2g(c.layout.stage_row(p.domain.peers.ptr[d], s.send_pos[d].load()) + offset,
-                                s.send_slots[state.index], bytes);
-          }
-          arch::bulk_commit_group();
-          // The slot may be refilled once every store has read it.
-          arch::bulk_wait_group_read<0>();
-          pipe.consumer_release(state);
-          ++state;
-        }
-        // The header must not announce a row that has not landed. The wait's completion
-        // is followed by an implicit generic-async proxy fence (PTX, "Async proxy"),
-        // so the release in step 4, after the warp barrier there, publishes the row.
-        arch::bulk_wait_group<0>();
-      }
-
-      // 3. Header fields and entries, and the FP8 scales. Entries are in ascending
-      //    local expert order, the order combine sums in.
-      for (int d = lane; d < R; d += static_cast<int>(arch::kWarpSize)) {
-        const int32_t pos = s.send_pos[d].load();
-        if (pos < 0) continue;
-        int32_t num_entries = 0;
-        for (int k = 0; k < K; ++k) {
-          const int32_t e = arch::ld_global(slot_expert + k);
-          num_entries += (e >= 0 && e / El == d) ? 1 : 0;
-        }
-        layout::RowHeader* header = c.layout.header(p.domain.peers.ptr[d], pos);
-        arch::st_global(&header->src_token, static_cast<int32_t>(t));
-        arch::st_global(&header->num_entries, static_cast<int16_t>(num_entries));
-        arch::st_global(&header->src_rank, static_cast<int16_t>(rank));
-      }
-      for (int k = lane; k < K; k += static_cast<int>(arch::kWarpSize)) {
+    const int32_t* slot_expert = p.handle.slot_expert + t * K;
+    const int32_t* slot_pos = p.handle.slot_pos + t * K;
+    for (int d = lane; d < R; d += static_cast<int>(arch::kWarpSize)) {
+      const int32_t pos = s.send_pos[ring][d].load();
+      if (pos < 0) continue;
+      int32_t num_entries = 0;
+      for (int k = 0; k < K; ++k) {
         const int32_t e = arch::ld_global(slot_expert + k);
-        if (e < 0) continue;
-        const int d = e / El;
-        const int32_t pos = s.send_pos[d].load();
+        num_entries += (e >= 0 && e / El == d) ? 1 : 0;
+      }
+      layout::RowHeader* header = c.layout.header(p.domain.peers.ptr[d], pos);
+      arch::st_global(&header->src_token, static_cast<int32_t>(t));
+      arch::st_global(&header->num_entries, static_cast<int16_t>(num_entries));
+      arch::st_global(&header->src_rank, static_cast<int16_t>(p.domain.rank));
+    }
+    for (int k = lane; k < K; k += static_cast<int>(arch::kWarpSize)) {
+      const int32_t e = arch::ld_global(slot_expert + k);
+      if (e < 0) continue;
+      const int d = e / El;
+      const int32_t pos = s.send_pos[ring][d].load();
+      if (pos < 0) continue;
+      int32_t index = 0;  // this entry's place among the token's experts on d
+      for (int other = 0; other < K; ++other) {
+        const int32_t f = arch::ld_global(slot_expert + other);
+        index += (f >= 0 && f / El == d && f < e) ? 1 : 0;
+      }
+      layout::HeaderEntry* entry = c.layout.header_entries(p.domain.peers.ptr[d], pos) + index;
+      arch::st_global(&entry->local_expert, static_cast<int32_t>(e % El));
+      arch::st_global(&entry->prob, arch::ld_global(p.handle.slot_prob + t * K + k));
+      arch::st_global(&entry->permuted_pos, arch::ld_global(slot_pos + k));
+    }
+    for (int i = lane; i < c.num_scales; i += static_cast<int>(arch::kWarpSize)) {
+      const float scale = arch::ld_global(p.scales + t * c.num_scales + i);
+      for (int d = 0; d < R; ++d) {
+        if (s.send_bytes[d].load())
+          arch::st_global(c.layout.stage_scales(p.domain.peers.ptr[d], s.send_pos[ring][d].load()) + i, scale);
+      }
+    }
+  }
+
+  // SendStore step 4, every lane, after the warp barrier behind the leader's landed():
+  // `seq` of the publish_count tokens from `published` on, at destination lane (+32,
+  // ...). One fence.acq_rel.sys per lane and batch, then relaxed stores: the release
+  // pattern, which covers every lane's header writes (the warp barrier) and the
+  // leader's completed bulk stores. Each lane reads and writes only its own
+  // destinations' ring entries, so the next token's route_token needs no barrier.
+  RAILYARD_DEVICE static int publish(const Params& p, const Context& c, const SharedStorage& s, uint64_t seq,
+                                     int64_t published) {
+    const int count = s.publish_count.load();
+    for (int d = static_cast<int>(arch::lane_idx()); d < c.num_ranks; d += static_cast<int>(arch::kWarpSize)) {
+      bool fenced = false;
+      for (int i = 0; i < count; ++i) {
+        const int32_t pos = s.send_pos[(published + i) % kPendingTokens][d].load();
         if (pos < 0) continue;
-        int32_t index = 0;  // this entry's place among the token's experts on d
-        for (int other = 0; other < K; ++other) {
-          const int32_t f = arch::ld_global(slot_expert + other);
-          index += (f >= 0 && f / El == d && f < e) ? 1 : 0;
-        }
-        layout::HeaderEntry* entry = c.layout.header_entries(p.domain.peers.ptr[d], pos) + index;
-        arch::st_global(&entry->local_expert, static_cast<int32_t>(e % El));
-        arch::st_global(&entry->prob, arch::ld_global(p.handle.slot_prob + t * K + k));
-        arch::st_global(&entry->permuted_pos, arch::ld_global(slot_pos + k));
+        if (!fenced) arch::fence_acq_rel_sys();
+        fenced = true;
+        arch::st_relaxed_sys(&c.layout.header(p.domain.peers.ptr[d], pos)->seq, seq);
       }
-      for (int i = lane; i < c.num_scales; i += static_cast<int>(arch::kWarpSize)) {
-        const float scale = arch::ld_global(p.scales + t * c.num_scales + i);
-        for (int d = 0; d < R; ++d) {
-          if (s.send_bytes[d].load())
-            arch::st_global(c.layout.stage_scales(p.domain.peers.ptr[d], s.send_pos[d].load()) + i, scale);
-        }
-      }
-      // 4. `seq` last: the release (after the warp barrier, so it covers every lane's
-      //    writes and the leader's completed bulk stores) publishes the row.
-      __syncwarp();
-      for (int d = lane; d < R; d += static_cast<int>(arch::kWarpSize)) {
-        const int32_t pos = s.send_pos[d].load();
-        if (pos >= 0) arch::st_release_sys(&c.layout.header(p.domain.peers.ptr[d], pos)->seq, seq);
-      }
-      // No warp barrier before the next token: since the one above, each lane read
-      // only send_pos[d] of its own d, which only it rewrites in step 1.
-    });
+    }
+    return count;
   }
 
   // ---- copy-out side ---------------------------------------------------------------------------
@@ -409,11 +483,11 @@ struct Dispatch {
     uint8_t* self = p.domain.self();
     Pipeline pipe(s.copy_pipe, p.domain.wait());
     PipelineState state;
-    for_each_in_my_chunks(c.copy_rows, p.chunk_rows, [&](int64_t r) {
+    for_each_in_block_chunks(c.copy_rows, p.chunk_rows, [&](int64_t r) {
       const uint64_t* row_seq = &c.layout.header(self, r)->seq;
-      pipeline::timeout_while([&] { return arch::ld_acquire_sys(row_seq) < seq; },
-                              {"dispatch: row header seq of received row", r, static_cast<int64_t>(seq)},
-                              p.domain.wait());
+      pipeline::wait_at_least_acquire(row_seq, seq,
+                                      {"dispatch: row header seq of received row", r, static_cast<int64_t>(seq)},
+                                      p.domain.wait());
       // The row was written by TMA and is read by TMA; the acquire above is generic.
       arch::fence_proxy_async_global();
       if (!row_is_copied(c, self, r)) {
@@ -435,111 +509,109 @@ struct Dispatch {
 
   RAILYARD_DEVICE static void copy_out_store(const Params& p, const Context& c, SharedStorage& s) {
     const bool leader = arch::elect_one_sync();
-    const int lane = static_cast<int>(arch::lane_idx());
+    if (leader) {
+      uint8_t* self = p.domain.self();
+      BulkConsumer fifo(s.copy_pipe, p.domain.wait());
+      for_each_in_block_chunks(c.copy_rows, p.chunk_rows, [&](int64_t r) {
+        // The wait on the row's first slot orders its header, which CopyOutLoad
+        // acquired before filling the slot.
+        uint32_t slot = fifo.wait();
+        if (!row_is_copied(c, self, r)) return fifo.commit();  // its one empty slot
+        const int32_t num_entries = c.grouped ? arch::ld_global(&c.layout.header(self, r)->num_entries) : 0;
+        const layout::HeaderEntry* entries = c.layout.header_entries(self, r);
+        // The row bytes, piece by piece, to its received row or to each kept permuted row.
+        for (uint32_t offset = 0; offset < c.row_bytes; offset += SlotBytes) {
+          const uint32_t bytes = piece_bytes(c.row_bytes, offset);
+          if (offset > 0) slot = fifo.wait();
+          if (!c.grouped) {
+            arch::bulk_copy_s2g(p.out_hidden + r * c.row_bytes + offset, s.copy_slots[slot], bytes);
+          }
+          for (int e = 0; e < num_entries; ++e) {
+            const int32_t pos = arch::ld_global(&entries[e].permuted_pos);
+            if (pos < 0 || pos >= c.permuted_keep) continue;
+            arch::bulk_copy_s2g(p.out_hidden + static_cast<int64_t>(pos) * c.row_bytes + offset, s.copy_slots[slot],
+                                bytes);
+          }
+          fifo.commit();
+        }
+      });
+      // The slots must be read before the block retires. The writes (this rank's
+      // outputs) need no wait: rows sent to peers were waited for before their headers'
+      // release, and the kernel's completion orders the rest before later work.
+      fifo.finish();
+    }
+    __syncwarp();
+    if (c.grouped) zero_padding_rows(p, c, s, leader, static_cast<int>(arch::lane_idx()));
+    if (leader) arch::bulk_wait_group_read<0>();
+  }
+
+  // RowFields: lane l takes the block's received rows l, l + 32, ... (in the order of
+  // its chunks), waits for each one's header and writes its small fields.
+  RAILYARD_DEVICE static void row_fields(const Params& p, const Context& c, uint64_t seq) {
+    const int64_t lane = arch::lane_idx();
+    int64_t k = 0;
+    for_each_in_block_chunks(c.copy_rows, p.chunk_rows, [&](int64_t r) {
+      if (k++ % arch::kWarpSize == lane) row_fields_of(p, c, seq, r);
+    });
+  }
+
+  RAILYARD_DEVICE static void row_fields_of(const Params& p, const Context& c, uint64_t seq, int64_t r) {
     const int El = c.num_local_experts;
     const int ns = c.num_scales;
     uint8_t* self = p.domain.self();
-    Pipeline pipe(s.copy_pipe, p.domain.wait());
-    PipelineState state;
-    for_each_in_my_chunks(c.copy_rows, p.chunk_rows, [&](int64_t r) {
-      // The leader's wait on the first slot orders the header (acquired by
-      // CopyOutLoad before it filled the slot); the warp barrier passes it on.
-      if (leader) pipe.consumer_wait(state);
-      __syncwarp();
-      const layout::RowHeader header = arch::ld_global(c.layout.header(self, r));
-      const layout::HeaderEntry* entries = c.layout.header_entries(self, r);
-      const bool copied = row_is_copied(c, self, r);
+    const layout::RowHeader* row_header = c.layout.header(self, r);
+    pipeline::wait_at_least_acquire(&row_header->seq, seq,
+                                    {"dispatch: row header seq of received row", r, static_cast<int64_t>(seq)},
+                                    p.domain.wait());
+    const layout::RowHeader header = arch::ld_global(row_header);
+    const layout::HeaderEntry* entries = c.layout.header_entries(self, r);
+    const float* src_scales = c.layout.stage_scales(self, r);
 
-      // The row bytes, piece by piece, to its received row or to each kept permuted row.
-      if (leader) {
-        for (uint32_t offset = 0; copied && offset < c.row_bytes; offset += SlotBytes) {
-          const uint32_t bytes = piece_bytes(c.row_bytes, offset);
-          if (offset > 0) pipe.consumer_wait(state);
-          if (!c.grouped) {
-            arch::bulk_copy_s2g(p.out_hidden + r * c.row_bytes + offset, s.copy_slots[state.index], bytes);
-          } else {
-            for (int e = 0; e < header.num_entries; ++e) {
-              const int32_t pos = arch::ld_global(&entries[e].permuted_pos);
-              if (pos < 0 || pos >= c.permuted_keep) continue;
-              arch::bulk_copy_s2g(p.out_hidden + static_cast<int64_t>(pos) * c.row_bytes + offset,
-                                  s.copy_slots[state.index], bytes);
-            }
-          }
-          arch::bulk_commit_group();
-          arch::bulk_wait_group_read<0>();
-          pipe.consumer_release(state);
-          ++state;
-        }
-        if (!copied) {
-          pipe.consumer_release(state);
-          ++state;
+    // Per received row (below max_recv_rows): source, routing map, received probs and
+    // scales.
+    if (r < c.recv_keep) {
+      if (p.out_src_rank != nullptr) arch::st_global(p.out_src_rank + r, static_cast<int32_t>(header.src_rank));
+      if (p.out_src_token != nullptr) arch::st_global(p.out_src_token + r, header.src_token);
+      const bool received_probs = !c.grouped && p.out_probs != nullptr;
+      // Zeros for every local expert, then the chosen ones (the same thread's later
+      // store to the same address wins).
+      for (int j = 0; j < El; ++j) {
+        if (p.out_routing_map != nullptr) arch::st_global(p.out_routing_map + r * El + j, uint8_t{0});
+        if (received_probs) arch::st_global(p.out_probs + r * El + j, 0.0f);
+      }
+      for (int e = 0; e < header.num_entries; ++e) {
+        const int32_t j = arch::ld_global(&entries[e].local_expert);
+        if (j < 0 || j >= El) continue;
+        if (p.out_routing_map != nullptr) arch::st_global(p.out_routing_map + r * El + j, uint8_t{1});
+        if (received_probs) arch::st_global(p.out_probs + r * El + j, arch::ld_global(&entries[e].prob));
+      }
+      if (!c.grouped) {
+        for (int i = 0; i < ns; ++i) arch::st_global(p.out_scales + r * ns + i, arch::ld_global(src_scales + i));
+      }
+    }
+    // The handle's expert side (rows it describes).
+    if (r < c.handle_rows) {
+      arch::st_global(p.handle.recv_src + 2 * r, static_cast<int32_t>(header.src_rank));
+      arch::st_global(p.handle.recv_src + 2 * r + 1, header.src_token);
+      arch::st_global(p.handle.recv_num_entries + r, static_cast<int32_t>(header.num_entries));
+      for (int e = 0; e < header.num_entries; ++e) {
+        const layout::RecvEntry entry{arch::ld_global(&entries[e].local_expert),
+                                      arch::ld_global(&entries[e].permuted_pos)};
+        arch::st_global(p.handle.recv_entries + r * c.max_entries + e, entry);
+      }
+    }
+    // Per kept permuted row: prob, received row, scales.
+    if (c.grouped) {
+      for (int e = 0; e < header.num_entries; ++e) {
+        const int32_t pos = arch::ld_global(&entries[e].permuted_pos);
+        if (pos < 0 || pos >= c.permuted_keep) continue;
+        if (p.out_probs != nullptr) arch::st_global(p.out_probs + pos, arch::ld_global(&entries[e].prob));
+        if (p.out_recv_row != nullptr) arch::st_global(p.out_recv_row + pos, r);
+        for (int i = 0; i < ns; ++i) {
+          arch::st_global(p.out_scales + static_cast<int64_t>(pos) * ns + i, arch::ld_global(src_scales + i));
         }
       }
-
-      // Per received row (below max_recv_rows): source, routing map, received probs
-      // and scales, and the handle's expert side.
-      if (r < c.recv_keep) {
-        if (lane == 0) {
-          if (p.out_src_rank != nullptr) arch::st_global(p.out_src_rank + r, static_cast<int32_t>(header.src_rank));
-          if (p.out_src_token != nullptr) arch::st_global(p.out_src_token + r, header.src_token);
-        }
-        const bool received_probs = !c.grouped && p.out_probs != nullptr;
-        if (p.out_routing_map != nullptr || received_probs) {
-          for (int j = lane; j < El; j += static_cast<int>(arch::kWarpSize)) {
-            uint8_t chosen = 0;
-            float prob = 0.0f;
-            for (int e = 0; e < header.num_entries; ++e) {
-              if (arch::ld_global(&entries[e].local_expert) != j) continue;
-              chosen = 1;
-              prob = arch::ld_global(&entries[e].prob);
-              break;
-            }
-            if (p.out_routing_map != nullptr) arch::st_global(p.out_routing_map + r * El + j, chosen);
-            if (received_probs) arch::st_global(p.out_probs + r * El + j, prob);
-          }
-        }
-        if (!c.grouped) {
-          const float* src_scales = c.layout.stage_scales(self, r);
-          for (int i = lane; i < ns; i += static_cast<int>(arch::kWarpSize)) {
-            arch::st_global(p.out_scales + r * ns + i, arch::ld_global(src_scales + i));
-          }
-        }
-      }
-      if (r < c.handle_rows) {
-        if (lane == 0) {
-          arch::st_global(p.handle.recv_src + 2 * r, static_cast<int32_t>(header.src_rank));
-          arch::st_global(p.handle.recv_src + 2 * r + 1, header.src_token);
-          arch::st_global(p.handle.recv_num_entries + r, static_cast<int32_t>(header.num_entries));
-        }
-        for (int e = lane; e < header.num_entries; e += static_cast<int>(arch::kWarpSize)) {
-          const layout::RecvEntry entry{arch::ld_global(&entries[e].local_expert),
-                                        arch::ld_global(&entries[e].permuted_pos)};
-          arch::st_global(p.handle.recv_entries + r * c.max_entries + e, entry);
-        }
-      }
-
-      // Per kept permuted row: prob, received row, scales.
-      if (c.grouped) {
-        for (int e = 0; e < header.num_entries; ++e) {
-          const int32_t pos = arch::ld_global(&entries[e].permuted_pos);
-          if (pos < 0 || pos >= c.permuted_keep) continue;
-          if (lane == 0) {
-            if (p.out_probs != nullptr) arch::st_global(p.out_probs + pos, arch::ld_global(&entries[e].prob));
-            if (p.out_recv_row != nullptr) arch::st_global(p.out_recv_row + pos, r);
-          }
-          const float* src_scales = c.layout.stage_scales(self, r);
-          for (int i = lane; i < ns; i += static_cast<int>(arch::kWarpSize)) {
-            arch::st_global(p.out_scales + static_cast<int64_t>(pos) * ns + i, arch::ld_global(src_scales + i));
-          }
-        }
-      }
-    });
-
-    if (c.grouped) zero_padding_rows(p, c, s, leader, lane);
-    // The slots must be read before the block retires. The writes (this rank's
-    // outputs) need no wait: rows sent to peers were waited for before their headers'
-    // release, and the kernel's completion orders the rest before later work.
-    if (leader) arch::bulk_wait_group_read<0>();
+    }
   }
 
   // Padding rows of the grouped layout: [start_j + unpadded_j, start_j + padded_j) for

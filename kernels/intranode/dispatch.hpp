@@ -49,7 +49,9 @@ struct DispatchArguments {
   int32_t* out_src_token = nullptr;    // [rows]
 
   // Blocks (channels) of the launch, 1..SM count; each takes every num_blocks-th
-  // chunk of chunk_rows tokens (send side) and of chunk_rows received rows (copy-out).
+  // chunk of tokens (send side) and of received rows (copy-out). A chunk holds
+  // chunk_rows items, or fewer when that many would leave blocks idle: ceil(count /
+  // num_blocks), at least 1.
   int num_blocks = 1;
   int chunk_rows = 64;
 };

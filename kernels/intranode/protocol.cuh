@@ -62,6 +62,29 @@ struct DomainParams {
                            b, c RAILYARD_LOC_ARG);
 }
 
+// Calls fn(first, n) for the items [0, count) of this block, n <= batch consecutive
+// items at a time: chunks blockIdx.x, +gridDim.x, ... of chunk_rows items each, or of
+// ceil(count / gridDim.x) when that is fewer, so that a small count still spreads over
+// every block; a batch never crosses a chunk. Roles that must visit the same items
+// call it with the same count and chunk_rows.
+template <class Fn>
+RAILYARD_DEVICE void for_each_batch_in_block_chunks(int64_t count, int64_t chunk_rows, int batch, Fn&& fn) {
+  const int64_t blocks = static_cast<int64_t>(gridDim.x);
+  int64_t chunk = count > blocks ? (count + blocks - 1) / blocks : 1;
+  if (chunk > chunk_rows) chunk = chunk_rows;
+  const int64_t stride = blocks * chunk;
+  for (int64_t begin = static_cast<int64_t>(blockIdx.x) * chunk; begin < count; begin += stride) {
+    const int64_t end = begin + chunk < count ? begin + chunk : count;
+    for (int64_t i = begin; i < end; i += batch) fn(i, static_cast<int>(end - i < batch ? end - i : batch));
+  }
+}
+
+// The same, one item at a time: fn(i).
+template <class Fn>
+RAILYARD_DEVICE void for_each_in_block_chunks(int64_t count, int64_t chunk_rows, Fn&& fn) {
+  for_each_batch_in_block_chunks(count, chunk_rows, 1, [&](int64_t i, int) { fn(i); });
+}
+
 // Sequence numbers are 64-bit and never wrap (2^64 operations). Row headers compare
 // them whole. The count flags hold the low 32 bits: every operation of every rank
 // rewrites them, so a flag is at most two operations away from the current `seq`,
@@ -159,9 +182,13 @@ RAILYARD_DEVICE bool arrived_operation(const DomainParams& p, int peer, uint64_t
                            d.theirs, d.rank0s RAILYARD_LOC_ARG);
 }
 
-// Run by one warp of block 0 after the entry barrier of operation `seq`: every rank's
+// Run by every warp after the entry barrier of operation `seq`: every rank's
 // descriptor must equal rank 0's, and the first rank that differs is reported, so
-// every rank reports the same disagreement. Each slot holds its rank's descriptor of
+// every rank reports the same disagreement. Only block 0 reports it (its threads have
+// stored this rank's flags on every peer, so the trap cannot keep a peer from passing
+// the barrier and reporting too); the warps of other blocks wait for that report
+// instead of running an operation the ranks disagree on, which could write past the
+// caller's buffers (the handle says one thing, the peers do another). Each slot holds its rank's descriptor of
 // operation `seq`: written before the flag this block acquired, and not overwritten
 // yet, because the next write to a slot of this parity is for operation seq + 2,
 // which no peer can start before this rank finished operation seq (the handshake of
@@ -177,6 +204,12 @@ RAILYARD_DEVICE void check_same_operation(const DomainParams& p, uint64_t seq RA
             ? first_difference(arch::ld_global(layout.op_descriptor(p.self(), parity, r) RAILYARD_LOC_ARG), rank0s)
             : OperationDifference{};
     const uint32_t differs = __ballot_sync(arch::kFullWarpMask, d.reason != pipeline::AbortReason::None);
+    if (differs != 0u && blockIdx.x != 0) {
+      pipeline::timeout_while([] { return true; },
+                              {"entry barrier: block 0's report of a mismatched operation with rank (index)",
+                               base + __ffs(static_cast<int>(differs)) - 1, static_cast<int64_t>(seq)},
+                              p.handshake_wait() RAILYARD_LOC_ARG);
+    }
     if (differs != 0u) {
       const int first = __ffs(static_cast<int>(differs)) - 1;
       const auto reason = __shfl_sync(arch::kFullWarpMask, static_cast<int32_t>(d.reason), first);
@@ -219,11 +252,7 @@ RAILYARD_DEVICE void entry_barrier(const DomainParams& p, uint64_t seq,
     if (in_metadata) report_mixed_handshakes(p, seq RAILYARD_LOC_ARG);
   }
   __syncthreads();  // every peer's descriptor is acquired by some thread of the block
-  // In block 0 only: its threads have stored this rank's flags on every peer before
-  // the barrier above, so the trap cannot keep a peer from passing and reporting too.
-  // The other warps and blocks do not wait for the check: a mismatch traps every
-  // rank's context, and a dead context's buffers are not read again.
-  if (blockIdx.x == 0 && arch::warp_idx() == 0) check_same_operation(p, seq RAILYARD_LOC_ARG);
+  check_same_operation(p, seq RAILYARD_LOC_ARG);
   // The barrier is acquired with generic loads; what follows touches staging with TMA
   // (async proxy): peers' rows this rank overwrites, and its own rows peers read last
   // operation. PTX orders the two proxies only through a proxy fence, so every thread

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 
+#include "railyard/arch/bulk_copy.cuh"
 #include "railyard/arch/mbarrier.cuh"
 #include "railyard/common/macros.cuh"
 #include "railyard/pipeline/wait.cuh"
@@ -126,6 +127,48 @@ class Pipeline {
 
   SharedStorage& storage_;
   WaitPolicy wait_;
+};
+
+// The consumer side of a FIFO whose slots one thread's bulk stores read, one bulk
+// group per slot (an empty group for a slot with nothing to store). A slot goes back
+// to its producer once ReadLag later groups have been committed after it and the
+// stores have read it (cp.async.bulk.wait_group.read), so up to ReadLag + 1 slots are
+// being read at once instead of one. Bulk groups belong to the issuing thread: one
+// thread uses it.
+template <int Stages, int ReadLag>
+struct BulkConsumer {
+  static_assert(ReadLag >= 0 && (ReadLag < Stages || Stages == 1), "the producer must have a slot to fill");
+  Pipeline<Stages> pipe;
+  PipelineState<Stages> next;    // the next slot to wait for
+  PipelineState<Stages> oldest;  // the oldest slot taken and not given back
+  uint32_t committed = 0;        // bulk groups (slots) committed
+  uint32_t given_back = 0;       // slots given back
+
+  RAILYARD_DEVICE BulkConsumer(typename Pipeline<Stages>::SharedStorage& storage, const WaitPolicy& wait)
+      : pipe(storage, wait) {}
+  // Waits until the next slot is full; returns its index.
+  RAILYARD_DEVICE uint32_t wait(RAILYARD_LOC_ONLY_PARAM) {
+    pipe.consumer_wait(next RAILYARD_LOC_ARG);
+    return next.index;
+  }
+  // After the slot's bulk stores (none for a slot with nothing to store).
+  RAILYARD_DEVICE void commit(RAILYARD_LOC_ONLY_PARAM) {
+    arch::bulk_commit_group(RAILYARD_LOC_ONLY_ARG);
+    ++next;
+    ++committed;
+    arch::bulk_wait_group_read<ReadLag>(RAILYARD_LOC_ONLY_ARG);
+    give_back(committed > ReadLag ? committed - ReadLag : 0);
+  }
+  // Gives back every slot below `upto` (counted in groups) not given back yet: their
+  // stores have read them.
+  RAILYARD_DEVICE void give_back(uint32_t upto) {
+    for (; given_back < upto; ++given_back, ++oldest) pipe.consumer_release(oldest);
+  }
+  // Every store has read its slot; every slot is given back.
+  RAILYARD_DEVICE void finish(RAILYARD_LOC_ONLY_PARAM) {
+    arch::bulk_wait_group_read<0>(RAILYARD_LOC_ONLY_ARG);
+    give_back(committed);
+  }
 };
 
 }  // namespace railyard::pipeline

@@ -121,4 +121,17 @@ RAILYARD_DEVICE void timeout_while(StillWaiting&& still_waiting, const WaitTarge
   }
 }
 
+// Waits until *flag >= value, bounded like timeout_while, and acquires it at system
+// scope: one ld.acquire.sys when the value is already there, else relaxed polls and
+// one ld.acquire.sys once it is. An acquire above block scope invalidates the SM's L1
+// (CCTL.IVALL after the load), so spinning with it would keep emptying L1 under the
+// other warps of the block.
+RAILYARD_DEVICE void wait_at_least_acquire(const uint64_t* flag, uint64_t value, const WaitTarget& target,
+                                           const WaitPolicy& policy RAILYARD_LOC_PARAM) {
+  if (arch::ld_acquire_sys(flag RAILYARD_LOC_ARG) >= value) return;
+  timeout_while([&] { return arch::ld_relaxed_sys(flag RAILYARD_LOC_ARG) < value; }, target,
+                policy RAILYARD_LOC_ARG);
+  (void)arch::ld_acquire_sys(flag RAILYARD_LOC_ARG);
+}
+
 }  // namespace railyard::pipeline
