@@ -565,10 +565,11 @@ struct Combine {
                                     staged - published == kPendingRows);
       }
     }
-    // Every store has read its slot. Their writes (this rank's combined rows) need no
-    // wait: every staged row was waited for before its release, and the kernel's
-    // completion orders the rest before later work.
-    fifo.finish();
+    // No wait here: the done slot's empty group was committed after every store, and
+    // its commit waited until all groups but that one had read their slots. The
+    // stores' writes (this rank's combined rows) need none: every staged row was waited
+    // for before its release, and the kernel's completion orders the rest before later
+    // work.
   }
 
   // Releases `seq` of the staged rows [published, staged) whose stores have completed,

@@ -535,13 +535,13 @@ struct Dispatch {
           fifo.commit();
         }
       });
-      // The slots must be read before the block retires. The writes (this rank's
-      // outputs) need no wait: rows sent to peers were waited for before their headers'
-      // release, and the kernel's completion orders the rest before later work.
-      fifo.finish();
     }
-    __syncwarp();
+    // The padding rows touch nothing the loop above did (the zero slot, other rows).
     if (c.grouped) zero_padding_rows(p, c, s, leader, static_cast<int>(arch::lane_idx()));
+    // The slots must be read before the block retires (the last one is never given
+    // back: CopyOutLoad has nothing left to put in it). The writes (this rank's
+    // outputs) need no wait: rows sent to peers were waited for before their headers'
+    // release, and the kernel's completion orders the rest before later work.
     if (leader) arch::bulk_wait_group_read<0>();
   }
 

@@ -4,10 +4,15 @@
 //
 // One block of one warp per rank. Tokens go in tiles of 32, one per lane. Positions
 // must follow token order (the canonical received order), and a token's experts on a
-// rank may sit in any of its top-k slots, so positions are given key by key: the warp
-// takes the smallest key (destination rank, or global expert) any lane still holds,
-// ballots which lanes hold it, and gives them running + rank-among-lower-lanes.
-// Iterations per tile = distinct keys in the tile (at most R, resp. 32 x K).
+// rank may sit in any of its top-k slots. Destination ranks are given key by key: the
+// warp takes the smallest rank any lane still holds, ballots which lanes hold it, and
+// gives them running + rank-among-lower-lanes (iterations per tile: distinct ranks in
+// the tile, at most R). Experts, of which a tile may hold up to 32 x K distinct ones,
+// go through a per-expert mask of the tile's lanes in shared memory instead: every lane
+// sets its bit in the masks of its experts (atomicOr, so the result does not depend on
+// the order), then reads running + the bits below its own; the lowest lane of each
+// expert advances its counter, and every lane clears its bits (atomicAnd): four passes
+// over the lane's K slots a tile, however many distinct experts.
 //
 // Phases: (1) normalise routing to slots and count, writing local positions into the
 // handle; (2) publish this rank's count row to every rank; (3) wait for every rank's
@@ -55,9 +60,11 @@ struct Metadata {
     int64_t recv_capacity;
   };
 
-  // This rank's count row while counting, then the global offsets (phase 5).
+  // This rank's count row while counting, then the global offsets (phase 5); per
+  // global expert, the lanes of the current tile that chose it (zero between tiles).
   struct SharedStorage {
     alignas(16) arch::SharedVar<int32_t> row[kMaxCountRowInts];
+    arch::SharedVar<uint32_t> lanes_of_expert[layout::kMaxRanksPerDomain * layout::kMaxLocalExperts];
   };
   static_assert(sizeof(SharedStorage) <= 227 * 1024, "metadata shared memory exceeds the per-block budget");
 
@@ -92,6 +99,7 @@ struct Metadata {
     const uint64_t seq = op_begin(dom);
 
     for (int i = static_cast<int>(lane); i < row_ints; i += 32) row[i].store(0);
+    for (int e = static_cast<int>(lane); e < E; e += 32) storage.lanes_of_expert[e].store(0u);
     __syncwarp();
     if (lane == 0) {
       arch::st_global(h.made_by_op, seq);  // the handle's identity (entry_barrier)
@@ -126,32 +134,43 @@ struct Metadata {
         __syncwarp();
         if (lane == 0) row[layout::count_to_rank(d)].store(row[layout::count_to_rank(d)].load() + __popc(holders));
         // No warp barrier: the next iteration reads another rank's counter (d grows),
-        // and the expert loop below, whose warp barriers come next, has an iteration
-        // for every token that reaches this line.
+        // and the expert passes below read experts' counters only after their own warp
+        // barrier, as does the next tile (the barrier that ends this one).
       }
-      // Experts, in ascending order of global expert id.
-      int last = -1;
-      for (;;) {
-        int my_next = E;
-        int my_slot = -1;
-        for (int k = 0; valid && k < K; ++k) {
-          const int e = arch::ld_global(&h.slot_expert[int64_t{t} * K + k]);
-          if (e > last && e < my_next) {
-            my_next = e;
-            my_slot = k;
-          }
-        }
-        const int e = warp_min(my_next);
-        if (e >= E) break;
-        const bool mine = my_next == e;
-        const uint32_t holders = __ballot_sync(arch::kFullWarpMask, mine);
+      // Experts: every lane marks its experts, then takes running + the marks below it;
+      // the lowest lane of each expert then advances its counter; every lane clears its
+      // marks.
+      const int32_t* experts = &h.slot_expert[int64_t{t} * K];
+      for (int k = 0; valid && k < K; ++k) {
+        const int e = arch::ld_global(&experts[k]);
+        if (e >= 0) storage.lanes_of_expert[e].fetch_or(1u << lane);
+      }
+      __syncwarp();
+      for (int k = 0; valid && k < K; ++k) {
+        const int e = arch::ld_global(&experts[k]);
+        if (e < 0) continue;
+        const uint32_t lanes = storage.lanes_of_expert[e].load();
         const int key = layout::count_to_expert(R, El, e / El, e % El);
-        if (mine) arch::st_global(&h.slot_pos[int64_t{t} * K + my_slot], row[key].load() + __popc(holders & lower_lanes));
-        __syncwarp();
-        if (lane == 0) row[key].store(row[key].load() + __popc(holders));
-        __syncwarp();
-        last = e;
+        arch::st_global(&h.slot_pos[int64_t{t} * K + k], row[key].load() + __popc(lanes & lower_lanes));
       }
+      __syncwarp();
+      for (int k = 0; valid && k < K; ++k) {
+        const int e = arch::ld_global(&experts[k]);
+        if (e < 0) continue;
+        const uint32_t lanes = storage.lanes_of_expert[e].load();
+        if (lanes & lower_lanes) continue;  // one lane a key writes its counter
+        const int key = layout::count_to_expert(R, El, e / El, e % El);
+        row[key].store(row[key].load() + __popc(lanes));
+      }
+      // Every mask read above; each lane clears its own bits (atomically: other lanes
+      // clear theirs in the same words).
+      __syncwarp();
+      for (int k = 0; valid && k < K; ++k) {
+        const int e = arch::ld_global(&experts[k]);
+        if (e >= 0) storage.lanes_of_expert[e].fetch_and(~(1u << lane));
+      }
+      // No warp barrier: the next tile's first accesses to masks are atomics, and it
+      // reads masks and expert counters only after its own warp barrier.
     }
 
     // ---- (2) publish this rank's count row to every rank (itself included) ----------

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "railyard/arch/fault.cuh"
 #include "railyard/arch/memory.cuh"
@@ -82,6 +83,24 @@ class SharedVar {
       for (int i = 0; i < kWords; ++i) words[i] = ld_shared(reinterpret_cast<const uint64_t*>(&value_) + i RAILYARD_LOC_ARG);
       return detail::bit_cast<T>(words);
     }
+  }
+  // atomicOr / atomicAnd on the variable (32-bit unsigned only): threads that set or
+  // clear bits of the same word concurrently all have their way, in any order.
+  RAILYARD_DEVICE void fetch_or(T bits RAILYARD_LOC_PARAM) {
+    static_assert(std::is_same_v<T, uint32_t>, "fetch_or: a 32-bit unsigned SharedVar");
+#if RAILYARD_IS_SIM
+    atomicOr(&value_, bits, railyard_loc);
+#else
+    atomicOr(&value_, bits);
+#endif
+  }
+  RAILYARD_DEVICE void fetch_and(T bits RAILYARD_LOC_PARAM) {
+    static_assert(std::is_same_v<T, uint32_t>, "fetch_and: a 32-bit unsigned SharedVar");
+#if RAILYARD_IS_SIM
+    atomicAnd(&value_, bits, railyard_loc);
+#else
+    atomicAnd(&value_, bits);
+#endif
   }
   RAILYARD_DEVICE void store(const T& value RAILYARD_LOC_PARAM) {
     if constexpr (kOneAccess) {

@@ -164,11 +164,6 @@ struct BulkConsumer {
   RAILYARD_DEVICE void give_back(uint32_t upto) {
     for (; given_back < upto; ++given_back, ++oldest) pipe.consumer_release(oldest);
   }
-  // Every store has read its slot; every slot is given back.
-  RAILYARD_DEVICE void finish(RAILYARD_LOC_ONLY_PARAM) {
-    arch::bulk_wait_group_read<0>(RAILYARD_LOC_ONLY_ARG);
-    give_back(committed);
-  }
 };
 
 }  // namespace railyard::pipeline
