@@ -12,19 +12,19 @@
 //   stage job (received row r of this rank; local): sources are the caller's expert
 //     output rows of r (one in the received layout, one per surviving local expert
 //     in the permuted layout), summed in local-expert order and rounded once (the
-//     unpermute); destination: this rank's own staging row r. After its last piece
-//     is written, the row header's `seq` is released, so home ranks may pull it.
-//     Rows with nothing to send (dropped by a bound) get `num_entries` 0 and `seq`
-//     at once, without passing through the FIFO.
+//     unpermute); destination: this rank's own staging row r. Once it has landed,
+//     its header's `seq` is released (batched; all of them at the stage jobs' end),
+//     so home ranks may pull it. Rows with nothing to send (dropped by a bound) get
+//     `num_entries` 0 and `seq` at once, without passing through the FIFO.
 //   gather job (home token t of this rank; NVLink pull): sources are the staged rows
 //     of t on every rank d that holds one, in ascending d, read over the peer mapping
 //     once their header `seq` is released; the sum is rounded to BF16 per NVLink
 //     domain, then the domain partials are summed and rounded (semantics.md 7);
 //     destination: the caller's out[t]. A token with no source gets zeros.
 //
-// A block runs all its stage jobs before its gather jobs. Stage jobs never wait on
-// another rank, so every row a gather job waits for is staged by a block that cannot
-// be blocked by it: no deadlock, and no cross-block communication inside a rank.
+// A block runs (and publishes) all its stage jobs before its gather jobs. Stage jobs
+// never wait on another rank, so every row a gather job waits for is staged by a
+// block that cannot be blocked by it: no deadlock, no cross-block communication.
 //
 // Rows travel in pieces of SlotBytes; reduction warps split a piece by 16-byte
 // vectors, so each reduction lane keeps only 2 x 8 x ceil(SlotBytes / 2 KiB) fp32
