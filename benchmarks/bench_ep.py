@@ -335,7 +335,11 @@ def _simulate(p, T, inputs, expected, sms, timed):
                 start = railyard.sim.record_event()
             result = op()
             if timed:
-                times[n][rank] = railyard.sim.elapsed_us(start, railyard.sim.record_event())
+                stop = railyard.sim.record_event()
+                # Every rank's operation is enqueued before any host waits (which runs the
+                # simulated devices; a host thread has no clock), as in railyard_bench_ep.
+                barrier()
+                times[n][rank] = railyard.sim.elapsed_us(start, stop)
             barrier()
             if rank == 0:
                 written, read = _pair_matrices(railyard.sim.traffic(), R)

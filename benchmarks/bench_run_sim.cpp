@@ -285,7 +285,13 @@ Pass run_pass(const Params& p, const std::vector<ref::RankInput>& inputs, const 
         gpu::event_record(start, stream);
       }
       auto result = call();
-      if (timed) gpu::event_record(stop, stream);
+      if (timed) {
+        gpu::event_record(stop, stream);
+        // Every rank's operation is enqueued before any host waits, which is what runs the
+        // simulated devices: a host thread has no clock, and a rank whose launch arrived
+        // while the others already ran would start at whatever time they had reached.
+        bootstrap->barrier();
+      }
       gpu::stream_synchronize(stream);
       if (timed) {
         op_us[op][rank] = 1e3 * gpu::event_elapsed_ms(start, stop).value();  // the timed mode has a clock
