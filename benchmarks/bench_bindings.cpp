@@ -209,7 +209,7 @@ PYBIND11_MODULE(_bench, m) {
   m.def("sms_to_fill", &sms_to_fill, py::arg("gpu"), py::arg("bytes"), py::arg("tokens") = 0);
 
   m.attr("SIM_TIMED_MAX_SMS") = kSimTimedMaxSms;
-  m.attr("SIMULATED_KIND") = kSimulatedKind;
+  m.attr("SIMULATED_KIND") = simulated_kind("h100");
   m.def(
       "sim_bound",
       [](double time_us, const std::vector<std::vector<std::pair<std::string, double>>>& busy) {

@@ -40,14 +40,15 @@ const char* const kUsage =
     "usage: %s [--preset seed|deepep] [--hidden H] [--tokens T] [--ranks R] [--experts-per-rank E]\n"
     "          [--topk K] [--dtype bf16|fp8] [--skew S] [--sms N | --sms-sweep 1,2,4,...]\n"
     "          [--layout received|grouped|both] [--pad-multiple P] [--iters N] [--warmup N] [--seed S]\n"
-    "          [--json FILE] [--sim-tokens T] [--sim-full] [--no-sim-timed] [--preemption P]\n"
+    "          [--json FILE] [--sim-tokens T] [--sim-full] [--no-sim-timed] [--sim-gpu h100|b200] [--preemption P]\n"
     "          [--host-overhead-iters N]\n"
     "          [--model-fixed-us U] [--model-token-latency-us U]\n"
     "  presets: seed   = hidden 8192, BF16, 4096 tokens/rank, 2 experts/rank, top-8, uniform, 8 ranks (default)\n"
     "           deepep = hidden 7168, FP8, 4096 tokens/rank, 256 experts (32/rank), top-8, uniform, 8 ranks\n"
     "  simulator: runs --sim-tokens (default 128) tokens per rank, or --tokens with --sim-full (slow),\n"
     "             checked; then once per SM count in its timed mode (SIMULATED times; --no-sim-timed skips);\n"
-    "             the roofline model's upper bound is for --tokens from the routing's closed-form bytes.\n";
+    "             the roofline model's upper bound is for --tokens from the routing's closed-form bytes;\n"
+    "             --sim-gpu picks the simulated GPUs' preset (h100, the default, or b200).\n";
 
 bool parse_int_list(const std::string& s, std::vector<int>* out) {
   out->clear();
@@ -99,6 +100,7 @@ bool parse(int argc, char** argv, Params* p) {
     else if (arg == "--seed") p->seed = std::strtoull(v.c_str(), nullptr, 10);
     else if (arg == "--json") p->json = v;
     else if (arg == "--sim-tokens") p->sim_tokens = std::atoll(v.c_str());
+    else if (arg == "--sim-gpu" && (v == "h100" || v == "b200")) p->sim_gpu = v;
     else if (arg == "--preemption") p->preemption = std::atof(v.c_str());
     else if (arg == "--host-overhead-iters") p->host_overhead_iters = std::atoi(v.c_str());
     else if (arg == "--model-fixed-us") p->model_fixed_us = std::atof(v.c_str());
@@ -227,16 +229,16 @@ void json_model(Json& j, const char* key, const Params& p, const std::vector<Mod
 }
 
 // The timed runs' rows of one operation: printed, and the JSON's `simulated` list.
-void print_simulated(Json& j, const OpResult& op, int64_t tokens) {
-  std::printf("  SIMULATED on simulated H100s (timed mode, %lld tokens/rank; NOT a measurement; us, GB/s):\n",
-              static_cast<long long>(tokens));
+void print_simulated(Json& j, const OpResult& op, int64_t tokens, const std::string& gpu) {
+  std::printf("  SIMULATED on simulated %ss (timed mode, %lld tokens/rank; NOT a measurement; us, GB/s):\n",
+              gpu == "b200" ? "B200" : "H100", static_cast<long long>(tokens));
   std::printf("    %5s %10s %9s %9s  %-10s %s\n", "SMs", "time", "algbw", "busbw", "bound", "busiest resource");
   j.begin_array("simulated");
   for (const Simulated& s : op.simulated) {
     std::printf("    %5d %10.1f %9.1f %9.1f  %-10s %s %.0f%%%s\n", s.sms, s.time_us, s.algbw_gbps, s.busbw_gbps,
                 s.bound.bound.c_str(), s.bound.busiest.c_str(), 100 * s.bound.busiest_fraction,
                 s.mismatches ? "  <-- outputs MISMATCH" : "");
-    j.begin_object().str("kind", kSimulatedKind);
+    j.begin_object().str("kind", simulated_kind(gpu));
     j.integer("sms", s.sms).integer("tokens_per_rank", tokens).num("sim_time_us", s.time_us);
     j.num("sim_algbw_gbps", s.algbw_gbps).num("sim_busbw_gbps", s.busbw_gbps).str("sim_bound", s.bound.bound);
     j.str("sim_busiest", s.bound.busiest).num("sim_busiest_fraction", s.bound.busiest_fraction);
@@ -318,7 +320,7 @@ int main(int argc, char** argv) {
   j.integer("experts", p.num_experts()).integer("topk", p.topk).str("dtype", dtype_name(p.dtype)).num("skew", p.skew);
   j.integer("pad_multiple", p.pad_multiple).integer("iters", p.iters).integer("warmup", p.warmup);
   j.uinteger("seed", p.seed).integer("dispatch_row_bytes", p.dispatch_row_bytes());
-  if (kSim) j.integer("sim_blocks", p.sim_sms).num("sim_preemption", p.preemption).boolean("sim_timed", p.sim_timed);
+  if (kSim) j.integer("sim_blocks", p.sim_sms).num("sim_preemption", p.preemption).boolean("sim_timed", p.sim_timed).str("sim_gpu", p.sim_gpu);
   j.integer("combine_row_bytes", p.combine_row_bytes()).begin_array("sms");
   for (int s : p.sms) j.integer(nullptr, s);
   j.end_array().end_object();
@@ -368,7 +370,7 @@ int main(int argc, char** argv) {
       j.end_array().end_object();
       if (op.op == Op::Combine && i >= 1 && res.ops[i - 1].has_traffic) print_links(res.ops[i - 1], op, run_pairs, p.ranks);
     }
-    if (!op.simulated.empty()) print_simulated(j, op, res.tokens);
+    if (!op.simulated.empty()) print_simulated(j, op, res.tokens, p.sim_gpu);
     if (!op.measured.empty()) {
       std::printf("  MEASURED (%d iterations after %d warm-up; us; GB/s):\n", p.iters, p.warmup);
       std::printf("    %5s %10s %10s %10s %10s %10s %9s %9s\n", "SMs", "median", "min", "p10", "p90", "max", "algbw",

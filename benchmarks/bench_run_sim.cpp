@@ -1,5 +1,5 @@
 // railyard_bench_ep on Railyard's CPU simulator: every operation runs once through
-// railyard::Buffer on R simulated H100s, every output is compared bit for bit with
+// railyard::Buffer on R simulated H100s (or B200s, --sim-gpu), every output is compared bit for bit with
 // railyard::reference, and the NVLink bytes of every operation (sim::traffic()) are
 // compared with the minimum of docs/design-intranode.md "Traffic accounting".
 // Per layout:
@@ -27,6 +27,8 @@ namespace {
 namespace ref = railyard::reference;
 namespace gpu = railyard::runtime::gpu;
 using Clock = std::chrono::steady_clock;
+
+sim::DeviceProps sim_props(const Params& p) { return p.sim_gpu == "b200" ? sim::b200_props() : sim::h100_props(); }
 
 // Elements of `got` that differ from `want`, bytewise; a length difference counts.
 template <class T>
@@ -166,7 +168,7 @@ HostOverhead host_overhead(const Params& full) {
   const auto rows = make_rows(p, T, p.seed);
   const auto inputs = reference_inputs(p, rows, routing, T);
   sim::reset(sim::Config{.seed = p.seed, .preemption = p.preemption});
-  for (int r = 0; r < p.ranks; ++r) sim::add_device(sim::h100_props());
+  for (int r = 0; r < p.ranks; ++r) sim::add_device(sim_props(p));
   auto group = runtime::make_sim_group(p.ranks);
   std::vector<std::vector<double>> dispatch_us(p.ranks), combine_us(p.ranks);
   sim::run_ranks(p.ranks, [&](int rank) {
@@ -239,7 +241,7 @@ Pass run_pass(const Params& p, const std::vector<ref::RankInput>& inputs, const 
   std::vector<runtime::GpuEvent> ready(R);
   for (auto& e : ready) e = gpu::event_create();
   sim::reset(sim::Config{.seed = p.seed, .preemption = p.preemption, .timed = timed});
-  for (int r = 0; r < R; ++r) sim::add_device(sim::h100_props());  // one NVLink domain
+  for (int r = 0; r < R; ++r) sim::add_device(sim_props(p));  // one NVLink domain
   auto group = runtime::make_sim_group(R);
   const BufferConfig config = buffer_config(p, T);
   std::mutex error_mutex;
@@ -371,7 +373,7 @@ RunResult run(const Params& p) {
   const auto start = Clock::now();
   RunResult res;
   res.flavour = "simulator";
-  res.device = "simulated H100 (Railyard CPU simulator)";
+  res.device = std::string("simulated ") + (p.sim_gpu == "b200" ? "B200" : "H100") + " (Railyard CPU simulator)";
   const int R = p.ranks;
   const int64_t T = p.sim_full ? p.tokens : std::min(p.sim_tokens, p.tokens);
   res.tokens = T;

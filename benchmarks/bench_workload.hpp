@@ -33,6 +33,7 @@ struct Params {
   int64_t sim_tokens = 128;  // tokens per rank the simulator runs (capped at `tokens`)
   bool sim_full = false;     // simulate `tokens` itself (slow: minutes to hours)
   bool sim_timed = true;     // also a timed run per SM count: SIMULATED times (--no-sim-timed: skip)
+  std::string sim_gpu = "h100";  // the simulated GPUs' preset: h100 or b200 (--sim-gpu)
   double preemption = 0.25;  // the simulator's switch probability at non-blocking points
   int host_overhead_iters = 50;  // host-overhead microbenchmark calls per op (0: skip)
   double model_fixed_us = 0;          // the model's fixed cost per operation
@@ -124,7 +125,10 @@ std::string with_commas(uint64_t n);
 // 65530), their kind marker, and the resource that bounds an operation: the busiest of
 // every device's over its time when busy at least kSimBoundBusy of it, else "latency".
 inline constexpr int kSimTimedMaxSms = 16;
-inline constexpr const char* kSimulatedKind = "SIMULATED (Railyard's timed simulator, H100 preset), not a measurement";
+inline std::string simulated_kind(const std::string& gpu) {  // gpu: a Params::sim_gpu
+  return "SIMULATED (Railyard's timed simulator, " + std::string(gpu == "b200" ? "B200" : "H100") +
+         " preset), not a measurement";
+}
 inline constexpr double kSimBoundBusy = 0.7;
 struct SimBound {
   std::string bound, busiest;
