@@ -1,9 +1,10 @@
 // The simulator's timed mode (src/sim/timing.hpp, docs/simulator.md "Timed mode"):
 // one microkernel per resource of the cost model, each of which must reproduce its
 // constant within 10% when the model composes issue, pipes, latencies and the
-// earliest-first scheduler as documented. The same microkernels are what
-// scripts/gpu-calibrate.sh is to run on a GPU. Every test runs on the H100 and the
-// B200 presets: a figure that only matches one preset is a modelling accident.
+// earliest-first scheduler as documented. The microkernels are those of
+// benchmarks/calibrate/microkernels.cuh, which scripts/gpu-calibrate.sh runs on a GPU.
+// Every test runs on the H100 and the B200 presets: a figure that only matches one
+// preset is a modelling accident.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -11,16 +12,14 @@
 #include <string>
 #include <vector>
 
-#include "railyard/arch/bulk_copy.cuh"
-#include "railyard/arch/mbarrier.cuh"
-#include "railyard/arch/memory.cuh"
-#include "railyard/arch/smem.cuh"
-#include "railyard/arch/thread.cuh"
+#include "benchmarks/calibrate/microkernels.cuh"
+#include "kernels/common/device_kernel.cuh"
 #include "tests/arch/sim_harness.hpp"
 
 namespace railyard {
 namespace {
 
+using calibration::kPiece;
 using test::DeviceArray;
 
 struct Gpu {
@@ -28,6 +27,13 @@ struct Gpu {
   sim::DeviceProps (*props)();
 };
 const Gpu kGpus[] = {{"H100", sim::h100_props}, {"B200", sim::b200_props}};
+
+// Launches kernel type K with `params` on `device`'s default stream.
+template <class K>
+void launch(int device, sim::Dim3 grid, sim::Dim3 block, const typename K::Params& params) {
+  sim::launch(sim::default_stream(device), {grid, block, K::shared_memory_bytes(), K::kName},
+              [params] { kernels::device_kernel<K>(params); });
+}
 
 class Timed : public ::testing::TestWithParam<Gpu> {
  protected:
@@ -46,18 +52,20 @@ class Timed : public ::testing::TestWithParam<Gpu> {
   double launch_ns() const { return model().launch_us * 1000; }
   double cycle_ns() const { return 1.0 / model().sm_clock_ghz; }
 
-  // Runs one kernel per body (body d on device d) at once; the simulated ns from the
-  // launch on device 0 to the end of the slowest kernel, launch latency excluded.
-  double run(sim::Dim3 grid, sim::Dim3 block, std::size_t smem, std::vector<std::function<void()>> bodies) {
+  // Runs kernel K once per entry of `params` (entry d on device d) at once; the
+  // simulated ns from the launch on device 0 to the end of the slowest kernel, launch
+  // latency excluded.
+  template <class K>
+  double run(sim::Dim3 grid, std::vector<typename K::Params> params) {
     std::vector<sim::Event> before, after;
-    for (std::size_t d = 0; d < bodies.size(); ++d) {
+    for (std::size_t d = 0; d < params.size(); ++d) {
       const sim::Stream s = sim::default_stream(static_cast<int>(d));
       before.push_back(sim::record_event(s));
-      sim::launch(s, {grid, block, smem, "timing_test"}, bodies[d]);
+      launch<K>(static_cast<int>(d), grid, K::kMaxThreadsPerBlock, params[d]);
       after.push_back(sim::record_event(s));
     }
     double ns = 0;
-    for (std::size_t d = 0; d < bodies.size(); ++d) {
+    for (std::size_t d = 0; d < params.size(); ++d) {
       sim::event_synchronize(after[d]);
       ns = std::max(ns, sim::elapsed_ns(before[d], after[d]));
     }
@@ -69,69 +77,22 @@ void expect_within_10_percent(double measured, double expected, const std::strin
   EXPECT_NEAR(measured / expected, 1.0, 0.10) << what << ": simulated " << measured << ", constant " << expected;
 }
 
-constexpr uint32_t kPiece = 16384;
-
-// Lane 0 of every block streams `pieces` 16 KiB pieces from src to dst through
-// shared memory, `Depth` pieces in flight (G2S on an mbarrier per slot, then S2G).
-template <int Depth>
-void stream_copy(const uint8_t* src, uint8_t* dst, int pieces) {
-  if (arch::lane_idx() != 0 || arch::warp_idx() != 0) return;
-  uint8_t* smem = arch::dynamic_smem();
-  auto* bars = reinterpret_cast<uint64_t*>(smem + Depth * kPiece);
-  for (int s = 0; s < Depth; ++s) arch::mbarrier_init(&bars[s], 1);
-  arch::fence_mbarrier_init_release_cluster();
-  const int64_t first = int64_t{blockIdx.x} * pieces;
-  for (int i = 0; i < pieces; ++i) {
-    const int s = i % Depth;
-    if (i >= Depth) arch::bulk_wait_group_read<Depth - 1>();  // slot s is read by its S2G
-    arch::mbarrier_arrive_expect_tx(&bars[s], kPiece);
-    arch::bulk_copy_g2s(smem + s * kPiece, src + (first + i) * kPiece, kPiece, &bars[s]);
-    while (!arch::mbarrier_try_wait_parity(&bars[s], static_cast<uint32_t>(i / Depth) & 1u)) {
-    }
-    arch::bulk_copy_s2g(dst + (first + i) * kPiece, smem + s * kPiece, kPiece);
-    arch::bulk_commit_group();
-  }
-  arch::bulk_wait_group<0>();
-}
-
 // HBM: every SM copies device memory to device memory; reads and writes share HBM.
 TEST_P(Timed, StreamCopyReproducesHbmBandwidth) {
   start(1);
   const int blocks = sim::device_props(0).sm_count, pieces = 8;
   const std::size_t bytes = std::size_t{kPiece} * blocks * pieces;
   DeviceArray<uint8_t> src(0, bytes, "src"), dst(0, bytes, "dst");
-  const uint8_t* s = src.ptr;
-  uint8_t* d = dst.ptr;
-  const double ns = run(blocks, 32, 4 * kPiece + 64, {[=] { stream_copy<4>(s, d, pieces); }});
+  const double ns = run<calibration::StreamCopy<4>>(blocks, {{src.ptr, dst.ptr, pieces}});
   expect_within_10_percent(2.0 * static_cast<double>(bytes) / ns, model().hbm_gbps, "HBM GB/s");
 }
 
 // One SM's TMA engine: one block streams pieces into shared memory, eight in flight.
 TEST_P(Timed, OneBlockOfBulkLoadsReproducesTheTmaRate) {
   start(1);
-  constexpr int kDepth = 8, kPieces = 64;
+  constexpr int kPieces = 64;
   DeviceArray<uint8_t> src(0, std::size_t{kPiece} * kPieces, "src");
-  const uint8_t* s = src.ptr;
-  const double ns = run(1, 32, kDepth * kPiece + 64, {[=] {
-                          if (arch::lane_idx() != 0) return;
-                          uint8_t* smem = arch::dynamic_smem();
-                          auto* bars = reinterpret_cast<uint64_t*>(smem + kDepth * kPiece);
-                          for (int b = 0; b < kDepth; ++b) arch::mbarrier_init(&bars[b], 1);
-                          arch::fence_mbarrier_init_release_cluster();
-                          for (int i = 0; i < kPieces; ++i) {
-                            const int b = i % kDepth;
-                            if (i >= kDepth) {
-                              while (!arch::mbarrier_try_wait_parity(&bars[b], (i / kDepth - 1) & 1)) {
-                              }
-                            }
-                            arch::mbarrier_arrive_expect_tx(&bars[b], kPiece);
-                            arch::bulk_copy_g2s(smem + b * kPiece, s + int64_t{i} * kPiece, kPiece, &bars[b]);
-                          }
-                          for (int b = 0; b < kDepth; ++b) {
-                            while (!arch::mbarrier_try_wait_parity(&bars[b], (kPieces / kDepth - 1) & 1)) {
-                            }
-                          }
-                        }});
+  const double ns = run<calibration::BulkLoads<8>>(1, {{src.ptr, kPieces}});
   expect_within_10_percent(static_cast<double>(kPiece) * kPieces / ns, model().tma_gbps, "TMA GB/s per SM");
 }
 
@@ -141,23 +102,13 @@ TEST_P(Timed, BulkStoresToAPeerReproduceTheNvlinkRate) {
   constexpr int kBlocks = 16, kPieces = 32;
   const std::size_t bytes = std::size_t{kPiece} * kBlocks * kPieces;
   DeviceArray<uint8_t> dst(1, bytes, "peer dst");
-  uint8_t* d = dst.ptr;
-  const double ns = run(kBlocks, 32, kPiece, {[=] {
-                          if (arch::lane_idx() != 0) return;
-                          uint8_t* smem = arch::dynamic_smem();
-                          for (int i = 0; i < kPieces; ++i) {
-                            arch::bulk_copy_s2g(d + (int64_t{blockIdx.x} * kPieces + i) * kPiece, smem, kPiece);
-                            arch::bulk_commit_group();
-                            arch::bulk_wait_group<8>();
-                          }
-                          arch::bulk_wait_group<0>();
-                        }});
+  const double ns = run<calibration::PeerBulkStores>(kBlocks, {{dst.ptr, kPieces}});
   expect_within_10_percent(static_cast<double>(bytes) / ns, model().nvlink_gbps, "NVLink GB/s per direction");
 }
 
-// Load latency: one thread chases pointers through memory of `owner`, over `lines`
-// 128-byte lines, one entry per line, with plain loads; Hop::WithAcquire: each hop
-// also reads a zero with ld.acquire.gpu (a new one each hop: not a poll).
+// Load latency: one thread of device 0 chases pointers through memory of `owner`,
+// over `lines` 128-byte lines, one entry per line; Hop::WithAcquire adds an
+// ld.acquire.gpu of a new zero per hop.
 enum class Hop { Plain, WithAcquire };
 double chase_ns_per_hop(int owner, int hops, int lines = 1024, Hop hop = Hop::Plain) {
   constexpr int kStride = 128 / sizeof(uint64_t);
@@ -166,18 +117,11 @@ double chase_ns_per_hop(int owner, int hops, int lines = 1024, Hop hop = Hop::Pl
     ring[i * kStride] = reinterpret_cast<uint64_t>(&ring.ptr[((i * 17 + 1) % lines) * kStride]);
   DeviceArray<uint64_t> out(0, 2, "out"), zeros(0, static_cast<std::size_t>(hops), "zeros");
   for (int i = 0; i < hops; ++i) zeros[i] = 0;
-  uint64_t *r = ring.ptr, *o = out.ptr, *z = zeros.ptr;
-  sim::launch(sim::default_stream(0), {1, 1, 0, "chase"}, [=] {
-    uint64_t p = reinterpret_cast<uint64_t>(r);
-    const auto t0 = static_cast<uint64_t>(clock64());
-    for (int i = 0; i < hops; ++i) {
-      p = arch::ld_global(reinterpret_cast<const uint64_t*>(p));
-      if (hop == Hop::WithAcquire) p += arch::ld_acquire_gpu(z + i);
-    }
-    const auto t1 = static_cast<uint64_t>(clock64());
-    arch::st_global(o, t1 - t0);
-    arch::st_global(o + 1, p);
-  });
+  if (hop == Hop::WithAcquire) {
+    launch<calibration::PointerChase<true>>(0, 1, 1, {ring.ptr, zeros.ptr, hops, out.ptr});
+  } else {
+    launch<calibration::PointerChase<false>>(0, 1, 1, {ring.ptr, zeros.ptr, hops, out.ptr});
+  }
   sim::device_synchronize(0);
   return static_cast<double>(out[0]) / sim::device_props(0).timing.sm_clock_ghz / hops;
 }
@@ -210,61 +154,52 @@ TEST_P(Timed, PointerChaseOverNvlinkReproducesTheRemoteLoadLatency) {
   expect_within_10_percent(chase_ns_per_hop(1, 100), model().remote_load_ns, "peer load ns");
 }
 
-// NVLink ping-pong: a flag in each device's memory, raised by the other with
-// st.release.sys and polled locally with ld.acquire.sys. Half a round trip is the
-// release's MEMBAR.SYS (nothing outstanding) and one remote store becoming visible.
+// NVLink ping-pong: half a round trip is the release's MEMBAR.SYS (nothing
+// outstanding) and one remote store becoming visible.
 TEST_P(Timed, FlagPingPongReproducesTheRemoteStoreLatency) {
   start(2);
   constexpr uint32_t kRounds = 50;
   DeviceArray<uint32_t> flag0(0, 1, "flag0"), flag1(1, 1, "flag1");
   flag0[0] = flag1[0] = 0;
-  uint32_t *f0 = flag0.ptr, *f1 = flag1.ptr;
-  auto player = [](uint32_t* mine, uint32_t* theirs, bool serves) {
-    return [=] {
-      for (uint32_t r = 1; r <= kRounds; ++r) {
-        if (serves) arch::st_release_sys(theirs, r);
-        while (arch::ld_acquire_sys(mine) != r) {
-        }
-        if (!serves) arch::st_release_sys(theirs, r);
-      }
-    };
-  };
-  const double ns = run(1, 1, 0, {player(f0, f1, true), player(f1, f0, false)});
+  const double ns =
+      run<calibration::FlagPingPong>(1, {{flag0.ptr, flag1.ptr, 1, kRounds, true}, {flag1.ptr, flag0.ptr, 1, kRounds, false}});
   expect_within_10_percent(ns / (2.0 * kRounds), model().fence_sys_ns + model().remote_store_ns,
                            "one-way flag ns");
 }
 
-// A system fence drains the thread's posted remote stores, then costs its own time.
+// A fence drains the thread's posted stores, then costs its own time: stores to a
+// peer (one round of 16) or to device memory (many rounds of one store, each waited
+// for by its fence: a device-memory round trip).
 TEST_P(Timed, SystemFenceWaitsForRemoteStores) {
   start(2);
-  DeviceArray<uint32_t> peer(1, 16, "peer"), out(0, 1, "out");
-  uint32_t *p = peer.ptr, *o = out.ptr;
-  sim::launch(sim::default_stream(0), {1, 1, 0, "fence"}, [=] {
-    const auto t0 = static_cast<uint64_t>(clock64());
-    for (int i = 0; i < 16; ++i) arch::st_global(p + i, 1u);
-    arch::fence_sc_sys();
-    arch::st_global(o, static_cast<uint32_t>(static_cast<uint64_t>(clock64()) - t0));
-  });
+  DeviceArray<uint32_t> peer(1, 16, "peer");
+  DeviceArray<uint64_t> out(0, 1, "out");
+  launch<calibration::StoresThenFence<calibration::FenceScope::System>>(0, 1, 1, {peer.ptr, 16, 1, out.ptr});
   sim::device_synchronize(0);
   expect_within_10_percent(out[0] * cycle_ns(), model().remote_store_ns + model().fence_sys_ns,
                            "16 remote stores + fence.sc.sys ns");
 }
 
+TEST_P(Timed, FencesWaitForLocalStores) {
+  start(1);
+  constexpr int kRounds = 100;
+  DeviceArray<uint32_t> local(0, 1, "local");
+  DeviceArray<uint64_t> out(0, 2, "out");
+  launch<calibration::StoresThenFence<calibration::FenceScope::System>>(0, 1, 1, {local.ptr, 1, kRounds, out.ptr});
+  launch<calibration::StoresThenFence<calibration::FenceScope::Gpu>>(0, 1, 1, {local.ptr, 1, kRounds, out.ptr + 1});
+  sim::device_synchronize(0);
+  expect_within_10_percent(out[0] * cycle_ns() / kRounds, model().global_latency_ns + model().fence_sys_ns,
+                           "store + fence.sc.sys ns");
+  expect_within_10_percent(out[1] * cycle_ns() / kRounds, model().global_latency_ns + model().fence_gpu_ns,
+                           "store + fence.acq_rel.gpu ns");
+}
+
 // Shared memory: 1024 threads of one block each load 64 x 16 bytes.
 TEST_P(Timed, SharedLoadsReproduceTheSharedMemoryBandwidth) {
   start(1);
-  struct alignas(16) V4 {
-    uint32_t w[4];
-  };
   constexpr int kLoads = 64;
   DeviceArray<uint32_t> sink(0, 1024, "sink");
-  uint32_t* out = sink.ptr;
-  const double ns = run(1, 1024, 1024 * 16, {[=] {
-                          const auto* v = reinterpret_cast<const V4*>(arch::dynamic_smem());
-                          uint32_t acc = 0;
-                          for (int i = 0; i < kLoads; ++i) acc += arch::ld_shared(&v[(threadIdx.x + i) % 1024]).w[0];
-                          out[threadIdx.x] = acc;
-                        }});
+  const double ns = run<calibration::SharedLoads>(1, {{kLoads, sink.ptr}});
   expect_within_10_percent(1024.0 * kLoads * 16 / ns, model().smem_bytes_per_cycle * model().sm_clock_ghz,
                            "shared memory GB/s per SM");
 }
@@ -275,7 +210,7 @@ TEST_P(Timed, EmptyKernelsReproduceTheLaunchLatency) {
   constexpr int kKernels = 20;
   const sim::Stream s = sim::default_stream(0);
   const sim::Event before = sim::record_event(s);
-  for (int k = 0; k < kKernels; ++k) sim::launch(s, {1, 1, 0, "empty"}, [] {});
+  for (int k = 0; k < kKernels; ++k) launch<calibration::Empty>(0, 1, 1, {0});
   const sim::Event after = sim::record_event(s);
   sim::event_synchronize(after);
   expect_within_10_percent(sim::elapsed_ns(before, after) / kKernels, launch_ns(), "launch ns");
@@ -286,23 +221,7 @@ TEST_P(Timed, BarriersCostTheirCycles) {
   start(1);
   constexpr int kRounds = 100;
   DeviceArray<uint64_t> out(0, 2, "out");
-  uint64_t* o = out.ptr;
-  sim::launch(sim::default_stream(0), {1, 64, 64, "barriers"}, [=] {
-    auto* bar = reinterpret_cast<uint64_t*>(arch::dynamic_smem());
-    if (threadIdx.x == 0) arch::mbarrier_init(bar, 64);
-    __syncthreads();
-    auto t0 = static_cast<uint64_t>(clock64());
-    for (int i = 0; i < kRounds; ++i) __syncthreads();
-    if (threadIdx.x == 0) o[0] = static_cast<uint64_t>(clock64()) - t0;
-    __syncthreads();
-    t0 = static_cast<uint64_t>(clock64());
-    for (int i = 0; i < kRounds; ++i) {
-      arch::mbarrier_arrive(bar);
-      while (!arch::mbarrier_try_wait_parity(bar, static_cast<uint32_t>(i) & 1u)) {
-      }
-    }
-    if (threadIdx.x == 0) o[1] = static_cast<uint64_t>(clock64()) - t0;
-  });
+  launch<calibration::Barriers>(0, 1, 64, {kRounds, out.ptr});
   sim::device_synchronize(0);
   expect_within_10_percent(static_cast<double>(out[0]) / kRounds, model().barrier_cycles, "__syncthreads cycles");
   expect_within_10_percent(static_cast<double>(out[1]) / kRounds, 2 * model().mbarrier_cycles,
@@ -315,13 +234,7 @@ TEST_P(Timed, TheSeedDoesNotChangeTheTime) {
   for (uint64_t seed : {1, 2, 3}) {
     start(2, seed);
     DeviceArray<uint8_t> dst(1, std::size_t{kPiece} * 8, "peer dst");
-    uint8_t* d = dst.ptr;
-    times.push_back(run(4, 32, kPiece, {[=] {
-                          if (arch::lane_idx() != 0) return;
-                          arch::bulk_copy_s2g(d + int64_t{blockIdx.x} * 2 * kPiece, arch::dynamic_smem(), kPiece);
-                          arch::bulk_commit_group();
-                          arch::bulk_wait_group<0>();
-                        }}));
+    times.push_back(run<calibration::PeerBulkStores>(4, {{dst.ptr, 2}}));
   }
   EXPECT_EQ(times[0], times[1]);
   EXPECT_EQ(times[0], times[2]);
