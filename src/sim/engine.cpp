@@ -435,7 +435,7 @@ void Engine::reset(const Config& config) {
   config_.seed = config.seed + seed_offset_from_environment();
   rng_ = Rng(config_.seed);
   epoch_ = 1;
-  unpark_epoch_ = warp_epoch_ = idle_rounds_ = rounds_without_clock_ = 0;
+  unpark_epoch_ = warp_epoch_ = recheck_epoch_ = rechecks_in_epoch_ = idle_rounds_ = rounds_without_clock_ = 0;
   clock_reads_ = warp_clock_reads_ = 0;
   next_launch_id_ = 0;
   quiescent_ = false;
@@ -1157,6 +1157,7 @@ constexpr uint64_t kMaxVirtualCycles = uint64_t{1} << 62;
 // expire, or report a hang.
 void Engine::warp_or_hang() {
   if (pause_for_quiescence()) return;
+  if (recheck_parked()) return;
   if (epoch_ != warp_epoch_) {
     idle_rounds_ = rounds_without_clock_ = 0;
     warp_cycles_ = std::max<uint64_t>(config_.idle_warp_cycles, 1);
@@ -1166,6 +1167,30 @@ void Engine::warp_or_hang() {
     return;
   }
   report_hang();
+}
+
+// Parking is a guess: a fiber that read a value it had seen before is taken to be
+// polling, but a second read can also confirm a wait that the first already ended (a
+// relaxed poll that saw the flag, then the acquire load that orders what follows), and
+// a wait that polls two addresses parks on the second although the first changed since
+// it read it. Such a fiber waits for progress that may never come: everything else may
+// be waiting for it. So, before the clock warps, the parked fibers run again at their
+// own time, up to kRechecksPerEpoch rounds while nothing progresses (a fiber may take a
+// round per false park: a flag, then its confirming acquire); only then does the
+// clock warp. The bound keeps a real hang in a two-address wait, which parks on each
+// address in turn, from rechecking forever instead of letting its budget expire.
+bool Engine::recheck_parked() {
+  constexpr unsigned kRechecksPerEpoch = 4;
+  if (parked_.empty()) return false;
+  if (recheck_epoch_ != epoch_) recheck_epoch_ = epoch_, rechecks_in_epoch_ = 0;
+  if (rechecks_in_epoch_ == kRechecksPerEpoch) return false;
+  ++rechecks_in_epoch_;
+  for (Fiber* f : parked_) {
+    if (timing_.enabled()) f->clock_ns = std::max(f->clock_ns, now_ns_);
+    make_runnable(f);
+  }
+  parked_.clear();
+  return true;
 }
 
 // A host thread asked to run until nothing more can happen on its own (stream_query):

@@ -421,6 +421,7 @@ class Engine {
   void record_decision(uint64_t what, uint64_t a, uint64_t b, uint64_t c);
   void warp_or_hang();
   bool pause_for_quiescence();
+  bool recheck_parked();
   bool may_warp();
   void warp_clock();
   void report_hang();
@@ -489,6 +490,8 @@ class Engine {
   uint64_t epoch_ = 1;
   uint64_t unpark_epoch_ = 0;
   uint64_t warp_epoch_ = 0;
+  uint64_t recheck_epoch_ = 0;   // the epoch of the last recheck_parked() round
+  unsigned rechecks_in_epoch_ = 0;  // recheck rounds run in that epoch
   uint64_t idle_rounds_ = 0;         // clock warps since the last progress
   uint64_t rounds_without_clock_ = 0;  // of those, rounds in which no waiter read the clock
   uint64_t warp_cycles_ = 0;         // the next warp's jump
