@@ -94,8 +94,10 @@ struct Dispatch {
     arch::SharedVar<int32_t> send_pos[kPendingTokens][kMaxRanks];
     arch::SharedVar<uint32_t> send_groups[kPendingTokens];
     // Whether each destination copies the current token's row out (else only the
-    // header travels), and how many pending tokens the leader found landed.
+    // header travels), how many of the token's experts it hosts, and how many pending
+    // tokens the leader found landed.
     arch::SharedVar<uint8_t> send_bytes[kMaxRanks];
+    arch::SharedVar<int16_t> send_entries[kMaxRanks];
     arch::SharedVar<int32_t> publish_count;
   };
   static_assert(sizeof(SharedStorage) <= arch::kMaxDynamicSmemBytes,
@@ -264,31 +266,57 @@ struct Dispatch {
 
   // Whether token t's row goes into the send FIFO: some destination copies it out.
   // SendLoad and SendStore both decide with this one function, so they agree on
-  // which tokens occupy FIFO slots.
+  // which tokens occupy FIFO slots. Warp-collective: a lane per destination (or per
+  // slot), so the loads overlap instead of following each other.
   RAILYARD_DEVICE static bool token_sends_row(const Params& p, const Context& c, const SharedStorage& s, int64_t t) {
+    const int lane = static_cast<int>(arch::lane_idx());
+    bool sends = false;
     if (c.grouped) {
       // A kept permuted position (slot_pos >= 0) is a row its rank copies out.
-      for (int k = 0; k < c.max_topk; ++k) {
-        if (arch::ld_global(p.handle.slot_pos + t * c.max_topk + k) >= 0) return true;
+      for (int base = 0; base < c.max_topk; base += static_cast<int>(arch::kWarpSize)) {
+        const int k = base + lane;
+        sends |= k < c.max_topk && arch::ld_global(p.handle.slot_pos + t * c.max_topk + k) >= 0;
       }
-      return false;
+    } else {
+      for (int d = lane; d < c.num_ranks; d += static_cast<int>(arch::kWarpSize)) {
+        const int32_t pos = arch::ld_global(p.handle.recv_pos + t * c.num_ranks + d);
+        const int32_t bound = s.recv_bound[d].load();
+        sends |= pos >= 0 && (bound < 0 || pos < bound);
+      }
     }
-    for (int d = 0; d < c.num_ranks; ++d) {
-      const int32_t pos = arch::ld_global(p.handle.recv_pos + t * c.num_ranks + d);
-      const int32_t bound = s.recv_bound[d].load();
-      if (pos >= 0 && (bound < 0 || pos < bound)) return true;
+    return __any_sync(arch::kFullWarpMask, sends);
+  }
+
+  // Calls fn(k, expert, slot_pos) on every lane for every top-k slot k of token t, in
+  // slot order: a lane per slot loads it, shuffles hand it to the others (32 slots a
+  // round). Warp-collective.
+  template <class Fn>
+  RAILYARD_DEVICE static void for_each_slot(const Params& p, const Context& c, int64_t t, Fn&& fn) {
+    const int K = c.max_topk;
+    for (int base = 0; base < K; base += static_cast<int>(arch::kWarpSize)) {
+      const int k = base + static_cast<int>(arch::lane_idx());
+      uint64_t mine = ~uint64_t{0};  // expert -1, slot_pos -1
+      if (k < K) {
+        const auto e = static_cast<uint32_t>(arch::ld_global(p.handle.slot_expert + t * K + k));
+        const auto q = static_cast<uint32_t>(arch::ld_global(p.handle.slot_pos + t * K + k));
+        mine = uint64_t{e} | uint64_t{q} << 32;
+      }
+      const int n = K - base < static_cast<int>(arch::kWarpSize) ? K - base : static_cast<int>(arch::kWarpSize);
+      for (int j = 0; j < n; ++j) {
+        const uint64_t v = __shfl_sync(arch::kFullWarpMask, mine, j);
+        fn(base + j, static_cast<int32_t>(static_cast<uint32_t>(v)), static_cast<int32_t>(static_cast<uint32_t>(v >> 32)));
+      }
     }
-    return false;
   }
 
   // ---- send side ----------------------------------------------------------------------------
 
   RAILYARD_DEVICE static void send_load(const Params& p, const Context& c, SharedStorage& s) {
-    if (!arch::elect_one_sync()) return;
-    Pipeline pipe(s.send_pipe, p.domain.wait());
+    const bool leader = arch::elect_one_sync();
+    Pipeline pipe(s.send_pipe, p.domain.wait());  // used by the leader only
     PipelineState state;
     for_each_in_block_chunks(p.num_tokens, p.chunk_rows, [&](int64_t t) {
-      if (!token_sends_row(p, c, s, t)) return;
+      if (!token_sends_row(p, c, s, t) || !leader) return;
       const uint8_t* src = p.hidden + t * c.row_bytes;
       for (uint32_t offset = 0; offset < c.row_bytes; offset += SlotBytes) {
         const uint32_t bytes = piece_bytes(c.row_bytes, offset);
@@ -346,10 +374,11 @@ struct Dispatch {
     for_each_in_block_chunks(p.num_tokens, p.chunk_rows, [&](int64_t t) {
       const int ring = static_cast<int>(issued % kPendingTokens);
       route_token(p, c, s, t, ring);
+      const bool sends = token_sends_row(p, c, s, t);
       // The row, piece by piece, to every destination that copies it out, each once
       // however many of its experts the token chose.
       if (leader) {
-        if (token_sends_row(p, c, s, t)) {
+        if (sends) {
           for (uint32_t offset = 0; offset < c.row_bytes; offset += SlotBytes) issuer.piece(p, c, s, ring, offset);
         }
         s.send_groups[ring].store(issuer.fifo.committed);
@@ -374,22 +403,30 @@ struct Dispatch {
   // rows below its bound otherwise) and the row bytes when it copies them out. Ends
   // with a warp barrier: the leader reads every destination's entry.
   RAILYARD_DEVICE static void route_token(const Params& p, const Context& c, SharedStorage& s, int64_t t, int ring) {
-    const int R = c.num_ranks, K = c.max_topk, El = c.num_local_experts;
-    const int32_t* slot_expert = p.handle.slot_expert + t * K;
-    const int32_t* slot_pos = p.handle.slot_pos + t * K;
-    for (int d = static_cast<int>(arch::lane_idx()); d < R; d += static_cast<int>(arch::kWarpSize)) {
-      const int32_t pos = arch::ld_global(p.handle.recv_pos + t * R + d);
-      const int32_t bound = s.recv_bound[d].load();
-      const bool header = pos >= 0 && (c.grouped || bound < 0 || pos < bound);
-      bool bytes = header && !c.grouped;
-      if (header && c.grouped) {
-        for (int k = 0; k < K && !bytes; ++k) {
-          const int32_t e = arch::ld_global(slot_expert + k);
-          bytes = e >= 0 && e / El == d && arch::ld_global(slot_pos + k) >= 0;
-        }
+    const int R = c.num_ranks, El = c.num_local_experts;
+    // A lane per destination d, 32 a round (every lane takes every round: the slots
+    // come by shuffles).
+    for (int base = 0; base < R; base += static_cast<int>(arch::kWarpSize)) {
+      const int d = base + static_cast<int>(arch::lane_idx());
+      int32_t pos = -1, bound = -1;
+      if (d < R) {
+        pos = arch::ld_global(p.handle.recv_pos + t * R + d);
+        bound = s.recv_bound[d].load();
       }
+      int entries = 0;      // the token's experts on d
+      bool kept = false;    // one of them has a kept permuted position (grouped)
+      for_each_slot(p, c, t, [&](int, int32_t e, int32_t slot_pos) {
+        if (e >= 0 && e / El == d) {
+          ++entries;
+          kept |= slot_pos >= 0;
+        }
+      });
+      if (d >= R) continue;
+      const bool header = pos >= 0 && (c.grouped || bound < 0 || pos < bound);
+      const bool bytes = header && (!c.grouped || kept);
       s.send_pos[ring][d].store(header ? pos : -1);
       s.send_bytes[d].store(static_cast<uint8_t>(bytes));
+      s.send_entries[d].store(static_cast<int16_t>(entries));
     }
     __syncwarp();
   }
@@ -402,36 +439,33 @@ struct Dispatch {
                                            int ring) {
     const int lane = static_cast<int>(arch::lane_idx());
     const int R = c.num_ranks, K = c.max_topk, El = c.num_local_experts;
-    const int32_t* slot_expert = p.handle.slot_expert + t * K;
-    const int32_t* slot_pos = p.handle.slot_pos + t * K;
     for (int d = lane; d < R; d += static_cast<int>(arch::kWarpSize)) {
       const int32_t pos = s.send_pos[ring][d].load();
       if (pos < 0) continue;
-      int32_t num_entries = 0;
-      for (int k = 0; k < K; ++k) {
-        const int32_t e = arch::ld_global(slot_expert + k);
-        num_entries += (e >= 0 && e / El == d) ? 1 : 0;
-      }
       layout::RowHeader* header = c.layout.header(p.domain.peers.ptr[d], pos);
       arch::st_global(&header->src_token, static_cast<int32_t>(t));
-      arch::st_global(&header->num_entries, static_cast<int16_t>(num_entries));
+      arch::st_global(&header->num_entries, s.send_entries[d].load());
       arch::st_global(&header->src_rank, static_cast<int16_t>(p.domain.rank));
     }
-    for (int k = lane; k < K; k += static_cast<int>(arch::kWarpSize)) {
-      const int32_t e = arch::ld_global(slot_expert + k);
+    // A lane per slot k, 32 a round (every lane takes every round: the other slots
+    // come by shuffles).
+    for (int base = 0; base < K; base += static_cast<int>(arch::kWarpSize)) {
+      const int k = base + lane;
+      int32_t e = -1, slot_pos = -1;
+      if (k < K) {
+        e = arch::ld_global(p.handle.slot_expert + t * K + k);
+        slot_pos = arch::ld_global(p.handle.slot_pos + t * K + k);
+      }
+      const int d = e >= 0 ? e / El : 0;
+      int32_t index = 0;  // this entry's place among the token's experts on d
+      for_each_slot(p, c, t, [&](int, int32_t f, int32_t) { index += (f >= 0 && f / El == d && f < e) ? 1 : 0; });
       if (e < 0) continue;
-      const int d = e / El;
       const int32_t pos = s.send_pos[ring][d].load();
       if (pos < 0) continue;
-      int32_t index = 0;  // this entry's place among the token's experts on d
-      for (int other = 0; other < K; ++other) {
-        const int32_t f = arch::ld_global(slot_expert + other);
-        index += (f >= 0 && f / El == d && f < e) ? 1 : 0;
-      }
       layout::HeaderEntry* entry = c.layout.header_entries(p.domain.peers.ptr[d], pos) + index;
       arch::st_global(&entry->local_expert, static_cast<int32_t>(e % El));
       arch::st_global(&entry->prob, arch::ld_global(p.handle.slot_prob + t * K + k));
-      arch::st_global(&entry->permuted_pos, arch::ld_global(slot_pos + k));
+      arch::st_global(&entry->permuted_pos, slot_pos);
     }
     for (int i = lane; i < c.num_scales; i += static_cast<int>(arch::kWarpSize)) {
       const float scale = arch::ld_global(p.scales + t * c.num_scales + i);
