@@ -264,22 +264,50 @@ struct Dispatch {
     }
   };
 
+  // What a lane reads of token t once, for the routing functions below: its first
+  // destination's received-row position (recv_pos[t][lane]) and its first slot
+  // (slot_expert and slot_pos [t][lane], packed), -1 past the end. Destinations and
+  // slots beyond 32 are read again where used (rounds of 32). One load each per lane,
+  // issued together, instead of each function re-reading them one after another.
+  struct TokenView {
+    int64_t t;
+    int32_t pos;    // recv_pos[t][lane]
+    uint64_t slot;  // slot_expert[t][lane] | slot_pos[t][lane] << 32
+  };
+  RAILYARD_DEVICE static uint64_t load_slot(const Params& p, const Context& c, int64_t t, int k) {
+    if (k >= c.max_topk) return ~uint64_t{0};  // expert -1, slot_pos -1
+    const auto e = static_cast<uint32_t>(arch::ld_global(p.handle.slot_expert + t * c.max_topk + k));
+    const auto q = static_cast<uint32_t>(arch::ld_global(p.handle.slot_pos + t * c.max_topk + k));
+    return uint64_t{e} | uint64_t{q} << 32;
+  }
+  RAILYARD_DEVICE static int32_t load_pos(const Params& p, const Context& c, int64_t t, int d) {
+    return d < c.num_ranks ? arch::ld_global(p.handle.recv_pos + t * c.num_ranks + d) : -1;
+  }
+  RAILYARD_DEVICE static TokenView view_token(const Params& p, const Context& c, int64_t t) {
+    const int lane = static_cast<int>(arch::lane_idx());
+    return {t, load_pos(p, c, t, lane), load_slot(p, c, t, lane)};
+  }
+  RAILYARD_DEVICE static int32_t expert_of(uint64_t slot) { return static_cast<int32_t>(static_cast<uint32_t>(slot)); }
+  RAILYARD_DEVICE static int32_t slot_pos_of(uint64_t slot) {
+    return static_cast<int32_t>(static_cast<uint32_t>(slot >> 32));
+  }
+
   // Whether token t's row goes into the send FIFO: some destination copies it out.
   // SendLoad and SendStore both decide with this one function, so they agree on
   // which tokens occupy FIFO slots. Warp-collective: a lane per destination (or per
-  // slot), so the loads overlap instead of following each other.
-  RAILYARD_DEVICE static bool token_sends_row(const Params& p, const Context& c, const SharedStorage& s, int64_t t) {
+  // slot), then __any_sync.
+  RAILYARD_DEVICE static bool token_sends_row(const Params& p, const Context& c, const SharedStorage& s,
+                                              const TokenView& v) {
     const int lane = static_cast<int>(arch::lane_idx());
     bool sends = false;
     if (c.grouped) {
       // A kept permuted position (slot_pos >= 0) is a row its rank copies out.
       for (int base = 0; base < c.max_topk; base += static_cast<int>(arch::kWarpSize)) {
-        const int k = base + lane;
-        sends |= k < c.max_topk && arch::ld_global(p.handle.slot_pos + t * c.max_topk + k) >= 0;
+        sends |= slot_pos_of(base == 0 ? v.slot : load_slot(p, c, v.t, base + lane)) >= 0;
       }
     } else {
       for (int d = lane; d < c.num_ranks; d += static_cast<int>(arch::kWarpSize)) {
-        const int32_t pos = arch::ld_global(p.handle.recv_pos + t * c.num_ranks + d);
+        const int32_t pos = d == lane ? v.pos : load_pos(p, c, v.t, d);
         const int32_t bound = s.recv_bound[d].load();
         sends |= pos >= 0 && (bound < 0 || pos < bound);
       }
@@ -287,25 +315,16 @@ struct Dispatch {
     return __any_sync(arch::kFullWarpMask, sends);
   }
 
-  // Calls fn(k, expert, slot_pos) on every lane for every top-k slot k of token t, in
-  // slot order: a lane per slot loads it, shuffles hand it to the others (32 slots a
-  // round). Warp-collective.
+  // Calls fn(k, slot) on every lane for every top-k slot k of the token, in slot order:
+  // a lane per slot holds it, shuffles hand it to the others (32 slots a round).
+  // Warp-collective.
   template <class Fn>
-  RAILYARD_DEVICE static void for_each_slot(const Params& p, const Context& c, int64_t t, Fn&& fn) {
+  RAILYARD_DEVICE static void for_each_slot(const Params& p, const Context& c, const TokenView& v, Fn&& fn) {
     const int K = c.max_topk;
     for (int base = 0; base < K; base += static_cast<int>(arch::kWarpSize)) {
-      const int k = base + static_cast<int>(arch::lane_idx());
-      uint64_t mine = ~uint64_t{0};  // expert -1, slot_pos -1
-      if (k < K) {
-        const auto e = static_cast<uint32_t>(arch::ld_global(p.handle.slot_expert + t * K + k));
-        const auto q = static_cast<uint32_t>(arch::ld_global(p.handle.slot_pos + t * K + k));
-        mine = uint64_t{e} | uint64_t{q} << 32;
-      }
+      const uint64_t mine = base == 0 ? v.slot : load_slot(p, c, v.t, base + static_cast<int>(arch::lane_idx()));
       const int n = K - base < static_cast<int>(arch::kWarpSize) ? K - base : static_cast<int>(arch::kWarpSize);
-      for (int j = 0; j < n; ++j) {
-        const uint64_t v = __shfl_sync(arch::kFullWarpMask, mine, j);
-        fn(base + j, static_cast<int32_t>(static_cast<uint32_t>(v)), static_cast<int32_t>(static_cast<uint32_t>(v >> 32)));
-      }
+      for (int j = 0; j < n; ++j) fn(base + j, __shfl_sync(arch::kFullWarpMask, mine, j));
     }
   }
 
@@ -316,7 +335,7 @@ struct Dispatch {
     Pipeline pipe(s.send_pipe, p.domain.wait());  // used by the leader only
     PipelineState state;
     for_each_in_block_chunks(p.num_tokens, p.chunk_rows, [&](int64_t t) {
-      if (!token_sends_row(p, c, s, t) || !leader) return;
+      if (!token_sends_row(p, c, s, view_token(p, c, t)) || !leader) return;
       const uint8_t* src = p.hidden + t * c.row_bytes;
       for (uint32_t offset = 0; offset < c.row_bytes; offset += SlotBytes) {
         const uint32_t bytes = piece_bytes(c.row_bytes, offset);
@@ -373,8 +392,9 @@ struct Dispatch {
     int64_t issued = 0, published = 0;      // this block's tokens so far
     for_each_in_block_chunks(p.num_tokens, p.chunk_rows, [&](int64_t t) {
       const int ring = static_cast<int>(issued % kPendingTokens);
-      route_token(p, c, s, t, ring);
-      const bool sends = token_sends_row(p, c, s, t);
+      const TokenView view = view_token(p, c, t);
+      route_token(p, c, s, view, ring);
+      const bool sends = token_sends_row(p, c, s, view);
       // The row, piece by piece, to every destination that copies it out, each once
       // however many of its experts the token chose.
       if (leader) {
@@ -383,7 +403,7 @@ struct Dispatch {
         }
         s.send_groups[ring].store(issuer.fifo.committed);
       }
-      write_header(p, c, s, t, ring);
+      write_header(p, c, s, view, ring);
       ++issued;
       // Publish the tokens whose rows have landed; all of them when the ring is full.
       if (leader) s.publish_count.store(issuer.landed(s, published, issued, issued - published == kPendingTokens));
@@ -402,23 +422,22 @@ struct Dispatch {
   // destination gets the header when it waits for it (every row in the grouped layout,
   // rows below its bound otherwise) and the row bytes when it copies them out. Ends
   // with a warp barrier: the leader reads every destination's entry.
-  RAILYARD_DEVICE static void route_token(const Params& p, const Context& c, SharedStorage& s, int64_t t, int ring) {
+  RAILYARD_DEVICE static void route_token(const Params& p, const Context& c, SharedStorage& s, const TokenView& v,
+                                          int ring) {
     const int R = c.num_ranks, El = c.num_local_experts;
     // A lane per destination d, 32 a round (every lane takes every round: the slots
     // come by shuffles).
     for (int base = 0; base < R; base += static_cast<int>(arch::kWarpSize)) {
       const int d = base + static_cast<int>(arch::lane_idx());
-      int32_t pos = -1, bound = -1;
-      if (d < R) {
-        pos = arch::ld_global(p.handle.recv_pos + t * R + d);
-        bound = s.recv_bound[d].load();
-      }
+      const int32_t pos = base == 0 ? v.pos : load_pos(p, c, v.t, d);
+      const int32_t bound = d < R ? s.recv_bound[d].load() : -1;
       int entries = 0;      // the token's experts on d
       bool kept = false;    // one of them has a kept permuted position (grouped)
-      for_each_slot(p, c, t, [&](int, int32_t e, int32_t slot_pos) {
+      for_each_slot(p, c, v, [&](int, uint64_t slot) {
+        const int32_t e = expert_of(slot);
         if (e >= 0 && e / El == d) {
           ++entries;
-          kept |= slot_pos >= 0;
+          kept |= slot_pos_of(slot) >= 0;
         }
       });
       if (d >= R) continue;
@@ -435,8 +454,9 @@ struct Dispatch {
   // scales, at every destination. Entries are in ascending local expert order, the
   // order combine sums in. `seq` is not written here: publish() does, once the row
   // has landed.
-  RAILYARD_DEVICE static void write_header(const Params& p, const Context& c, SharedStorage& s, int64_t t,
+  RAILYARD_DEVICE static void write_header(const Params& p, const Context& c, SharedStorage& s, const TokenView& v,
                                            int ring) {
+    const int64_t t = v.t;
     const int lane = static_cast<int>(arch::lane_idx());
     const int R = c.num_ranks, K = c.max_topk, El = c.num_local_experts;
     for (int d = lane; d < R; d += static_cast<int>(arch::kWarpSize)) {
@@ -451,14 +471,14 @@ struct Dispatch {
     // come by shuffles).
     for (int base = 0; base < K; base += static_cast<int>(arch::kWarpSize)) {
       const int k = base + lane;
-      int32_t e = -1, slot_pos = -1;
-      if (k < K) {
-        e = arch::ld_global(p.handle.slot_expert + t * K + k);
-        slot_pos = arch::ld_global(p.handle.slot_pos + t * K + k);
-      }
+      const uint64_t slot = base == 0 ? v.slot : load_slot(p, c, t, k);
+      const int32_t e = expert_of(slot), slot_pos = slot_pos_of(slot);
       const int d = e >= 0 ? e / El : 0;
       int32_t index = 0;  // this entry's place among the token's experts on d
-      for_each_slot(p, c, t, [&](int, int32_t f, int32_t) { index += (f >= 0 && f / El == d && f < e) ? 1 : 0; });
+      for_each_slot(p, c, v, [&](int, uint64_t other) {
+        const int32_t f = expert_of(other);
+        index += (f >= 0 && f / El == d && f < e) ? 1 : 0;
+      });
       if (e < 0) continue;
       const int32_t pos = s.send_pos[ring][d].load();
       if (pos < 0) continue;
