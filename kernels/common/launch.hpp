@@ -58,6 +58,20 @@ inline Status check_all_blocks_resident(const char* kernel_name, int num_blocks,
   return Status::success();
 }
 
+// The most threads a block may have on the device `stream` runs on; 0 if the device
+// query fails (the launch then reports the error).
+inline int max_threads_per_block(GpuStream stream) {
+#if RAILYARD_IS_SIM
+  return sim::device_props(sim::stream_device(stream)).max_threads_per_block;
+#else
+  int device = 0, threads = 0;
+  if (cudaStreamGetDevice(stream, &device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerBlock, device) != cudaSuccess)
+    return 0;
+  return threads;
+#endif
+}
+
 template <class Kernel>
 Status launch(const typename Kernel::Params& params, dim3 grid, dim3 block, std::size_t smem_bytes,
               GpuStream stream) {

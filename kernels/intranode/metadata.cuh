@@ -2,22 +2,29 @@
 // tokens will take on every rank, exchanging only counts. See docs/design-intranode.md,
 // "Metadata: what ranks exchange, and why that little".
 //
-// One block of one warp per rank. Tokens go in tiles of 32, one per lane. Positions
-// must follow token order (the canonical received order), and a token's experts on a
-// rank may sit in any of its top-k slots. Destination ranks are given key by key: the
-// warp takes the smallest rank any lane still holds, ballots which lanes hold it, and
-// gives them running + rank-among-lower-lanes (iterations per tile: distinct ranks in
-// the tile, at most R). Experts, of which a tile may hold up to 32 x K distinct ones,
-// go through a per-expert mask of the tile's lanes in shared memory instead: every lane
-// sets its bit in the masks of its experts (atomicOr, so the result does not depend on
-// the order), then reads running + the bits below its own; the lowest lane of each
-// expert advances its counter, and every lane clears its bits (atomicAnd): four passes
-// over the lane's K slots a tile, however many distinct experts.
+// Up to kMaxMetadataBlocks blocks of up to kMaxWarps warps per rank. Each warp takes
+// a contiguous slice of the tokens, 32 a tile, one per lane, and keeps its own count
+// row in shared memory. Positions must follow token order (the canonical received
+// order), and a token's experts on a rank may sit in any of its top-k slots. Within a
+// tile, destination ranks are given key by key: the warp takes the smallest rank any
+// lane still holds, ballots which lanes hold it, and gives them running +
+// rank-among-lower-lanes (iterations per tile: distinct ranks in the tile, at most R).
+// Experts, of which a tile may hold up to 32 x K distinct ones, go through a
+// per-expert mask of the tile's lanes in shared memory instead: every lane sets its
+// bit in the masks of its experts (atomicOr, so the result does not depend on the
+// order), then reads running + the bits below its own; the lowest lane of each expert
+// advances its counter, and every lane clears its bits (atomicAnd): four passes over
+// the lane's K slots a tile, however many distinct experts.
 //
-// Phases: (1) normalise routing to slots and count, writing local positions into the
-// handle; (2) publish this rank's count row to every rank; (3) wait for every rank's
-// row and copy the table into the handle; (4) this rank's totals as a destination;
-// (5) global offsets; (6) local positions + offsets = final positions.
+// Phases: (1) every warp normalises its tokens' routing to slots and counts, writing
+// positions within its slice into the handle; (2) the block turns its warps' counts
+// into offsets within the block and leaves its total in the registered buffer's
+// metadata scratch, behind a flag; (3) block 0 sums the blocks' totals into this
+// rank's count row and publishes it to every rank; (4) every block waits for every
+// rank's row, block 0 copies the table into the handle and writes this rank's totals
+// as a destination; (5) every block adds the global offsets (ranks and expert groups
+// before this rank's tokens) and the counts of the blocks before it to its warps'
+// offsets; (6) every warp adds its offsets to its tokens' positions.
 #pragma once
 
 #include <cstdint>
@@ -36,11 +43,13 @@ namespace railyard::kernels::intranode {
 
 struct Metadata {
   static constexpr const char* kName = "intranode::Metadata";
-  static constexpr uint32_t kMaxThreadsPerBlock = 32;
+  static constexpr int kMaxWarps = 8;
+  static constexpr uint32_t kMaxThreadsPerBlock = kMaxWarps * 32;
   static constexpr uint32_t kMinBlocksPerSm = 1;
   // The largest count row: 72 ranks x (1 + 256 experts) plus its header.
   static constexpr int kMaxCountRowInts =
       layout::kCountRowHeaderInts + layout::kMaxRanksPerDomain * (1 + layout::kMaxLocalExperts);
+  static constexpr int kMaxExperts = layout::kMaxRanksPerDomain * layout::kMaxLocalExperts;
   static constexpr int kMaxRankWords = (layout::kMaxRanksPerDomain + 31) / 32;
 
   using Arguments = MetadataArguments;
@@ -60,15 +69,36 @@ struct Metadata {
     int64_t recv_capacity;
   };
 
-  // This rank's count row while counting, then the global offsets (phase 5); per
-  // global expert, the lanes of the current tile that chose it (zero between tiles).
+  // Per warp, a count row (its tokens' counts, then the offsets of its positions) and,
+  // per global expert, the lanes of its current tile that chose it (zero between
+  // tiles); warps_per_block() says how many fit. Once counting is done, the start of
+  // the mask pool holds the expert groups' bases instead.
   struct SharedStorage {
-    alignas(16) arch::SharedVar<int32_t> row[kMaxCountRowInts];
-    arch::SharedVar<uint32_t> lanes_of_expert[layout::kMaxRanksPerDomain * layout::kMaxLocalExperts];
+    alignas(16) arch::SharedVar<int32_t> rows[kMaxCountRowInts];
+    arch::SharedVar<uint32_t> masks[kMaxExperts];
   };
   static_assert(sizeof(SharedStorage) <= 227 * 1024, "metadata shared memory exceeds the per-block budget");
 
   static constexpr std::size_t shared_memory_bytes() { return sizeof(SharedStorage); }
+
+  // Warps per block for `shape`: as many as have a count row and a mask per expert in
+  // SharedStorage, at most kMaxWarps (at least one: the largest shape fills it once).
+  RAILYARD_HOST_DEVICE static int warps_per_block(const layout::IntranodeShape& shape) {
+    const int row_ints = layout::IntranodeLayout(shape).count_row_ints();
+    const int by_rows = kMaxCountRowInts / row_ints, by_masks = kMaxExperts / (shape.num_ranks * shape.num_local_experts);
+    const int w = by_rows < by_masks ? by_rows : by_masks;
+    return w < kMaxWarps ? w : kMaxWarps;
+  }
+  // Blocks of `warps` warps for `num_tokens` tokens when `max_blocks` are offered:
+  // enough for a tile of 32 tokens per warp, at most max_blocks and kMaxMetadataBlocks,
+  // at least one.
+  RAILYARD_HOST_DEVICE static int blocks_for(int num_tokens, int warps, int max_blocks) {
+    const int tiles = (num_tokens + 31) / 32;
+    int g = (tiles + warps - 1) / warps;
+    if (g > max_blocks) g = max_blocks;
+    if (g > layout::kMaxMetadataBlocks) g = layout::kMaxMetadataBlocks;
+    return g < 1 ? 1 : g;
+  }
 
   static Params to_params(const Arguments& a) {
     Params p{};
@@ -89,34 +119,119 @@ struct Metadata {
 
   RAILYARD_DEVICE void operator()(const Params& p, SharedStorage& storage) const {
     const DomainParams& dom = p.domain;
-    const layout::IntranodeLayout lay(dom.shape);
-    const int R = dom.shape.num_ranks, El = dom.shape.num_local_experts, K = dom.shape.max_topk;
-    const int E = R * El, me = dom.rank, T = p.num_tokens, row_ints = lay.count_row_ints();
+    const uint64_t seq = op_begin(dom);
+    const Context c(p, storage, seq);
+
+    // This warp's slice of the tokens: whole tiles, in block then warp order.
+    const int warp = static_cast<int>(arch::warp_idx());
+    const int slice = (p.num_tokens + c.num_warps() - 1) / c.num_warps();
+    const int per_warp = static_cast<int>(layout::round_up(slice, 32));
+    const int global_warp = static_cast<int>(blockIdx.x) * c.warps + warp;
+    const int begin = global_warp * per_warp < p.num_tokens ? global_warp * per_warp : p.num_tokens;
+    const int end = begin + per_warp < p.num_tokens ? begin + per_warp : p.num_tokens;
+
+    // ---- (1) slots, counts and positions within the slice ----------------------------
+    for (int i = static_cast<int>(arch::lane_idx()); i < c.row_ints; i += 32) c.row(warp)[i].store(0);
+    for (int e = static_cast<int>(arch::lane_idx()); e < c.E; e += 32) c.masks(warp)[e].store(0u);
+    if (blockIdx.x == 0 && threadIdx.x == 0) arch::st_global(c.h.made_by_op, seq);  // the handle's identity
+    __syncwarp();
+    count_slice(p, c, warp, begin, end);
+    __syncthreads();
+
+    // ---- (2) offsets within the block; the block's counts, flagged -------------------
+    for (int key = layout::kCountRowHeaderInts + static_cast<int>(threadIdx.x); key < c.row_ints;
+         key += static_cast<int>(blockDim.x)) {
+      int32_t running = 0;
+      for (int w = 0; w < c.warps; ++w) {
+        const int32_t count = c.row(w)[key].load();
+        c.row(w)[key].store(running);
+        running += count;
+      }
+      arch::st_global(&c.lay.metadata_counts(dom.self(), static_cast<int>(blockIdx.x))[key], running);
+    }
+    // The block barrier orders every thread's counts before thread 0's release, which is
+    // cumulative: it publishes them with its own.
+    __syncthreads();
+    if (threadIdx.x == 0) arch::st_release_gpu(c.lay.metadata_flag(dom.self(), static_cast<int>(blockIdx.x)), flag_of(seq));
+
+    // ---- (3) block 0: this rank's count row, to every rank (itself included) ----------
+    if (blockIdx.x == 0) publish_count_row(p, c, seq);
+    // ---- (4) every rank's row (and the counts of the blocks before this one) --------
+    wait_for_blocks(c, static_cast<int>(blockIdx.x), seq);
+    wait_for_count_rows(c, seq);
+    __syncthreads();  // every row and block count is acquired by some thread of the block
+    if (blockIdx.x == 0 && warp == 0) fill_count_table_and_totals(p, c);
+    // ---- (5) global offsets and the blocks before this one, into every warp's row ----
+    add_offsets(p, c);
+    __syncthreads();
+    // ---- (6) final positions ------------------------------------------------------------
+    finish_slice(c, warp, begin, end);
+    op_end(dom, seq);
+  }
+
+ private:
+  // What every phase reads: the shape's numbers, the layout, the handle, the block's
+  // shared memory carved per warp.
+  struct Context {
+    RAILYARD_DEVICE Context(const Params& p, SharedStorage& s, uint64_t seq)
+        : dom(p.domain),
+          lay(p.domain.shape),
+          h(layout::HandleView::carve(lay, p.handle, p.recv_capacity)),
+          storage(s),
+          R(p.domain.shape.num_ranks),
+          El(p.domain.shape.num_local_experts),
+          K(p.domain.shape.max_topk),
+          E(R * El),
+          row_ints(lay.count_row_ints()),
+          warps(static_cast<int>(blockDim.x / 32)),
+          parity(static_cast<uint32_t>(seq & 1u)) {}
+    const DomainParams& dom;
+    layout::IntranodeLayout lay;
+    layout::HandleView h;
+    SharedStorage& storage;
+    int R, El, K, E, row_ints, warps;
+    uint32_t parity;  // of the operation: which half of the count table it uses
+    RAILYARD_DEVICE int num_warps() const { return static_cast<int>(gridDim.x) * warps; }
+    RAILYARD_DEVICE arch::SharedVar<int32_t>* row(int warp) const { return storage.rows + warp * row_ints; }
+    RAILYARD_DEVICE arch::SharedVar<uint32_t>* masks(int warp) const { return storage.masks + warp * E; }
+  };
+
+  // A token's experts, slot by slot: the first kCachedSlots stay in registers from
+  // normalisation to the tile's last pass, which would otherwise read them back from
+  // the handle four times a tile; later slots are read back.
+  static constexpr int kCachedSlots = 8;
+  struct TokenSlots {
+    int32_t cached[kCachedSlots];
+    const int32_t* in_handle;  // the token's slot_expert row
+    RAILYARD_DEVICE explicit TokenSlots(const int32_t* row) : in_handle(row) {
+      for (int k = 0; k < kCachedSlots; ++k) cached[k] = -1;
+    }
+    RAILYARD_DEVICE void set(int k, int32_t e) {
+      if (k < kCachedSlots) cached[k] = e;
+    }
+    RAILYARD_DEVICE int32_t operator[](int k) const { return k < kCachedSlots ? cached[k] : arch::ld_global(&in_handle[k]); }
+  };
+
+  // Entry `index` of rank src's count row in this rank's count table.
+  RAILYARD_DEVICE static int32_t column(const Context& c, int src, int index) {
+    return arch::ld_global(&c.lay.count_row(c.dom.self(), c.parity, src)[index]);
+  }
+
+  // Phase (1) for one warp: tokens [begin, end), 32 a tile. Leaves the warp's counts in
+  // its row and each token's position among the slice's tokens in the handle.
+  RAILYARD_DEVICE static void count_slice(const Params& p, const Context& c, int warp, int begin, int end) {
+    const int R = c.R, El = c.El, K = c.K;
     const uint32_t lane = arch::lane_idx();
     const uint32_t lower_lanes = (1u << lane) - 1u;
-    const layout::HandleView h = layout::HandleView::carve(lay, p.handle, p.recv_capacity);
-    arch::SharedVar<int32_t>* row = storage.row;
-    const uint64_t seq = op_begin(dom);
-
-    for (int i = static_cast<int>(lane); i < row_ints; i += 32) row[i].store(0);
-    for (int e = static_cast<int>(lane); e < E; e += 32) storage.lanes_of_expert[e].store(0u);
-    __syncwarp();
-    if (lane == 0) {
-      arch::st_global(h.made_by_op, seq);  // the handle's identity (entry_barrier)
-      row[static_cast<int>(layout::CountRow::NumTokens)].store(T);
-      row[static_cast<int>(layout::CountRow::MaxRecvRows)].store(p.max_recv_rows);
-      row[static_cast<int>(layout::CountRow::MaxPermutedRows)].store(p.max_permuted_rows);
-      row[static_cast<int>(layout::CountRow::PadMultiple)].store(p.pad_multiple);
-    }
-    __syncwarp();
-
-    // ---- (1) slots, counts and local positions, tile by tile ----------------------
-    for (int base = 0; base < T; base += 32) {
+    arch::SharedVar<int32_t>* row = c.row(warp);
+    arch::SharedVar<uint32_t>* masks = c.masks(warp);
+    for (int base = begin; base < end; base += 32) {
       const int t = base + static_cast<int>(lane);
-      const bool valid = t < T;
+      const bool valid = t < end;
       uint32_t ranks[kMaxRankWords] = {};
-      if (valid) normalise_token(p, h, t, E, El, K, ranks);
-      for (int d = 0; valid && d < R; ++d) arch::st_global(&h.recv_pos[int64_t{t} * R + d], int32_t{-1});
+      TokenSlots slots(&c.h.slot_expert[int64_t{t} * K]);
+      if (valid) normalise_token(p, c.h, t, c.E, El, K, ranks, slots);
+      for (int d = 0; valid && d < R; ++d) arch::st_global(&c.h.recv_pos[int64_t{t} * R + d], int32_t{-1});
 
       // Destination ranks, in ascending order of rank.
       for (;;) {
@@ -128,7 +243,7 @@ struct Metadata {
         const bool mine = my_first == d;
         const uint32_t holders = __ballot_sync(arch::kFullWarpMask, mine);
         if (mine) {
-          arch::st_global(&h.recv_pos[int64_t{t} * R + d], row[layout::count_to_rank(d)].load() + __popc(holders & lower_lanes));
+          arch::st_global(&c.h.recv_pos[int64_t{t} * R + d], row[layout::count_to_rank(d)].load() + __popc(holders & lower_lanes));
           ranks[d / 32] &= ~(1u << (d % 32));
         }
         __syncwarp();
@@ -140,24 +255,23 @@ struct Metadata {
       // Experts: every lane marks its experts, then takes running + the marks below it;
       // the lowest lane of each expert then advances its counter; every lane clears its
       // marks.
-      const int32_t* experts = &h.slot_expert[int64_t{t} * K];
       for (int k = 0; valid && k < K; ++k) {
-        const int e = arch::ld_global(&experts[k]);
-        if (e >= 0) storage.lanes_of_expert[e].fetch_or(1u << lane);
+        const int e = slots[k];
+        if (e >= 0) masks[e].fetch_or(1u << lane);
       }
       __syncwarp();
       for (int k = 0; valid && k < K; ++k) {
-        const int e = arch::ld_global(&experts[k]);
+        const int e = slots[k];
         if (e < 0) continue;
-        const uint32_t lanes = storage.lanes_of_expert[e].load();
+        const uint32_t lanes = masks[e].load();
         const int key = layout::count_to_expert(R, El, e / El, e % El);
-        arch::st_global(&h.slot_pos[int64_t{t} * K + k], row[key].load() + __popc(lanes & lower_lanes));
+        arch::st_global(&c.h.slot_pos[int64_t{t} * K + k], row[key].load() + __popc(lanes & lower_lanes));
       }
       __syncwarp();
       for (int k = 0; valid && k < K; ++k) {
-        const int e = arch::ld_global(&experts[k]);
+        const int e = slots[k];
         if (e < 0) continue;
-        const uint32_t lanes = storage.lanes_of_expert[e].load();
+        const uint32_t lanes = masks[e].load();
         if (lanes & lower_lanes) continue;  // one lane a key writes its counter
         const int key = layout::count_to_expert(R, El, e / El, e % El);
         row[key].store(row[key].load() + __popc(lanes));
@@ -166,28 +280,55 @@ struct Metadata {
       // clear theirs in the same words).
       __syncwarp();
       for (int k = 0; valid && k < K; ++k) {
-        const int e = arch::ld_global(&experts[k]);
-        if (e >= 0) storage.lanes_of_expert[e].fetch_and(~(1u << lane));
+        const int e = slots[k];
+        if (e >= 0) masks[e].fetch_and(~(1u << lane));
       }
       // No warp barrier: the next tile's first accesses to masks are atomics, and it
       // reads masks and expert counters only after its own warp barrier.
     }
+  }
 
-    // ---- (2) publish this rank's count row to every rank (itself included) ----------
-    const auto parity = static_cast<uint32_t>(seq & 1u);
-    for (int peer = 0; peer < R; ++peer) {
-      int32_t* dst = lay.count_row(dom.peers.ptr[peer], parity, me);
-      for (int i = static_cast<int>(lane); i < row_ints; i += 32) arch::st_global(&dst[i], row[i].load());
-      // The warp barrier orders every lane's stores before lane 0's release, which is
-      // cumulative: it publishes them with its own (no fence needed).
-      __syncwarp();
-      if (lane == 0) arch::st_release_sys(lay.count_flag(dom.peers.ptr[peer], me), flag_of(seq));
+  // Waits until blocks [0, n) of this kernel have flagged their counts (block 0: all of
+  // them). Every block is resident (the launcher checks), so this is a data wait.
+  RAILYARD_DEVICE static void wait_for_blocks(const Context& c, int n, uint64_t seq) {
+    for (int b = static_cast<int>(threadIdx.x); b < n; b += static_cast<int>(blockDim.x)) {
+      const uint32_t* flag = c.lay.metadata_flag(c.dom.self(), b);
+      pipeline::timeout_while([&] { return arch::ld_acquire_gpu(flag) != flag_of(seq); },
+                              {"metadata counts of block", b, static_cast<int64_t>(seq)}, c.dom.wait());
     }
+  }
 
-    // ---- (3) every rank's row: wait, check, copy into the handle -----------------------
-    for (int src = static_cast<int>(lane); src < R; src += 32) {
-      const uint32_t* flag = lay.count_flag(dom.self(), src);
-      const uint32_t* barrier_flag = lay.barrier_flag(dom.self(), src);
+  // Phase (3), block 0: this rank's count row (the call's parameters, then every
+  // block's counts summed) into its slot on every rank, then the flags.
+  RAILYARD_DEVICE static void publish_count_row(const Params& p, const Context& c, uint64_t seq) {
+    const DomainParams& dom = c.dom;
+    wait_for_blocks(c, static_cast<int>(gridDim.x), seq);
+    __syncthreads();
+    for (int i = static_cast<int>(threadIdx.x); i < c.row_ints; i += static_cast<int>(blockDim.x)) {
+      int32_t value = 0;
+      switch (i) {
+        case static_cast<int>(layout::CountRow::NumTokens): value = p.num_tokens; break;
+        case static_cast<int>(layout::CountRow::MaxRecvRows): value = p.max_recv_rows; break;
+        case static_cast<int>(layout::CountRow::MaxPermutedRows): value = p.max_permuted_rows; break;
+        case static_cast<int>(layout::CountRow::PadMultiple): value = p.pad_multiple; break;
+        default:
+          for (int b = 0; b < static_cast<int>(gridDim.x); ++b) value += arch::ld_global(&c.lay.metadata_counts(dom.self(), b)[i]);
+      }
+      for (int peer = 0; peer < c.R; ++peer) arch::st_global(&c.lay.count_row(dom.peers.ptr[peer], c.parity, dom.rank)[i], value);
+    }
+    // The block barrier orders every thread's stores before the releases, which are
+    // cumulative: each publishes them with its own (no fence needed).
+    __syncthreads();
+    for (int peer = static_cast<int>(threadIdx.x); peer < c.R; peer += static_cast<int>(blockDim.x))
+      arch::st_release_sys(c.lay.count_flag(dom.peers.ptr[peer], dom.rank), flag_of(seq));
+  }
+
+  // Phase (4): waits for every rank's count row in this rank's table.
+  RAILYARD_DEVICE static void wait_for_count_rows(const Context& c, uint64_t seq) {
+    const DomainParams& dom = c.dom;
+    for (int src = static_cast<int>(threadIdx.x); src < c.R; src += static_cast<int>(blockDim.x)) {
+      const uint32_t* flag = c.lay.count_flag(dom.self(), src);
+      const uint32_t* barrier_flag = c.lay.barrier_flag(dom.self(), src);
       bool in_other_op = false;  // src runs an operation with an entry barrier at `seq` instead
       pipeline::timeout_while(
           [&] {
@@ -198,97 +339,101 @@ struct Metadata {
           {"count row of rank", src, static_cast<int64_t>(seq)}, dom.handshake_wait());
       if (in_other_op) report_mixed_handshakes(dom, seq);
     }
-    __syncwarp();
-    // pad_multiple must agree: every rank compares every row with rank 0's, in rank
-    // order, so every rank reports the same first rank that differs.
-    const auto pad_of = [&](int src) {
-      return arch::ld_global(&lay.count_row(dom.self(), parity, src)[static_cast<int>(layout::CountRow::PadMultiple)]);
-    };
-    const int32_t rank0_pad = pad_of(0);
+  }
+
+  // Phase (4), one warp of block 0: the count table into the handle (pad_multiple must
+  // agree: every rank compares every row with rank 0's, in rank order, so every rank
+  // reports the same first rank that differs), then this rank's totals as a destination.
+  RAILYARD_DEVICE static void fill_count_table_and_totals(const Params& p, const Context& c) {
+    const int R = c.R, El = c.El, me = c.dom.rank;
+    const int lane = static_cast<int>(arch::lane_idx());
+    const int pad_index = static_cast<int>(layout::CountRow::PadMultiple);
+    const int32_t rank0_pad = column(c, 0, pad_index);
     for (int src = 0; src < R; ++src) {
-      const int32_t* table_row = lay.count_row(dom.self(), parity, src);
-      for (int i = static_cast<int>(lane); i < row_ints; i += 32)
-        arch::st_global(&h.count_matrix[int64_t{src} * row_ints + i], arch::ld_global(&table_row[i]));
-      const int32_t pad = pad_of(src);
+      for (int i = lane; i < c.row_ints; i += 32) arch::st_global(&c.h.count_matrix[int64_t{src} * c.row_ints + i], column(c, src, i));
+      const int32_t pad = column(c, src, pad_index);
       if (lane == 0 && pad != rank0_pad)
-        pipeline::fail_operation(dom.failure_record, pipeline::FailureKind::Mismatch, src,
+        pipeline::fail_operation(c.dom.failure_record, pipeline::FailureKind::Mismatch, src,
                                  static_cast<int32_t>(pipeline::AbortReason::DifferentPadMultiples), src, pad,
                                  rank0_pad);
     }
-    // No warp barrier: (4) and (5) read the count table, not what (3) wrote.
-
-    // ---- (4) totals of this rank as a destination ------------------------------------------
     int64_t permuted = 0;
-    for (int j = static_cast<int>(lane); j < El; j += 32) {
+    for (int j = lane; j < El; j += 32) {
       int64_t count = 0;
-      for (int src = 0; src < R; ++src) count += column(lay, dom, parity, src, layout::count_to_expert(R, El, me, j));
+      for (int src = 0; src < R; ++src) count += column(c, src, layout::count_to_expert(R, El, me, j));
       const int64_t padded = layout::round_up(count, p.pad_multiple);
-      arch::st_global(&h.totals[static_cast<int>(layout::Total::TokensPerExpert) + j], padded);
-      arch::st_global(&h.totals[static_cast<int>(layout::Total::TokensPerExpert) + El + j], count);
+      arch::st_global(&c.h.totals[static_cast<int>(layout::Total::TokensPerExpert) + j], padded);
+      arch::st_global(&c.h.totals[static_cast<int>(layout::Total::TokensPerExpert) + El + j], count);
       permuted += padded;
     }
     permuted = warp_sum(permuted);
     if (lane == 0) {
       int64_t recv = 0;
-      for (int src = 0; src < R; ++src) recv += column(lay, dom, parity, src, layout::count_to_rank(me));
-      arch::st_global(&h.totals[static_cast<int>(layout::Total::NumRecv)], recv);
-      arch::st_global(&h.totals[static_cast<int>(layout::Total::NumPermuted)], permuted);
-      arch::st_global(&h.totals[static_cast<int>(layout::Total::OverflowRecv)],
+      for (int src = 0; src < R; ++src) recv += column(c, src, layout::count_to_rank(me));
+      arch::st_global(&c.h.totals[static_cast<int>(layout::Total::NumRecv)], recv);
+      arch::st_global(&c.h.totals[static_cast<int>(layout::Total::NumPermuted)], permuted);
+      arch::st_global(&c.h.totals[static_cast<int>(layout::Total::OverflowRecv)],
                       int64_t{p.max_recv_rows >= 0 && recv > p.max_recv_rows});
-      arch::st_global(&h.totals[static_cast<int>(layout::Total::OverflowPermuted)],
+      arch::st_global(&c.h.totals[static_cast<int>(layout::Total::OverflowPermuted)],
                       int64_t{p.max_permuted_rows >= 0 && permuted > p.max_permuted_rows});
     }
-    // No warp barrier: nothing below reads the totals.
+  }
 
-    // ---- (5) offsets of this rank's tokens on every rank, into `row` ---------------------
-    // recv offset on d: rows from ranks before me. Expert j of d starts after the padded
-    // groups of d's experts before j; my rows in it come after those of ranks before me.
-    for (int d = static_cast<int>(lane); d < R; d += 32) {
-      int32_t recv_off = 0;
-      for (int src = 0; src < me; ++src) recv_off += column(lay, dom, parity, src, layout::count_to_rank(d));
-      row[layout::count_to_rank(d)].store(recv_off);
-      int64_t group_base = 0;
+  // Phase (5): per key, where this block's tokens start on the destination: on rank d,
+  // after the rows of ranks before this one; in expert j of d, after the padded groups
+  // of d's experts before j and this rank's predecessors' rows in group j; then after
+  // the blocks before this one. Added to every warp's offsets within the block.
+  RAILYARD_DEVICE static void add_offsets(const Params& p, const Context& c) {
+    const int R = c.R, El = c.El, me = c.dom.rank;
+    const int tid = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
+    arch::SharedVar<uint32_t>* group_base = c.storage.masks;  // [E]: no tile uses the masks now
+    for (int e = tid; e < c.E; e += threads) {
+      int64_t total = 0;
+      for (int src = 0; src < R; ++src) total += column(c, src, layout::count_to_expert(R, El, e / El, e % El));
+      group_base[e].store(static_cast<uint32_t>(layout::round_up(total, p.pad_multiple)));
+    }
+    __syncthreads();
+    for (int d = tid; d < R; d += threads) {
+      uint32_t running = 0;
       for (int j = 0; j < El; ++j) {
-        const int key = layout::count_to_expert(R, El, d, j);
-        int64_t before_me = 0, total = 0;
-        for (int src = 0; src < R; ++src) {
-          const int32_t c = column(lay, dom, parity, src, key);
-          total += c;
-          if (src < me) before_me += c;
-        }
-        row[key].store(static_cast<int32_t>(group_base + before_me));
-        group_base += layout::round_up(total, p.pad_multiple);
+        const uint32_t padded = group_base[d * El + j].load();
+        group_base[d * El + j].store(running);
+        running += padded;
       }
     }
-    __syncwarp();
+    __syncthreads();
+    for (int key = layout::kCountRowHeaderInts + tid; key < c.row_ints; key += threads) {
+      const int first_expert_key = layout::count_to_expert(R, El, 0, 0);
+      int32_t offset = key < first_expert_key ? 0 : static_cast<int32_t>(group_base[key - first_expert_key].load());
+      for (int src = 0; src < me; ++src) offset += column(c, src, key);
+      for (int b = 0; b < static_cast<int>(blockIdx.x); ++b)
+        offset += arch::ld_global(&c.lay.metadata_counts(c.dom.self(), b)[key]);
+      for (int w = 0; w < c.warps; ++w) c.row(w)[key].store(c.row(w)[key].load() + offset);
+    }
+  }
 
-    // ---- (6) final positions (each lane finishes the tokens it started in (1)) -----------
-    for (int t = static_cast<int>(lane); t < T; t += 32) {
+  // Phase (6) for one warp: its tokens' positions within the slice plus its offsets;
+  // a slot past its rank's bound on permuted rows is dropped (-1).
+  RAILYARD_DEVICE static void finish_slice(const Context& c, int warp, int begin, int end) {
+    const int R = c.R, El = c.El, K = c.K;
+    const arch::SharedVar<int32_t>* row = c.row(warp);
+    for (int t = begin + static_cast<int>(arch::lane_idx()); t < end; t += 32) {
       for (int d = 0; d < R; ++d) {
-        int32_t* pos = &h.recv_pos[int64_t{t} * R + d];
+        int32_t* pos = &c.h.recv_pos[int64_t{t} * R + d];
         const int32_t local = arch::ld_global(pos);
         if (local >= 0) arch::st_global(pos, local + row[layout::count_to_rank(d)].load());
       }
       for (int k = 0; k < K; ++k) {
-        const int e = arch::ld_global(&h.slot_expert[int64_t{t} * K + k]);
+        const int e = arch::ld_global(&c.h.slot_expert[int64_t{t} * K + k]);
         if (e < 0) continue;
         const int d = e / El;
-        int32_t* pos = &h.slot_pos[int64_t{t} * K + k];
+        int32_t* pos = &c.h.slot_pos[int64_t{t} * K + k];
         int32_t final_pos = arch::ld_global(pos) + row[layout::count_to_expert(R, El, d, e % El)].load();
-        const int32_t bound =
-            column(lay, dom, parity, d, static_cast<int>(layout::CountRow::MaxPermutedRows));
+        const int32_t bound = column(c, d, static_cast<int>(layout::CountRow::MaxPermutedRows));
         if (bound >= 0 && final_pos >= bound) final_pos = -1;
         arch::st_global(pos, final_pos);
       }
     }
-    op_end(dom, seq);
-  }
-
- private:
-  // Entry `index` of rank src's count row in this rank's count table.
-  RAILYARD_DEVICE static int32_t column(const layout::IntranodeLayout& lay, const DomainParams& dom,
-                                        uint32_t parity, int src, int index) {
-    return arch::ld_global(&lay.count_row(dom.self(), parity, src)[index]);
   }
 
   RAILYARD_DEVICE static int warp_min(int v) {
@@ -303,13 +448,13 @@ struct Metadata {
     for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(arch::kFullWarpMask, v, offset);
     return v;
   }
-
   // Writes token t's slots (expert, prob, local position -1) into the handle, checks
   // them, and marks its destination ranks in `ranks`.
   RAILYARD_DEVICE static void normalise_token(const Params& p, const layout::HandleView& h, int t, int E, int El,
-                                              int K, uint32_t* ranks) {
+                                              int K, uint32_t* ranks, TokenSlots& slots) {
     int filled = 0;
     auto put = [&](int e, float prob) {
+      slots.set(filled, e);
       arch::st_global(&h.slot_expert[int64_t{t} * K + filled], int32_t{e});
       arch::st_global(&h.slot_prob[int64_t{t} * K + filled], prob);
       arch::st_global(&h.slot_pos[int64_t{t} * K + filled], int32_t{-1});
@@ -321,7 +466,7 @@ struct Metadata {
         const int64_t e = arch::ld_global(&p.topk_idx[int64_t{t} * p.num_topk + k]);
         if (e < -1 || e >= E) abort_operation(p.domain, pipeline::AbortReason::ExpertOutOfRange, t, k, e);
         for (int prev = 0; e >= 0 && prev < k; ++prev)
-          if (arch::ld_global(&p.topk_idx[int64_t{t} * p.num_topk + prev]) == e)
+          if (slots[prev] == e)  // slot prev holds topk_idx[prev] (or -1)
             abort_operation(p.domain, pipeline::AbortReason::ExpertChosenTwice, t, e, prev);
         if (e >= 0) {
           put(static_cast<int>(e), arch::ld_global(&p.topk_weights[int64_t{t} * p.num_topk + k]));

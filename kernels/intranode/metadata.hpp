@@ -33,6 +33,11 @@ struct MetadataArguments {
   // The handle to fill (layout::HandleView over IntranodeLayout::handle_bytes(recv_capacity)).
   uint8_t* handle = nullptr;
   int64_t recv_capacity = 0;
+
+  // Blocks the kernel may spread the tokens over (>= 1): it uses at most this many,
+  // at most layout::kMaxMetadataBlocks, and fewer when the tokens are few
+  // (Metadata::blocks_for). Positions do not depend on it.
+  int max_blocks = 1;
 };
 
 // Checks the arguments (errors name the argument and the expected value), then

@@ -518,6 +518,7 @@ void Buffer::launch_metadata(const DispatchArgs& args, Handle& handle, GpuStream
   m.pad_multiple = static_cast<int>(args.pad_multiple);
   m.handle = static_cast<uint8_t*>(handle.allocation_.get());
   m.recv_capacity = handle.recv_capacity_;
+  m.max_blocks = args.num_sms > 0 ? args.num_sms : s.dispatch_sms;
   throw_if_failed(ki::launch_metadata(m, stream), "dispatch");
 }
 

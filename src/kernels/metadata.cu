@@ -40,7 +40,18 @@ Status launch_metadata(const MetadataArguments& a, GpuStream stream) {
   if (a.recv_capacity < 0 || a.recv_capacity > lay.stage_capacity_rows())
     return Status::invalid_argument(who + "recv_capacity is " + std::to_string(a.recv_capacity) + "; expected " +
                                     range(0, lay.stage_capacity_rows()) + " (num_ranks x max_tokens)");
-  return kernels::launch<Metadata>(Metadata::to_params(a), dim3(1), dim3(Metadata::kMaxThreadsPerBlock),
+  if (a.max_blocks < 1)
+    return Status::invalid_argument(who + "max_blocks is " + std::to_string(a.max_blocks) + "; expected >= 1");
+  // Any number of warps up to warps_per_block works; a device with smaller blocks gets
+  // fewer.
+  int warps = Metadata::warps_per_block(s);
+  if (const int device_warps = max_threads_per_block(stream) / 32; device_warps >= 1 && device_warps < warps)
+    warps = device_warps;
+  const int blocks = Metadata::blocks_for(a.num_tokens, warps, a.max_blocks);
+  // Blocks wait for each other's counts: every one must be resident.
+  if (Status st = check_all_blocks_resident(Metadata::kName, blocks, Metadata::shared_memory_bytes(), stream); !st.ok())
+    return st;
+  return kernels::launch<Metadata>(Metadata::to_params(a), dim3(blocks), dim3(32 * warps),
                                    Metadata::shared_memory_bytes(), stream);
 }
 

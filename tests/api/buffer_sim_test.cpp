@@ -1432,8 +1432,9 @@ TEST(BufferHandles, RanksInDifferentNetworkNamespacesNeedASocketDirectory) {
 namespace railyard {
 namespace {
 
-// A device whose block size limit fits the metadata kernel (one warp) but not the
-// dispatch kernel: the launch is refused (LaunchFailed) after the metadata kernel was queued.
+// A device whose block size limit fits the metadata kernel (which takes one warp per
+// block there) but not the dispatch kernel: the launch is refused (LaunchFailed) after
+// the metadata kernel was queued.
 // That kernel still writes into the handle, which the buffer keeps until destroy(), so
 // the stream then finishes without a fault (freeing the handle made the metadata
 // kernel's stores out of bounds).

@@ -40,12 +40,12 @@ inline sim::DeviceProps small_device(int sm_count = 8) {
 
 class IntranodeWorld {
  public:
-  // preemption, locality: sim::Config's (the defaults explore the most interleavings;
-  // scale tests trade some for speed).
+  // preemption, locality, timed: sim::Config's (the defaults explore the most
+  // interleavings; scale tests trade some for speed; timed tests give SIMULATED times).
   IntranodeWorld(const IntranodeShape& shape, uint64_t seed, int sm_count = 8, double preemption = 1.0,
-                 double locality = 0.0)
+                 double locality = 0.0, bool timed = false)
       : shape_(shape), layout_(shape) {
-    sim::reset({.seed = seed, .preemption = preemption, .locality = locality});
+    sim::reset({.seed = seed, .preemption = preemption, .locality = locality, .timed = timed});
     for (int r = 0; r < shape.num_ranks; ++r) sim::add_device(small_device(sm_count));
     for (int r = 0; r < shape.num_ranks; ++r)
       for (int p = 0; p < shape.num_ranks; ++p)

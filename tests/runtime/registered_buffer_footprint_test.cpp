@@ -58,19 +58,20 @@ void print_footprint(const Example& example) {
       {"count_flags", L.count_flags_offset(), L.barrier_flags_offset()},
       {"barrier_flags", L.barrier_flags_offset(), L.op_descriptors_offset()},
       {"op_descriptors", L.op_descriptors_offset(), L.local_state_offset()},
-      {"local_state (+ pad to 128)", L.local_state_offset(), L.headers_offset()},
+      {"local_state", L.local_state_offset(), L.metadata_flags_offset()},
+      {"metadata scratch (+ pad to 128)", L.metadata_flags_offset(), L.headers_offset()},
       {"stage_headers", L.headers_offset(), L.scales_offset()},
       {"stage_scales", L.scales_offset(), L.rows_offset()},
       {"stage_rows (+ pad to 128)", L.rows_offset(), L.registered_bytes()},
   };
   for (const auto& r : regions)
-    std::printf("  %-28s offset %12lld  bytes %12lld  (%s)\n", r.region, static_cast<long long>(r.begin),
+    std::printf("  %-32s offset %12lld  bytes %12lld  (%s)\n", r.region, static_cast<long long>(r.begin),
                 static_cast<long long>(r.end - r.begin), mib(r.end - r.begin).c_str());
-  std::printf("  %-28s %34lld  (%s) per rank, %s per domain\n", "registered_bytes",
+  std::printf("  %-32s %34lld  (%s) per rank, %s per domain\n", "registered_bytes",
               static_cast<long long>(L.registered_bytes()), mib(L.registered_bytes()).c_str(),
               mib(L.registered_bytes() * s.num_ranks).c_str());
   const int64_t handle = L.handle_bytes(L.stage_capacity_rows());
-  std::printf("  %-28s %34lld  (%s), from the caller's allocator\n", "handle_bytes(R*M)",
+  std::printf("  %-32s %34lld  (%s), from the caller's allocator\n", "handle_bytes(R*M)",
               static_cast<long long>(handle), mib(handle).c_str());
 }
 
@@ -83,9 +84,9 @@ TEST(RegisteredBufferFootprint, WorkedExamplesOfDocsBuffersMd) {
   for (const Example& e : {seed, deepep, deepep_bf16}) print_footprint(e);
 
   // The totals docs/buffers.md quotes; a layout change must update the page.
-  EXPECT_EQ(RegisteredBuffer::required_bytes(seed.config), 538'445'952u);
-  EXPECT_EQ(RegisteredBuffer::required_bytes(deepep.config), 1'923'164'544u);
-  EXPECT_EQ(RegisteredBuffer::required_bytes(deepep_bf16.config), 1'893'804'416u);
+  EXPECT_EQ(RegisteredBuffer::required_bytes(seed.config), 538'449'664u);
+  EXPECT_EQ(RegisteredBuffer::required_bytes(deepep.config), 1'923'202'048u);
+  EXPECT_EQ(RegisteredBuffer::required_bytes(deepep_bf16.config), 1'893'841'920u);
 }
 
 TEST(RegisteredBufferFootprint, ShapeComesFromTheConfigAndBadConfigsAreRefused) {

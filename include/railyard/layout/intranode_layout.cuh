@@ -22,6 +22,9 @@ namespace railyard::layout {
 inline constexpr int kMaxRanksPerDomain = 72;
 inline constexpr int kMaxLocalExperts = 256;
 inline constexpr int kFp8ScaleBlock = 128;  // elements per FP8 scale
+// Blocks the metadata kernel spreads a rank's tokens over, at most: each has a flag
+// and a count row in the registered buffer's metadata scratch.
+inline constexpr int kMaxMetadataBlocks = 32;
 
 RAILYARD_HOST_DEVICE constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -124,6 +127,7 @@ class IntranodeLayout {
   // ---- the registered buffer ---------------------------------------------------------------
   // [count_table: 2 parities x R sources x count_row_ints]
   // [count_flags: R] [barrier_flags: R] [op_descriptors: 2 parities x R] [local_state: 64 B]
+  // [metadata scratch: kMaxMetadataBlocks flags, kMaxMetadataBlocks x count_row_ints]
   // [headers: R*M x header_bytes] [scales: R*M x stage_scale_bytes] [rows: R*M x stage_row_bytes]
   RAILYARD_HOST_DEVICE int64_t count_table_offset() const { return 0; }
   RAILYARD_HOST_DEVICE int64_t count_flags_offset() const {
@@ -138,7 +142,13 @@ class IntranodeLayout {
   RAILYARD_HOST_DEVICE int64_t local_state_offset() const {
     return op_descriptors_offset() + int64_t{2} * s_.num_ranks * int64_t{sizeof(OpDescriptor)};
   }
-  RAILYARD_HOST_DEVICE int64_t headers_offset() const { return round_up(local_state_offset() + 64, 128); }
+  RAILYARD_HOST_DEVICE int64_t metadata_flags_offset() const { return local_state_offset() + 64; }
+  RAILYARD_HOST_DEVICE int64_t metadata_counts_offset() const {
+    return metadata_flags_offset() + int64_t{kMaxMetadataBlocks} * 4;
+  }
+  RAILYARD_HOST_DEVICE int64_t headers_offset() const {
+    return round_up(metadata_counts_offset() + int64_t{kMaxMetadataBlocks} * count_row_ints() * 4, 128);
+  }
   RAILYARD_HOST_DEVICE int64_t scales_offset() const {
     return round_up(headers_offset() + stage_capacity_rows() * header_bytes(), 128);
   }
@@ -180,6 +190,15 @@ class IntranodeLayout {
   RAILYARD_HOST_DEVICE pipeline::AbortRecord* abort_record(uint8_t* base) const {
     static_assert(16 + sizeof(pipeline::AbortRecord) <= 64, "local_state is 64 bytes");
     return reinterpret_cast<pipeline::AbortRecord*>(base + local_state_offset() + 16);
+  }
+  // This rank's metadata kernel, block b: the flag that says its counts are written
+  // (the low 32 bits of the operation's seq), and its tokens' counts, per count-row key.
+  // Only this rank's blocks touch them.
+  RAILYARD_HOST_DEVICE uint32_t* metadata_flag(uint8_t* base, int block) const {
+    return reinterpret_cast<uint32_t*>(base + metadata_flags_offset()) + block;
+  }
+  RAILYARD_HOST_DEVICE int32_t* metadata_counts(uint8_t* base, int block) const {
+    return reinterpret_cast<int32_t*>(base + metadata_counts_offset()) + int64_t{block} * count_row_ints();
   }
   RAILYARD_HOST_DEVICE RowHeader* header(uint8_t* base, int64_t row) const {
     return reinterpret_cast<RowHeader*>(base + headers_offset() + row * header_bytes());
