@@ -90,6 +90,7 @@ PYBIND11_MODULE(_bench, m) {
       .def_readwrite("sim_tokens", &Params::sim_tokens)
       .def_readwrite("sim_full", &Params::sim_full)
       .def_readwrite("sim_timed", &Params::sim_timed)
+      .def_readwrite("sim_gpu", &Params::sim_gpu)
       .def_readwrite("preemption", &Params::preemption)
       .def_readwrite("host_overhead_iters", &Params::host_overhead_iters)
       .def_readwrite("model_fixed_us", &Params::model_fixed_us)
@@ -209,7 +210,7 @@ PYBIND11_MODULE(_bench, m) {
   m.def("sms_to_fill", &sms_to_fill, py::arg("gpu"), py::arg("bytes"), py::arg("tokens") = 0);
 
   m.attr("SIM_TIMED_MAX_SMS") = kSimTimedMaxSms;
-  m.attr("SIMULATED_KIND") = simulated_kind("h100");
+  m.def("simulated_kind", &simulated_kind, py::arg("gpu"));
   m.def(
       "sim_bound",
       [](double time_us, const std::vector<std::vector<std::pair<std::string, double>>>& busy) {

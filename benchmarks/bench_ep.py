@@ -15,7 +15,7 @@ calls through the binding railyard._bench (benchmarks/bench_bindings.cpp).
   call's handle) and combine, each bracketed by CUDA events; per iteration the slowest
   rank's time (all_reduce MAX); median and spread; algbw and busbw.
 - No GPU: the same entry point runs every operation once on Railyard's CPU simulator
-  (railyard.sim.run, --ranks simulated H100s in this one process), checks every output
+  (railyard.sim.run, --ranks simulated H100s or B200s (--sim-gpu) in this one process), checks every output
   against closed forms computed here from the routing, compares the NVLink bytes of
   every link (railyard.sim.traffic()) with the minimum, runs every operation again in
   the simulator's timed mode per SM count (railyard.sim.run(timed=True): SIMULATED times
@@ -75,6 +75,8 @@ def parse_args(argv=None):
     ap.add_argument("--sim", action="store_true", help="run the simulator even where GPUs are available")
     ap.add_argument("--no-sim-timed", action="store_true",
                     help="simulator: skip the timed runs (SIMULATED time per SM count)")
+    ap.add_argument("--sim-gpu", choices=["h100", "b200"], default="h100",
+                    help="simulator: the simulated GPUs' preset (the timed mode's cost model)")
     ap.add_argument("--preemption", type=float, default=0.25, help="simulator: the scheduler's switch probability")
     ap.add_argument("--host-overhead-iters", type=int, default=1000,
                     help="calls per method of the Python-layer overhead microbenchmark (0 skips it)")
@@ -99,6 +101,7 @@ def make_params(a):
             return None
     p.layouts, p.pad_multiple, p.iters, p.warmup, p.seed = LAYOUTS[a.layout], a.pad_multiple, a.iters, a.warmup, a.seed
     p.sim_tokens, p.sim_full, p.preemption, p.sim_timed = a.sim_tokens, a.sim_full, a.preemption, not a.no_sim_timed
+    p.sim_gpu = a.sim_gpu
     p.host_overhead_iters = 0 if a.no_overhead else a.host_overhead_iters
     p.model_fixed_us, p.model_token_latency_us = a.model_fixed_us, a.model_token_latency_us
     fp8 = p.dtype == "fp8"
@@ -365,8 +368,8 @@ def _simulate(p, T, inputs, expected, sms, timed):
         return mismatches
 
     # timeout: how long a rank may wait at a barrier for the others' operation (--sim-full is slow)
-    per_rank = railyard.sim.run(world_size=R, fn=fn, ranks_per_domain=R, seed=p.seed, preemption=p.preemption,
-                                timeout=3600.0, timed=timed)
+    per_rank = railyard.sim.run(world_size=R, fn=fn, ranks_per_domain=R, seed=p.seed, device=p.sim_gpu,
+                                preemption=p.preemption, timeout=3600.0, timed=timed)
     for i, wnd in enumerate(windows):
         wnd["time_us"] = max(times[i])
     return windows, per_rank
@@ -418,7 +421,7 @@ def run_simulator(p):
             bad = sum(m[i] for m in timed_per_rank)
             o["mismatches"] += bad
             o["simulated"].append({
-                "kind": rb.SIMULATED_KIND, "sms": sms,
+                "kind": rb.simulated_kind(p.sim_gpu), "sms": sms,
                 "tokens_per_rank": T, "sim_time_us": t,
                 "sim_algbw_gbps": o["counted"].algbw_mean() / (t * 1e3) if t > 0 else 0.0,
                 "sim_busbw_gbps": o["counted"].busbw_mean() / (t * 1e3) if t > 0 else 0.0,
@@ -502,7 +505,7 @@ def report_simulator(p, run_tokens, pairs, ops, doc):
         if o["op"] == "combine" and i >= 1:
             print_links(ops[i - 1], o, pairs, R)
         if o["simulated"]:
-            print(f"  SIMULATED on simulated H100s (timed mode, {run_tokens} tokens/rank; NOT a measurement; us, GB/s):")
+            print(f"  SIMULATED on simulated {p.sim_gpu.upper()}s (timed mode, {run_tokens} tokens/rank; NOT a measurement; us, GB/s):")
             print(f"    {'SMs':>5} {'time':>10} {'algbw':>9} {'busbw':>9}  {'bound':<10} busiest resource")
             for row in o["simulated"]:
                 print(f"    {row['sms']:5d} {row['sim_time_us']:10.1f} {row['sim_algbw_gbps']:9.1f} "
@@ -661,7 +664,7 @@ def parameters_json(p, run_tokens, sim):
          "dtype": p.dtype, "skew": p.skew, "pad_multiple": p.pad_multiple, "iters": p.iters, "warmup": p.warmup,
          "seed": p.seed, "dispatch_row_bytes": p.dispatch_row_bytes()}
     if sim:
-        d.update(sim_blocks=p.sim_sms, sim_preemption=p.preemption, sim_timed=p.sim_timed)
+        d.update(sim_blocks=p.sim_sms, sim_preemption=p.preemption, sim_timed=p.sim_timed, sim_gpu=p.sim_gpu)
     d.update(combine_row_bytes=p.combine_row_bytes(), sms=list(p.sms), layouts=list(p.layouts))
     return d
 
@@ -749,7 +752,7 @@ def main(argv=None):
             return 1
         run_tokens = sim_tokens(p)
         header(p, run_tokens, True)
-        doc.update(flavour="simulator", device="simulated H100 (Railyard CPU simulator)",
+        doc.update(flavour="simulator", device=f"simulated {p.sim_gpu.upper()} (Railyard CPU simulator)",
                    parameters=parameters_json(p, run_tokens, True))
         try:
             run_tokens, pairs, ops = run_simulator(p)
