@@ -9,7 +9,7 @@
 // once instead of waiting for a dispatch this rank never starts.
 #pragma once
 
-#include "kernels/intranode/protocol.cuh"
+#include "kernels/intranode/domain.hpp"
 #include "railyard/common/gpu_stream.hpp"
 #include "railyard/common/status.hpp"
 

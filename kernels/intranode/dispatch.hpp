@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "kernels/intranode/protocol.cuh"
+#include "kernels/intranode/domain.hpp"
 #include "railyard/common/gpu_stream.hpp"
 #include "railyard/common/status.hpp"
 

@@ -7,7 +7,7 @@
 #include <limits>
 #include <string>
 
-#include "kernels/intranode/protocol.cuh"
+#include "kernels/intranode/domain.hpp"
 #include "railyard/common/status.hpp"
 
 namespace railyard::kernels::intranode {

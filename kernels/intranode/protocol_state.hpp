@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/intranode/protocol.cuh"
+#include "kernels/intranode/domain.hpp"
 #include "railyard/layout/intranode_layout.cuh"
 
 namespace railyard::kernels::intranode {
