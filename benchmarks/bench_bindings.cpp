@@ -44,7 +44,7 @@ py::bytes as_bytes(const std::vector<T>& v) {
 // (IntranodeLayout::count_row_ints() x 4), which the simulator verifies on every link.
 uint64_t count_row_bytes(const Params& p) {
   railyard::layout::IntranodeShape s;
-  s.num_ranks = p.ranks;
+  s.ranks_per_domain = p.ranks;
   s.num_local_experts = p.experts_per_rank;
   return static_cast<uint64_t>(railyard::layout::IntranodeLayout(s).count_row_ints()) * 4;
 }

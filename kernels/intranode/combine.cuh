@@ -128,7 +128,7 @@ struct Combine {
     arch::SharedVar<SlotTag> load_tags[Stages];
     arch::SharedVar<SlotTag> store_tags[kStoreStages];
     // The current jobs' sources, in summation order (Load warp only): a stage job's
-    // from 0; gather job i of a batch's from i x num_ranks.
+    // from 0; gather job i of a batch's from i x ranks_per_domain.
     arch::SharedVar<const uint8_t*> sources[kMaxSources];
     arch::SharedVar<int16_t> source_rank[kMaxSources];
     // Staged rows whose bulk stores are issued and whose seq is not yet released, a
@@ -147,7 +147,7 @@ struct Combine {
     DomainParams domain;
     layout::HandleView handle;
     int num_tokens;
-    int ranks_per_domain;  // resolved: 1..R, divides R
+    int ranks_per_partial;  // resolved: 1..R, divides R
     int chunk_rows;
     bool permuted_input;
     const uint8_t* input;
@@ -170,7 +170,7 @@ struct Combine {
     if (a.handle == nullptr) return Status::invalid_argument(who + "handle is null");
     if (a.recv_capacity < 0 || a.recv_capacity > lay.stage_capacity_rows())
       return Status::invalid_argument(who + "recv_capacity is " + std::to_string(a.recv_capacity) + "; expected " +
-                                      range(0, lay.stage_capacity_rows()) + " (num_ranks x max_tokens)");
+                                      range(0, lay.stage_capacity_rows()) + " (shape.ranks_per_domain x max_tokens)");
     if (a.num_tokens < 0 || a.num_tokens > s.max_tokens)
       return Status::invalid_argument(who + "num_tokens is " + std::to_string(a.num_tokens) + "; expected " +
                                       range(0, s.max_tokens) + " (shape.max_tokens)");
@@ -189,10 +189,10 @@ struct Combine {
     if (reinterpret_cast<uintptr_t>(a.input_probs) % alignof(float) != 0 ||
         reinterpret_cast<uintptr_t>(a.combined_probs) % alignof(float) != 0)
       return Status::invalid_argument(who + "input_probs and combined_probs must be 4-byte aligned");
-    if (a.ranks_per_domain < 0 || (a.ranks_per_domain > 0 && s.num_ranks % a.ranks_per_domain != 0))
-      return Status::invalid_argument(who + "ranks_per_domain is " + std::to_string(a.ranks_per_domain) +
-                                      "; expected 0 (one domain) or a divisor of num_ranks " +
-                                      std::to_string(s.num_ranks));
+    if (a.ranks_per_partial < 0 || (a.ranks_per_partial > 0 && s.ranks_per_domain % a.ranks_per_partial != 0))
+      return Status::invalid_argument(who + "ranks_per_partial is " + std::to_string(a.ranks_per_partial) +
+                                      "; expected 0 (all ranks) or a divisor of shape.ranks_per_domain " +
+                                      std::to_string(s.ranks_per_domain));
     if (a.chunk_rows < 1)
       return Status::invalid_argument(who + "chunk_rows is " + std::to_string(a.chunk_rows) + "; expected >= 1");
     return Status::success();
@@ -205,7 +205,7 @@ struct Combine {
     p.handle = layout::HandleView::carve(layout::IntranodeLayout(a.domain.shape), const_cast<uint8_t*>(a.handle),
                                          a.recv_capacity);
     p.num_tokens = a.num_tokens;
-    p.ranks_per_domain = a.ranks_per_domain > 0 ? a.ranks_per_domain : a.domain.shape.num_ranks;
+    p.ranks_per_partial = a.ranks_per_partial > 0 ? a.ranks_per_partial : a.domain.shape.ranks_per_domain;
     p.chunk_rows = a.chunk_rows;
     p.permuted_input = a.input_layout == CombineInputLayout::Permuted;
     p.input = static_cast<const uint8_t*>(a.input);
@@ -288,8 +288,8 @@ struct Combine {
         uint32_t flags = job_flags | kData;
         if (i == 0) flags |= kFirst;
         if (last) flags |= kLast;
-        if (gather && (last || storage.source_rank[first + i + 1].load() / p.ranks_per_domain !=
-                                   storage.source_rank[first + i].load() / p.ranks_per_domain)) {
+        if (gather && (last || storage.source_rank[first + i + 1].load() / p.ranks_per_partial !=
+                                   storage.source_rank[first + i].load() / p.ranks_per_partial)) {
           flags |= kDomainEnd;
         }
         const SlotTag tag{dst + offset, last && last_piece ? publish_row : -1, bytes, flags};
@@ -303,7 +303,7 @@ struct Combine {
     const DomainParams& dom = p.domain;
     const layout::IntranodeLayout lay(dom.shape);
     const layout::HandleView& h = p.handle;
-    const int R = dom.shape.num_ranks;
+    const int R = dom.shape.ranks_per_domain;
     const int El = dom.shape.num_local_experts;
     const int Kl = lay.max_entries();
     const int64_t row_bytes = lay.combine_row_bytes();

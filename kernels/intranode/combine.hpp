@@ -44,10 +44,11 @@ struct CombineArguments {
   // Output: BF16 [num_tokens, H], 16-byte aligned.
   void* out = nullptr;
 
-  // Ranks per NVLink domain for the per-domain BF16 rounding of semantics.md 7.
-  // 0 means all ranks form one domain (the NVLink path); otherwise it must divide
-  // shape.num_ranks.
-  int ranks_per_domain = 0;
+  // Ranks summed into one partial before its BF16 rounding: the per-domain rounding of
+  // semantics.md 7, with the kernel's ranks cut into groups of this many as if each
+  // were a domain. 0 means all the kernel's ranks (one domain: the NVLink path);
+  // otherwise it must divide shape.ranks_per_domain.
+  int ranks_per_partial = 0;
 
   // Blocks (channels) of the launch, 1..SM count; each takes every num_blocks-th chunk
   // of received rows to stage and of home tokens to gather. A chunk holds chunk_rows

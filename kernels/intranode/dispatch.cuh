@@ -139,7 +139,7 @@ struct Dispatch {
       return bad("scales: expected a 4-byte aligned pointer for FP8");
     if (args.handle == nullptr || !aligned(args.handle, 16)) return bad("handle: expected a 16-byte aligned pointer");
     if (args.recv_capacity < 0 || args.recv_capacity > layout.stage_capacity_rows())
-      return bad("recv_capacity " + std::to_string(args.recv_capacity) + ": expected 0..num_ranks*max_tokens");
+      return bad("recv_capacity " + std::to_string(args.recv_capacity) + ": expected 0..ranks_per_domain*max_tokens");
     if (args.out_hidden == nullptr || !aligned(args.out_hidden, arch::kBulkCopyAlign))
       return bad("out_hidden: expected a 16-byte aligned pointer");
     if (fp8 && (args.out_scales == nullptr || !aligned(args.out_scales, 4)))
@@ -185,7 +185,7 @@ struct Dispatch {
       arch::fence_mbarrier_init_release_cluster();  // the TMA completes on the barriers
     }
     const Context ctx(params);
-    for (int d = static_cast<int>(thread); d < ctx.num_ranks; d += static_cast<int>(kMaxThreadsPerBlock)) {
+    for (int d = static_cast<int>(thread); d < ctx.ranks_per_domain; d += static_cast<int>(kMaxThreadsPerBlock)) {
       storage.recv_bound[d].store(
           arch::ld_global(ctx.count_row(params, d) + static_cast<int>(layout::CountRow::MaxRecvRows)));
     }
@@ -230,7 +230,7 @@ struct Dispatch {
     layout::IntranodeLayout layout;
     uint32_t row_bytes;
     int num_scales;  // fp32 scales a row (FP8), else 0
-    int num_ranks, num_local_experts, max_topk, max_entries;
+    int ranks_per_domain, num_local_experts, max_topk, max_entries;
     bool grouped;  // ExpertGrouped output
     int64_t copy_rows;      // received rows whose header this rank waits for
     int64_t recv_keep;      // received rows below max_recv_rows (received-row outputs)
@@ -241,7 +241,7 @@ struct Dispatch {
         : layout(p.domain.shape),
           row_bytes(static_cast<uint32_t>(layout.dispatch_row_bytes())),
           num_scales(layout.num_scales()),
-          num_ranks(p.domain.shape.num_ranks),
+          ranks_per_domain(p.domain.shape.ranks_per_domain),
           num_local_experts(p.domain.shape.num_local_experts),
           max_topk(p.domain.shape.max_topk),
           max_entries(layout.max_entries()),
@@ -281,7 +281,7 @@ struct Dispatch {
     return uint64_t{e} | uint64_t{q} << 32;
   }
   RAILYARD_DEVICE static int32_t load_pos(const Params& p, const Context& c, int64_t t, int d) {
-    return d < c.num_ranks ? arch::ld_global(p.handle.recv_pos + t * c.num_ranks + d) : -1;
+    return d < c.ranks_per_domain ? arch::ld_global(p.handle.recv_pos + t * c.ranks_per_domain + d) : -1;
   }
   RAILYARD_DEVICE static TokenView view_token(const Params& p, const Context& c, int64_t t) {
     const int lane = static_cast<int>(arch::lane_idx());
@@ -306,7 +306,7 @@ struct Dispatch {
         sends |= slot_pos_of(base == 0 ? v.slot : load_slot(p, c, v.t, base + lane)) >= 0;
       }
     } else {
-      for (int d = lane; d < c.num_ranks; d += static_cast<int>(arch::kWarpSize)) {
+      for (int d = lane; d < c.ranks_per_domain; d += static_cast<int>(arch::kWarpSize)) {
         const int32_t pos = d == lane ? v.pos : load_pos(p, c, v.t, d);
         const int32_t bound = s.recv_bound[d].load();
         sends |= pos >= 0 && (bound < 0 || pos < bound);
@@ -356,7 +356,7 @@ struct Dispatch {
     RAILYARD_DEVICE void piece(const Params& p, const Context& c, SharedStorage& s, int ring, uint32_t offset) {
       const uint32_t bytes = piece_bytes(c.row_bytes, offset);
       const uint32_t slot = fifo.wait();
-      for (int d = 0; d < c.num_ranks; ++d) {
+      for (int d = 0; d < c.ranks_per_domain; ++d) {
         if (!s.send_bytes[d].load()) continue;
         uint8_t* row = c.layout.stage_row(p.domain.peers.ptr[d], s.send_pos[ring][d].load());
         arch::bulk_copy_s2g(row + offset, s.send_slots[slot], bytes);
@@ -424,7 +424,7 @@ struct Dispatch {
   // with a warp barrier: the leader reads every destination's entry.
   RAILYARD_DEVICE static void route_token(const Params& p, const Context& c, SharedStorage& s, const TokenView& v,
                                           int ring) {
-    const int R = c.num_ranks, El = c.num_local_experts;
+    const int R = c.ranks_per_domain, El = c.num_local_experts;
     // A lane per destination d, 32 a round (every lane takes every round: the slots
     // come by shuffles).
     for (int base = 0; base < R; base += static_cast<int>(arch::kWarpSize)) {
@@ -458,7 +458,7 @@ struct Dispatch {
                                            int ring) {
     const int64_t t = v.t;
     const int lane = static_cast<int>(arch::lane_idx());
-    const int R = c.num_ranks, K = c.max_topk, El = c.num_local_experts;
+    const int R = c.ranks_per_domain, K = c.max_topk, El = c.num_local_experts;
     for (int d = lane; d < R; d += static_cast<int>(arch::kWarpSize)) {
       const int32_t pos = s.send_pos[ring][d].load();
       if (pos < 0) continue;
@@ -505,7 +505,7 @@ struct Dispatch {
   RAILYARD_DEVICE static int publish(const Params& p, const Context& c, const SharedStorage& s, uint64_t seq,
                                      int64_t published) {
     const int count = s.publish_count.load();
-    for (int d = static_cast<int>(arch::lane_idx()); d < c.num_ranks; d += static_cast<int>(arch::kWarpSize)) {
+    for (int d = static_cast<int>(arch::lane_idx()); d < c.ranks_per_domain; d += static_cast<int>(arch::kWarpSize)) {
       bool fenced = false;
       for (int i = 0; i < count; ++i) {
         const int32_t pos = s.send_pos[(published + i) % kPendingTokens][d].load();

@@ -19,19 +19,19 @@ inline std::string check_range(int64_t lo, int64_t hi) { return std::to_string(l
 inline Status check_domain(const DomainParams& domain, const char* kernel) {
   const layout::IntranodeShape& s = domain.shape;
   const std::string who = std::string("intranode ") + kernel + ": domain.";
-  if (s.num_ranks < 1 || s.num_ranks > layout::kMaxRanksPerDomain)
-    return Status::invalid_argument(who + "shape.num_ranks is " + std::to_string(s.num_ranks) + "; expected " +
+  if (s.ranks_per_domain < 1 || s.ranks_per_domain > layout::kMaxRanksPerDomain)
+    return Status::invalid_argument(who + "shape.ranks_per_domain is " + std::to_string(s.ranks_per_domain) + "; expected " +
                                     check_range(1, layout::kMaxRanksPerDomain));
   if (s.num_local_experts < 1 || s.num_local_experts > layout::kMaxLocalExperts)
     return Status::invalid_argument(who + "shape.num_local_experts is " + std::to_string(s.num_local_experts) +
                                     "; expected " + check_range(1, layout::kMaxLocalExperts));
-  if (s.max_topk < 1 || s.max_topk > s.num_ranks * s.num_local_experts)
+  if (s.max_topk < 1 || s.max_topk > s.ranks_per_domain * s.num_local_experts)
     return Status::invalid_argument(who + "shape.max_topk is " + std::to_string(s.max_topk) + "; expected " +
-                                    check_range(1, int64_t{s.num_ranks} * s.num_local_experts));
+                                    check_range(1, int64_t{s.ranks_per_domain} * s.num_local_experts));
   if (s.max_tokens < 0)
     return Status::invalid_argument(who + "shape.max_tokens is " + std::to_string(s.max_tokens) + "; expected >= 0");
-  if (int64_t{s.num_ranks} * s.max_tokens > std::numeric_limits<int32_t>::max())
-    return Status::invalid_argument(who + "shape.num_ranks x shape.max_tokens exceeds 2^31 - 1 rows");
+  if (int64_t{s.ranks_per_domain} * s.max_tokens > std::numeric_limits<int32_t>::max())
+    return Status::invalid_argument(who + "shape.ranks_per_domain x shape.max_tokens exceeds 2^31 - 1 rows");
   if (s.dispatch_dtype != DType::BF16 && s.dispatch_dtype != DType::FP8_E4M3)
     return Status::invalid_argument(who + "shape.dispatch_dtype: expected BF16 or FP8_E4M3");
   // Rows move by TMA in whole 16-byte units, as dispatch rows and as BF16 combine rows.
@@ -41,10 +41,10 @@ inline Status check_domain(const DomainParams& domain, const char* kernel) {
   if (s.dispatch_dtype == DType::FP8_E4M3 && s.hidden % layout::kFp8ScaleBlock != 0)
     return Status::invalid_argument(who + "shape.hidden is " + std::to_string(s.hidden) +
                                     "; FP8 needs a multiple of " + std::to_string(layout::kFp8ScaleBlock));
-  if (domain.rank < 0 || domain.rank >= s.num_ranks)
+  if (domain.rank < 0 || domain.rank >= s.ranks_per_domain)
     return Status::invalid_argument(who + "rank is " + std::to_string(domain.rank) + "; expected " +
-                                    check_range(0, s.num_ranks - 1));
-  for (int r = 0; r < s.num_ranks; ++r)
+                                    check_range(0, s.ranks_per_domain - 1));
+  for (int r = 0; r < s.ranks_per_domain; ++r)
     if (!domain.peers.ptr[r])
       return Status::invalid_argument(who + "peers.ptr[" + std::to_string(r) + "] is null");
   return Status::success();

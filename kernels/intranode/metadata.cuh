@@ -85,7 +85,7 @@ struct Metadata {
   // SharedStorage, at most kMaxWarps (at least one: the largest shape fills it once).
   RAILYARD_HOST_DEVICE static int warps_per_block(const layout::IntranodeShape& shape) {
     const int row_ints = layout::IntranodeLayout(shape).count_row_ints();
-    const int by_rows = kMaxCountRowInts / row_ints, by_masks = kMaxExperts / (shape.num_ranks * shape.num_local_experts);
+    const int by_rows = kMaxCountRowInts / row_ints, by_masks = kMaxExperts / (shape.ranks_per_domain * shape.num_local_experts);
     const int w = by_rows < by_masks ? by_rows : by_masks;
     return w < kMaxWarps ? w : kMaxWarps;
   }
@@ -178,7 +178,7 @@ struct Metadata {
           lay(p.domain.shape),
           h(layout::HandleView::carve(lay, p.handle, p.recv_capacity)),
           storage(s),
-          R(p.domain.shape.num_ranks),
+          R(p.domain.shape.ranks_per_domain),
           El(p.domain.shape.num_local_experts),
           K(p.domain.shape.max_topk),
           E(R * El),

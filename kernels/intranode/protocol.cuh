@@ -25,7 +25,7 @@ namespace railyard::kernels::intranode {
 [[noreturn]] RAILYARD_DEVICE void abort_operation(const DomainParams& p, pipeline::AbortReason reason, int64_t a,
                                                   int64_t b, int64_t c RAILYARD_LOC_PARAM) {
   const layout::IntranodeLayout layout(p.shape);
-  for (int peer = 0; peer < p.shape.num_ranks; ++peer)
+  for (int peer = 0; peer < p.shape.ranks_per_domain; ++peer)
     pipeline::raise_abort(layout.abort_record(p.peers.ptr[peer]), p.rank, reason, a, b, c RAILYARD_LOC_ARG);
   pipeline::fail_operation(p.failure_record, pipeline::FailureKind::Aborted, p.rank, static_cast<int32_t>(reason), a,
                            b, c RAILYARD_LOC_ARG);
@@ -101,7 +101,7 @@ RAILYARD_DEVICE bool arrived_operation(const DomainParams& p, int peer, uint64_t
 // rank 0's. Every rank that gets here reports the same disagreement.
 [[noreturn]] RAILYARD_DEVICE void report_mixed_handshakes(const DomainParams& p, uint64_t seq RAILYARD_LOC_PARAM) {
   layout::OpDescriptor op{};
-  for (int r = 0; r < p.shape.num_ranks; ++r) {
+  for (int r = 0; r < p.shape.ranks_per_domain; ++r) {
     pipeline::timeout_while([&] { return !arrived_operation(p, r, seq, op RAILYARD_LOC_ARG); },
                             {"rank entering the operation (a mismatch was seen)", r, static_cast<int64_t>(seq)},
                             p.handshake_wait() RAILYARD_LOC_ARG);
@@ -112,7 +112,7 @@ RAILYARD_DEVICE bool arrived_operation(const DomainParams& p, int peer, uint64_t
   (void)arrived_operation(p, 0, seq, rank0s RAILYARD_LOC_ARG);
   OperationDifference d;
   int r = 0;
-  while (d.reason == pipeline::AbortReason::None && ++r < p.shape.num_ranks) {
+  while (d.reason == pipeline::AbortReason::None && ++r < p.shape.ranks_per_domain) {
     (void)arrived_operation(p, r, seq, op RAILYARD_LOC_ARG);
     d = first_difference(op, rank0s);
   }
@@ -135,10 +135,10 @@ RAILYARD_DEVICE void check_same_operation(const DomainParams& p, uint64_t seq RA
   const layout::IntranodeLayout layout(p.shape);
   const auto parity = static_cast<uint32_t>(seq & 1u);
   const layout::OpDescriptor rank0s = arch::ld_global(layout.op_descriptor(p.self(), parity, 0) RAILYARD_LOC_ARG);
-  for (int base = 0; base < p.shape.num_ranks; base += static_cast<int>(arch::kWarpSize)) {
+  for (int base = 0; base < p.shape.ranks_per_domain; base += static_cast<int>(arch::kWarpSize)) {
     const int r = base + static_cast<int>(arch::lane_idx());
     const OperationDifference d =
-        r < p.shape.num_ranks
+        r < p.shape.ranks_per_domain
             ? first_difference(arch::ld_global(layout.op_descriptor(p.self(), parity, r) RAILYARD_LOC_ARG), rank0s)
             : OperationDifference{};
     const uint32_t differs = __ballot_sync(arch::kFullWarpMask, d.reason != pipeline::AbortReason::None);
@@ -168,15 +168,15 @@ RAILYARD_DEVICE void check_same_operation(const DomainParams& p, uint64_t seq RA
 RAILYARD_DEVICE void entry_barrier(const DomainParams& p, uint64_t seq,
                                    const layout::OpDescriptor& op RAILYARD_LOC_PARAM) {
   const layout::IntranodeLayout layout(p.shape);
-  const int num_ranks = p.shape.num_ranks;
+  const int ranks_per_domain = p.shape.ranks_per_domain;
   if (blockIdx.x == 0) {
     const auto parity = static_cast<uint32_t>(seq & 1u);
-    for (int peer = static_cast<int>(threadIdx.x); peer < num_ranks; peer += static_cast<int>(blockDim.x)) {
+    for (int peer = static_cast<int>(threadIdx.x); peer < ranks_per_domain; peer += static_cast<int>(blockDim.x)) {
       arch::st_global(layout.op_descriptor(p.peers.ptr[peer], parity, p.rank), op RAILYARD_LOC_ARG);
       arch::st_release_sys(layout.barrier_flag(p.peers.ptr[peer], p.rank), flag_of(seq) RAILYARD_LOC_ARG);
     }
   }
-  for (int peer = static_cast<int>(threadIdx.x); peer < num_ranks; peer += static_cast<int>(blockDim.x)) {
+  for (int peer = static_cast<int>(threadIdx.x); peer < ranks_per_domain; peer += static_cast<int>(blockDim.x)) {
     const uint32_t* flag = layout.barrier_flag(p.self(), peer);
     const uint32_t* count_flag = layout.count_flag(p.self(), peer);
     bool in_metadata = false;  // the peer runs a metadata kernel at `seq` instead

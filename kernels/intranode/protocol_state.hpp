@@ -38,7 +38,7 @@ inline SequenceStateImage sequence_state_after(const layout::IntranodeLayout& la
   const auto at = [&](int64_t offset) { return image.bytes.data() + (offset - first); };
   const uint32_t count_flag = flag_of(operations_done);
   const uint32_t barrier_flag = flag_of(operations_done);
-  for (int peer = 0; peer < layout.shape().num_ranks; ++peer) {
+  for (int peer = 0; peer < layout.shape().ranks_per_domain; ++peer) {
     std::memcpy(at(layout.count_flags_offset()) + sizeof(uint32_t) * peer, &count_flag, sizeof count_flag);
     std::memcpy(at(layout.barrier_flags_offset()) + sizeof(uint32_t) * peer, &barrier_flag, sizeof barrier_flag);
   }

@@ -632,7 +632,7 @@ CombineResult Buffer::combine(const CombineArgs& args) {
 
   const GpuStream stream = resolve_stream(args.stream, s.device);
   const int64_t T = handle.num_tokens_;
-  const int64_t E = int64_t{shape.num_ranks} * shape.num_local_experts;
+  const int64_t E = int64_t{shape.ranks_per_domain} * shape.num_local_experts;
   CombineResult result;
   runtime::Allocator& a = *s.allocator;
   result.hidden = args.out ? DeviceArray<bf16>::borrow(static_cast<bf16*>(args.out), T, shape.hidden)

@@ -39,7 +39,7 @@ Status launch_metadata(const MetadataArguments& a, GpuStream stream) {
   if (!a.handle) return Status::invalid_argument(who + "handle is null");
   if (a.recv_capacity < 0 || a.recv_capacity > lay.stage_capacity_rows())
     return Status::invalid_argument(who + "recv_capacity is " + std::to_string(a.recv_capacity) + "; expected " +
-                                    range(0, lay.stage_capacity_rows()) + " (num_ranks x max_tokens)");
+                                    range(0, lay.stage_capacity_rows()) + " (shape.ranks_per_domain x max_tokens)");
   if (a.max_blocks < 1)
     return Status::invalid_argument(who + "max_blocks is " + std::to_string(a.max_blocks) + "; expected >= 1");
   // Any number of warps up to warps_per_block works; a device with smaller blocks gets

@@ -168,7 +168,7 @@ struct RegisteredBuffer::State {
 layout::IntranodeShape RegisteredBuffer::shape_of(const BufferConfig& config) {
   if (const Status status = config.validate(); !status.ok()) throw std::invalid_argument(status.message());
   layout::IntranodeShape shape;
-  shape.num_ranks = checked_int("ranks_per_domain", config.ranks_per_domain, layout::kMaxRanksPerDomain,
+  shape.ranks_per_domain = checked_int("ranks_per_domain", config.ranks_per_domain, layout::kMaxRanksPerDomain,
                                 "layout::kMaxRanksPerDomain: ranks of one NVLink domain");
   shape.num_local_experts = checked_int("experts_per_rank", config.experts_per_rank, layout::kMaxLocalExperts,
                                         "layout::kMaxLocalExperts");

@@ -187,7 +187,7 @@ DeviceCall to_device(IntranodeWorld& w, const Case& c, const Prepared& p) {
     }
     bf16* out = w.alloc<bf16>(r, static_cast<std::size_t>(c.tokens[r]) * c.hidden, "out");
     a.out = out;
-    a.ranks_per_domain = c.ranks_per_domain;
+    a.ranks_per_partial = c.ranks_per_domain;
     a.chunk_rows = c.chunk_rows;
     dc.args.push_back(a);
     dc.out.push_back(out);
@@ -541,9 +541,9 @@ TEST(IntranodeCombine, ArgumentErrorsNameTheArgument) {
   std::vector<R> rows = {
       {"no handle", [](auto& a) { a.handle = nullptr; }, bad, who + "handle is null"},
       {"recv_capacity past the staging", [](auto& a) { a.recv_capacity = 17; }, bad,
-       who + "recv_capacity is 17; expected 0..16 (num_ranks x max_tokens)"},
+       who + "recv_capacity is 17; expected 0..16 (shape.ranks_per_domain x max_tokens)"},
       {"negative recv_capacity", [](auto& a) { a.recv_capacity = -1; }, bad,
-       who + "recv_capacity is -1; expected 0..16 (num_ranks x max_tokens)"},
+       who + "recv_capacity is -1; expected 0..16 (shape.ranks_per_domain x max_tokens)"},
       {"num_tokens past max_tokens", [](auto& a) { a.num_tokens = 9; }, bad,
        who + "num_tokens is 9; expected 0..8 (shape.max_tokens)"},
       {"negative num_input_rows", [](auto& a) { a.num_input_rows = -1; }, bad,
@@ -567,10 +567,10 @@ TEST(IntranodeCombine, ArgumentErrorsNameTheArgument) {
          a.combined_probs = test::shift_bytes(probs, 1);
        },
        bad, probs4},
-      {"ranks_per_domain not dividing num_ranks", [](auto& a) { a.ranks_per_domain = 3; }, bad,
-       who + "ranks_per_domain is 3; expected 0 (one domain) or a divisor of num_ranks 2"},
-      {"negative ranks_per_domain", [](auto& a) { a.ranks_per_domain = -1; }, bad,
-       who + "ranks_per_domain is -1; expected 0 (one domain) or a divisor of num_ranks 2"},
+      {"ranks_per_partial not dividing the domain's ranks", [](auto& a) { a.ranks_per_partial = 3; }, bad,
+       who + "ranks_per_partial is 3; expected 0 (all ranks) or a divisor of shape.ranks_per_domain 2"},
+      {"negative ranks_per_partial", [](auto& a) { a.ranks_per_partial = -1; }, bad,
+       who + "ranks_per_partial is -1; expected 0 (all ranks) or a divisor of shape.ranks_per_domain 2"},
       {"no chunk rows", [](auto& a) { a.chunk_rows = 0; }, bad, who + "chunk_rows is 0; expected >= 1"},
       {"no blocks", [](auto& a) { a.num_blocks = 0; }, bad, who + "num_blocks is 0" + blocks},
       {"more blocks than SMs", [](auto& a) { a.num_blocks = sim::device_props(0).sm_count + 1; }, bad,

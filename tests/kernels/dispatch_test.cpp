@@ -406,7 +406,7 @@ TEST(IntranodeDispatch, RefusesArgumentsItCannotHandle) {
   const std::string scales4 = ": expected a 4-byte aligned pointer for FP8";
   const std::string optional_outputs =
       "Dispatch: out_probs, out_recv_row, out_src_rank, out_src_token: misaligned for their element type";
-  const std::string capacity = ": expected 0..num_ranks*max_tokens";
+  const std::string capacity = ": expected 0..ranks_per_domain*max_tokens";
   std::vector<R> rows = {
       {"num_tokens past max_tokens", [](auto& a) { a.num_tokens = 6; }, StatusCode::InvalidArgument,
        "Dispatch: num_tokens 6: expected 0..shape.max_tokens = 5"},

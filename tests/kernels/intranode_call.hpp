@@ -41,7 +41,7 @@ struct Case {
   CallOptions options = {};
   bool routing_map = false;
   HandleSource source = HandleSource::MetadataKernel;
-  int64_t recv_capacity = -1;  // rows the handle describes; -1: num_ranks x max_tokens
+  int64_t recv_capacity = -1;  // rows the handle describes; -1: ranks_per_domain x max_tokens
 };
 
 inline std::string describe(const Case& c) {

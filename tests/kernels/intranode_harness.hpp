@@ -46,11 +46,11 @@ class IntranodeWorld {
                  double locality = 0.0, bool timed = false)
       : shape_(shape), layout_(shape) {
     sim::reset({.seed = seed, .preemption = preemption, .locality = locality, .timed = timed});
-    for (int r = 0; r < shape.num_ranks; ++r) sim::add_device(small_device(sm_count));
-    for (int r = 0; r < shape.num_ranks; ++r)
-      for (int p = 0; p < shape.num_ranks; ++p)
+    for (int r = 0; r < shape.ranks_per_domain; ++r) sim::add_device(small_device(sm_count));
+    for (int r = 0; r < shape.ranks_per_domain; ++r)
+      for (int p = 0; p < shape.ranks_per_domain; ++p)
         if (p != r) sim::enable_peer_access(r, p);
-    for (int r = 0; r < shape.num_ranks; ++r) {
+    for (int r = 0; r < shape.ranks_per_domain; ++r) {
       auto* buf = static_cast<uint8_t*>(
           sim::malloc_device(r, static_cast<std::size_t>(layout_.registered_bytes()), "registered[" + std::to_string(r) + "]"));
       // Flags, counts and row headers start at 0; staging rows and scales are written
@@ -69,14 +69,14 @@ class IntranodeWorld {
 
   const IntranodeShape& shape() const { return shape_; }
   const IntranodeLayout& layout() const { return layout_; }
-  int num_ranks() const { return shape_.num_ranks; }
+  int num_ranks() const { return shape_.ranks_per_domain; }
   uint8_t* registered(int rank) const { return registered_[rank]; }
 
   kernels::intranode::DomainParams domain(int rank, uint64_t timeout_cycles = pipeline::kDefaultTimeoutCycles) const {
     kernels::intranode::DomainParams p;
     p.shape = shape_;
     p.rank = rank;
-    for (int r = 0; r < shape_.num_ranks; ++r) p.peers.ptr[r] = registered_[r];
+    for (int r = 0; r < shape_.ranks_per_domain; ++r) p.peers.ptr[r] = registered_[r];
     p.timeout_cycles = timeout_cycles;
     return p;
   }
@@ -102,7 +102,7 @@ class IntranodeWorld {
 
   // Runs fn(rank, stream) on every rank's own host thread, then waits for each stream.
   void run(const std::function<void(int rank, GpuStream stream)>& fn) {
-    sim::run_ranks(shape_.num_ranks, [&](int rank) {
+    sim::run_ranks(shape_.ranks_per_domain, [&](int rank) {
       const sim::Stream stream = sim::default_stream(rank);
       fn(rank, stream);
       sim::stream_synchronize(stream);
@@ -268,7 +268,7 @@ inline ReferenceCall reference_call(const ref::World& world, std::vector<ref::Ra
 inline std::vector<uint8_t> reference_handle(const IntranodeLayout& L, const ReferenceCall& call, int rank,
                                              int64_t recv_capacity) {
   const IntranodeShape& s = L.shape();
-  const int R = s.num_ranks, El = s.num_local_experts, K = s.max_topk, M = s.max_tokens;
+  const int R = s.ranks_per_domain, El = s.num_local_experts, K = s.max_topk, M = s.max_tokens;
   std::vector<uint8_t> bytes(static_cast<std::size_t>(L.handle_bytes(recv_capacity)), 0);
   layout::HandleView h = layout::HandleView::carve(L, bytes.data(), recv_capacity);
   // Unwritten parts of the arrays (tokens past T, rows past the count) are not compared.
@@ -285,7 +285,7 @@ inline std::vector<uint8_t> reference_handle(const IntranodeLayout& L, const Ref
     for (int t = 0; t < T; ++t) h.recv_pos[static_cast<std::size_t>(t) * R + d] = static_cast<int32_t>(pos_at[d][t]);
   }
   // Slots, and the permuted position of each at its expert's rank.
-  const Slots slots = normalise_slots(in, s.num_ranks * El, K);
+  const Slots slots = normalise_slots(in, s.ranks_per_domain * El, K);
   for (int t = 0; t < T; ++t)
     for (int k = 0; k < K; ++k) {
       const std::size_t i = static_cast<std::size_t>(t) * K + k;

@@ -73,7 +73,7 @@ void expect_handle_eq(const IntranodeWorld& w, const uint8_t* got_bytes, const s
   const auto& s = L.shape();
   const auto got = layout::HandleView::carve(L, const_cast<uint8_t*>(got_bytes), capacity);
   const auto want = layout::HandleView::carve(L, const_cast<uint8_t*>(want_bytes.data()), capacity);
-  const int R = s.num_ranks, K = s.max_topk;
+  const int R = s.ranks_per_domain, K = s.max_topk;
   for (int t = 0; t < num_tokens; ++t) {
     for (int d = 0; d < R; ++d)
       ASSERT_EQ(got.recv_pos[t * R + d], want.recv_pos[t * R + d]) << what << ": recv_pos rank " << rank << " token " << t << " to " << d;

@@ -55,9 +55,9 @@ std::vector<Refusal<Args>> domain_refusals(const std::string& kernel, int local_
   using R = Refusal<Args>;
   const StatusCode bad = StatusCode::InvalidArgument;
   return {
-      R{"no ranks", [](Args& a) { a.domain.shape.num_ranks = 0; }, bad, who + "shape.num_ranks is 0; expected 1..72"},
-      R{"73 ranks", [](Args& a) { a.domain.shape.num_ranks = 73; }, bad,
-        who + "shape.num_ranks is 73; expected 1..72"},
+      R{"no ranks", [](Args& a) { a.domain.shape.ranks_per_domain = 0; }, bad, who + "shape.ranks_per_domain is 0; expected 1..72"},
+      R{"73 ranks", [](Args& a) { a.domain.shape.ranks_per_domain = 73; }, bad,
+        who + "shape.ranks_per_domain is 73; expected 1..72"},
       R{"no local experts", [](Args& a) { a.domain.shape.num_local_experts = 0; }, bad,
         who + "shape.num_local_experts is 0; expected 1..256"},
       R{"257 local experts", [](Args& a) { a.domain.shape.num_local_experts = 257; }, bad,
@@ -69,7 +69,7 @@ std::vector<Refusal<Args>> domain_refusals(const std::string& kernel, int local_
       R{"negative max_tokens", [](Args& a) { a.domain.shape.max_tokens = -1; }, bad,
         who + "shape.max_tokens is -1; expected >= 0"},
       R{"2 x 2^30 staging rows", [](Args& a) { a.domain.shape.max_tokens = 1 << 30; }, bad,
-        who + "shape.num_ranks x shape.max_tokens exceeds 2^31 - 1 rows"},
+        who + "shape.ranks_per_domain x shape.max_tokens exceeds 2^31 - 1 rows"},
       R{"FP32 dispatch", [](Args& a) { a.domain.shape.dispatch_dtype = DType::FP32; }, bad,
         who + "shape.dispatch_dtype: expected BF16 or FP8_E4M3"},
       R{"24-byte rows", [](Args& a) { a.domain.shape.hidden = 12; }, bad,

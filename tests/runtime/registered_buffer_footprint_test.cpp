@@ -44,7 +44,7 @@ std::string mib(int64_t bytes) {
 void print_footprint(const Example& example) {
   const layout::IntranodeLayout L(RegisteredBuffer::shape_of(example.config));
   const layout::IntranodeShape& s = L.shape();
-  std::printf("\n%s: R = %d, M = %d, H = %d %s, E_local = %d, K = %d\n", example.name, s.num_ranks, s.max_tokens,
+  std::printf("\n%s: R = %d, M = %d, H = %d %s, E_local = %d, K = %d\n", example.name, s.ranks_per_domain, s.max_tokens,
               s.hidden, dtype_name(s.dispatch_dtype), s.num_local_experts, s.max_topk);
   std::printf("  stage_row_bytes %lld, header_bytes %lld, stage_scale_bytes %lld, count_row_ints %d, rows R*M %lld\n",
               static_cast<long long>(L.stage_row_bytes()), static_cast<long long>(L.header_bytes()),
@@ -69,7 +69,7 @@ void print_footprint(const Example& example) {
                 static_cast<long long>(r.end - r.begin), mib(r.end - r.begin).c_str());
   std::printf("  %-32s %34lld  (%s) per rank, %s per domain\n", "registered_bytes",
               static_cast<long long>(L.registered_bytes()), mib(L.registered_bytes()).c_str(),
-              mib(L.registered_bytes() * s.num_ranks).c_str());
+              mib(L.registered_bytes() * s.ranks_per_domain).c_str());
   const int64_t handle = L.handle_bytes(L.stage_capacity_rows());
   std::printf("  %-32s %34lld  (%s), from the caller's allocator\n", "handle_bytes(R*M)",
               static_cast<long long>(handle), mib(handle).c_str());
@@ -92,7 +92,7 @@ TEST(RegisteredBufferFootprint, WorkedExamplesOfDocsBuffersMd) {
 TEST(RegisteredBufferFootprint, ShapeComesFromTheConfigAndBadConfigsAreRefused) {
   const BufferConfig c = make_config(7168, DType::FP8_E4M3, 4096, 32, 256, 8);
   const layout::IntranodeShape s = RegisteredBuffer::shape_of(c);
-  EXPECT_EQ(s.num_ranks, 32);
+  EXPECT_EQ(s.ranks_per_domain, 32);
   EXPECT_EQ(s.num_local_experts, 8);
   EXPECT_EQ(s.max_tokens, 4096);
   EXPECT_EQ(s.hidden, 7168);

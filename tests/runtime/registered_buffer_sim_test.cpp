@@ -71,7 +71,7 @@ TEST_P(RegisteredBufferRanks, CreatesZeroedBuffersThatEveryPeerWritesThenRelease
     const layout::IntranodeLayout& L = buffer.layout();
     ASSERT_EQ(buffer.bytes(), required);
     ASSERT_EQ(static_cast<std::size_t>(L.registered_bytes()), required);
-    EXPECT_EQ(L.shape().num_ranks, n);
+    EXPECT_EQ(L.shape().ranks_per_domain, n);
     EXPECT_EQ(buffer.rank(), rank);
     EXPECT_EQ(buffer.domain_rank(), rank);
     EXPECT_EQ(buffer.device(), rank);
@@ -272,7 +272,7 @@ TEST(RegisteredBufferTopology, SplitDomainsMapOnlyDomainPeers) {
     RegisteredBufferOptions options;
     options.topology_options.ranks_per_domain = 2;
     RegisteredBuffer buffer(small_config(4, 2), *boot, options);
-    EXPECT_EQ(buffer.layout().shape().num_ranks, 2) << "the layout spans the domain, not the group";
+    EXPECT_EQ(buffer.layout().shape().ranks_per_domain, 2) << "the layout spans the domain, not the group";
     EXPECT_EQ(buffer.domain_ptrs().size(), 2u);
     EXPECT_EQ(buffer.domain_rank(), rank % 2);
     const int partner = rank ^ 1;

@@ -31,7 +31,7 @@ RAILYARD_HOST_DEVICE constexpr int64_t round_up(int64_t x, int64_t m) { return (
 // The configuration that fixes the layout. Everything here is runtime: a new model
 // changes these numbers, never the compiled kernels.
 struct IntranodeShape {
-  int num_ranks = 1;          // R: ranks in the NVLink domain
+  int ranks_per_domain = 1;   // R: ranks in the NVLink domain (the group may span several)
   int num_local_experts = 1;  // E_local: experts per rank
   int max_tokens = 0;         // M: most tokens any rank passes in one call
   int hidden = 16;            // H: elements per token row
@@ -45,8 +45,8 @@ enum class CountRow : int { NumTokens = 0, MaxRecvRows = 1, MaxPermutedRows = 2,
 inline constexpr int kCountRowHeaderInts = 4;
 // Index of "tokens to rank d" and of "tokens to (rank d, local expert j)" in a count row.
 RAILYARD_HOST_DEVICE constexpr int count_to_rank(int d) { return kCountRowHeaderInts + d; }
-RAILYARD_HOST_DEVICE constexpr int count_to_expert(int num_ranks, int num_local_experts, int d, int j) {
-  return kCountRowHeaderInts + num_ranks + d * num_local_experts + j;
+RAILYARD_HOST_DEVICE constexpr int count_to_expert(int ranks_per_domain, int num_local_experts, int d, int j) {
+  return kCountRowHeaderInts + ranks_per_domain + d * num_local_experts + j;
 }
 
 // One (local expert, prob, permuted position) entry of a staged row's header.
@@ -118,10 +118,10 @@ class IntranodeLayout {
   // ([kCountRowHeaderInts], see CountRow), tokens to each rank [R], then tokens to
   // each (rank, local expert) [R][E_local].
   RAILYARD_HOST_DEVICE int count_row_ints() const {
-    return kCountRowHeaderInts + s_.num_ranks * (1 + s_.num_local_experts);
+    return kCountRowHeaderInts + s_.ranks_per_domain * (1 + s_.num_local_experts);
   }
   RAILYARD_HOST_DEVICE int64_t stage_capacity_rows() const {
-    return int64_t{s_.num_ranks} * s_.max_tokens;
+    return int64_t{s_.ranks_per_domain} * s_.max_tokens;
   }
 
   // ---- the registered buffer ---------------------------------------------------------------
@@ -131,16 +131,16 @@ class IntranodeLayout {
   // [headers: R*M x header_bytes] [scales: R*M x stage_scale_bytes] [rows: R*M x stage_row_bytes]
   RAILYARD_HOST_DEVICE int64_t count_table_offset() const { return 0; }
   RAILYARD_HOST_DEVICE int64_t count_flags_offset() const {
-    return round_up(int64_t{2} * s_.num_ranks * count_row_ints() * 4, 16);
+    return round_up(int64_t{2} * s_.ranks_per_domain * count_row_ints() * 4, 16);
   }
   RAILYARD_HOST_DEVICE int64_t barrier_flags_offset() const {
-    return count_flags_offset() + round_up(int64_t{s_.num_ranks} * 4, 16);
+    return count_flags_offset() + round_up(int64_t{s_.ranks_per_domain} * 4, 16);
   }
   RAILYARD_HOST_DEVICE int64_t op_descriptors_offset() const {
-    return barrier_flags_offset() + round_up(int64_t{s_.num_ranks} * 4, 16);
+    return barrier_flags_offset() + round_up(int64_t{s_.ranks_per_domain} * 4, 16);
   }
   RAILYARD_HOST_DEVICE int64_t local_state_offset() const {
-    return op_descriptors_offset() + int64_t{2} * s_.num_ranks * int64_t{sizeof(OpDescriptor)};
+    return op_descriptors_offset() + int64_t{2} * s_.ranks_per_domain * int64_t{sizeof(OpDescriptor)};
   }
   RAILYARD_HOST_DEVICE int64_t metadata_flags_offset() const { return local_state_offset() + 64; }
   RAILYARD_HOST_DEVICE int64_t metadata_counts_offset() const {
@@ -162,7 +162,7 @@ class IntranodeLayout {
   // Addresses inside a registered buffer starting at `base` (this rank's or a peer's).
   RAILYARD_HOST_DEVICE int32_t* count_row(uint8_t* base, uint32_t parity, int src_rank) const {
     return reinterpret_cast<int32_t*>(base + count_table_offset()) +
-           (int64_t{parity & 1u} * s_.num_ranks + src_rank) * count_row_ints();
+           (int64_t{parity & 1u} * s_.ranks_per_domain + src_rank) * count_row_ints();
   }
   RAILYARD_HOST_DEVICE uint32_t* count_flag(uint8_t* base, int src_rank) const {
     return reinterpret_cast<uint32_t*>(base + count_flags_offset()) + src_rank;
@@ -175,7 +175,7 @@ class IntranodeLayout {
   // handshake), and must not overwrite the slot of the operation this rank checks.
   RAILYARD_HOST_DEVICE OpDescriptor* op_descriptor(uint8_t* base, uint32_t parity, int src_rank) const {
     return reinterpret_cast<OpDescriptor*>(base + op_descriptors_offset()) +
-           (int64_t{parity & 1u} * s_.num_ranks + src_rank);
+           (int64_t{parity & 1u} * s_.ranks_per_domain + src_rank);
   }
   // The sequence number of the last operation this rank finished (64-bit: it never
   // wraps); then blocks_finished; the rest is reserved for cumulative counters.
@@ -232,7 +232,7 @@ class IntranodeLayout {
   //                tokens_per_expert (unpadded) [E_local]
   RAILYARD_HOST_DEVICE int64_t recv_pos_offset() const { return 0; }
   RAILYARD_HOST_DEVICE int64_t slot_expert_offset() const {
-    return round_up(int64_t{s_.max_tokens} * s_.num_ranks * 4, 16);
+    return round_up(int64_t{s_.max_tokens} * s_.ranks_per_domain * 4, 16);
   }
   RAILYARD_HOST_DEVICE int64_t slot_prob_offset() const {
     return slot_expert_offset() + round_up(int64_t{s_.max_tokens} * s_.max_topk * 4, 16);
@@ -244,7 +244,7 @@ class IntranodeLayout {
     return slot_pos_offset() + round_up(int64_t{s_.max_tokens} * s_.max_topk * 4, 16);
   }
   RAILYARD_HOST_DEVICE int64_t totals_offset() const {
-    return count_matrix_offset() + round_up(int64_t{s_.num_ranks} * count_row_ints() * 4, 16);
+    return count_matrix_offset() + round_up(int64_t{s_.ranks_per_domain} * count_row_ints() * 4, 16);
   }
   RAILYARD_HOST_DEVICE int64_t recv_src_offset() const {
     return totals_offset() + round_up(int64_t{4 + 2 * s_.num_local_experts} * 8, 16);
