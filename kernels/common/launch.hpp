@@ -24,52 +24,51 @@
 
 namespace railyard::kernels {
 
+// What a launch on the device `stream` runs on may ask for.
+struct DeviceLimits {
+  int sm_count = 0;
+  std::size_t smem_optin_bytes = 0;  // dynamic shared memory per block, opted in
+  int max_threads_per_block = 0;
+};
+
+// The limits of the device `stream` runs on, into *limits; LaunchFailed naming
+// `kernel_name` if the device query fails.
+inline Status query_device_limits(const char* kernel_name, GpuStream stream, DeviceLimits* limits) {
+#if RAILYARD_IS_SIM
+  const sim::DeviceProps& props = sim::device_props(sim::stream_device(stream));
+  *limits = {props.sm_count, props.smem_per_block_optin_bytes, props.max_threads_per_block};
+#else
+  int device = 0, sm = 0, optin = 0, threads = 0;
+  cudaError_t err = cudaStreamGetDevice(stream, &device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sm, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerBlock, device);
+  if (err != cudaSuccess) {
+    return Status::launch_failed(std::string(kernel_name) + ": device query: " + cudaGetErrorString(err));
+  }
+  *limits = {sm, static_cast<std::size_t>(optin), threads};
+#endif
+  return Status::success();
+}
+
 // Checks that `num_blocks` blocks of `smem_bytes` shared memory each can all be
 // resident at once on the device `stream` runs on (one block per SM). Railyard's
 // communication kernels need that: a block waits for data that blocks of other ranks
 // produce, and a block that is not resident cannot produce what a peer waits for.
 inline Status check_all_blocks_resident(const char* kernel_name, int num_blocks, std::size_t smem_bytes,
                                         GpuStream stream) {
-  int sm_count = 0;
-  std::size_t smem_optin = 0;
-#if RAILYARD_IS_SIM
-  const sim::DeviceProps& props = sim::device_props(sim::stream_device(stream));
-  sm_count = props.sm_count;
-  smem_optin = props.smem_per_block_optin_bytes;
-#else
-  int device = 0, sm = 0, optin = 0;
-  cudaError_t err = cudaStreamGetDevice(stream, &device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sm, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (err != cudaSuccess) {
-    return Status::launch_failed(std::string(kernel_name) + ": device query: " + cudaGetErrorString(err));
-  }
-  sm_count = sm;
-  smem_optin = static_cast<std::size_t>(optin);
-#endif
-  if (num_blocks < 1 || num_blocks > sm_count) {
+  DeviceLimits limits;
+  if (Status st = query_device_limits(kernel_name, stream, &limits); !st.ok()) return st;
+  if (num_blocks < 1 || num_blocks > limits.sm_count) {
     return Status::invalid_argument(std::string(kernel_name) + ": num_blocks is " + std::to_string(num_blocks) +
-                                    "; expected 1.." + std::to_string(sm_count) + " (the device's SM count)");
+                                    "; expected 1.." + std::to_string(limits.sm_count) + " (the device's SM count)");
   }
-  if (smem_bytes > smem_optin) {
+  if (smem_bytes > limits.smem_optin_bytes) {
     return Status::unsupported(std::string(kernel_name) + ": needs " + std::to_string(smem_bytes) +
-                               " bytes of shared memory per block; the device allows " + std::to_string(smem_optin));
+                               " bytes of shared memory per block; the device allows " +
+                               std::to_string(limits.smem_optin_bytes));
   }
   return Status::success();
-}
-
-// The most threads a block may have on the device `stream` runs on; 0 if the device
-// query fails (the launch then reports the error).
-inline int max_threads_per_block(GpuStream stream) {
-#if RAILYARD_IS_SIM
-  return sim::device_props(sim::stream_device(stream)).max_threads_per_block;
-#else
-  int device = 0, threads = 0;
-  if (cudaStreamGetDevice(stream, &device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerBlock, device) != cudaSuccess)
-    return 0;
-  return threads;
-#endif
 }
 
 template <class Kernel>

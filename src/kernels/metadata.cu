@@ -44,8 +44,10 @@ Status launch_metadata(const MetadataArguments& a, GpuStream stream) {
     return Status::invalid_argument(who + "max_blocks is " + std::to_string(a.max_blocks) + "; expected >= 1");
   // Any number of warps up to warps_per_block works; a device with smaller blocks gets
   // fewer.
+  DeviceLimits limits;
+  if (Status st = query_device_limits(Metadata::kName, stream, &limits); !st.ok()) return st;
   int warps = Metadata::warps_per_block(s);
-  if (const int device_warps = max_threads_per_block(stream) / 32; device_warps >= 1 && device_warps < warps)
+  if (const int device_warps = limits.max_threads_per_block / 32; device_warps >= 1 && device_warps < warps)
     warps = device_warps;
   const int blocks = Metadata::blocks_for(a.num_tokens, warps, a.max_blocks);
   // Blocks wait for each other's counts: every one must be resident.
