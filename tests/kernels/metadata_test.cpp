@@ -90,9 +90,10 @@ void expect_handle_eq(const IntranodeWorld& w, const uint8_t* got_bytes, const s
 }
 
 // Runs the metadata kernel on every rank of `w` for `call` and compares every rank's
-// handle with the reference's. Resets the traffic counters first.
+// handle with the reference's. Resets the traffic counters first. In a timed world,
+// `simulated_ns` (if given) receives each rank's kernel time.
 void run_and_check(IntranodeWorld& w, const test::ReferenceCall& call, const CallOptions& options,
-                   const std::string& what, int max_blocks = 1) {
+                   const std::string& what, int max_blocks = 1, std::vector<double>* simulated_ns = nullptr) {
   const int R = w.num_ranks();
   const int64_t capacity = w.layout().stage_capacity_rows();
   std::vector<uint8_t*> handles;
@@ -102,10 +103,17 @@ void run_and_check(IntranodeWorld& w, const test::ReferenceCall& call, const Cal
     routing.push_back(test::upload_routing(w, r, call.inputs[r]));
   }
   sim::reset_traffic();
+  if (simulated_ns) simulated_ns->assign(R, 0.0);
   w.run([&](int rank, GpuStream stream) {
+    const sim::Event start = simulated_ns ? sim::record_event(stream) : sim::Event{};
     const Status st =
         launch_metadata(args_for(w, rank, call.inputs[rank], routing[rank], options, handles[rank], capacity, max_blocks), stream);
     ASSERT_TRUE(st.ok()) << st.to_string();
+    if (simulated_ns) {
+      const sim::Event end = sim::record_event(stream);
+      sim::stream_synchronize(stream);
+      (*simulated_ns)[rank] = sim::elapsed_ns(start, end);
+    }
   });
   for (int r = 0; r < R; ++r)
     expect_handle_eq(w, handles[r], test::reference_handle(w.layout(), call, r, capacity), r,
@@ -190,23 +198,9 @@ TEST(IntranodeMetadataTimed, DeepEPConfigurationWithin30usSimulated) {
       test::reference_call(world, test::make_inputs({world, std::vector<int>(R, T), K, DType::BF16, Routing::Uniform, false, 11}), {});
   layout::IntranodeShape shape{R, El, T, 16, K, DType::BF16};
   IntranodeWorld w(shape, 11, /*sm_count=*/16, 1.0, 0.0, /*timed=*/true);
-  const int64_t capacity = w.layout().stage_capacity_rows();
-  std::vector<uint8_t*> handles;
-  std::vector<test::DeviceRouting> routing;
+  std::vector<double> ns;
+  run_and_check(w, call, {}, "timed", /*max_blocks=*/8, &ns);
   for (int r = 0; r < R; ++r) {
-    handles.push_back(w.alloc_handle(r, capacity));
-    routing.push_back(test::upload_routing(w, r, call.inputs[r]));
-  }
-  std::vector<double> ns(R, 0.0);
-  w.run([&](int rank, GpuStream stream) {
-    const sim::Event start = sim::record_event(stream);
-    ASSERT_TRUE(launch_metadata(args_for(w, rank, call.inputs[rank], routing[rank], {}, handles[rank], capacity, 8), stream).ok());
-    const sim::Event end = sim::record_event(stream);
-    sim::stream_synchronize(stream);
-    ns[rank] = sim::elapsed_ns(start, end);
-  });
-  for (int r = 0; r < R; ++r) {
-    expect_handle_eq(w, handles[r], test::reference_handle(w.layout(), call, r, capacity), r, T, capacity, "timed");
     std::printf("rank %d: metadata %.1f us SIMULATED\n", r, ns[r] / 1e3);
     EXPECT_LE(ns[r], 30e3) << "rank " << r;
     EXPECT_GT(ns[r], 0.0) << "rank " << r;
