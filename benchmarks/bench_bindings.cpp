@@ -40,15 +40,6 @@ py::bytes as_bytes(const std::vector<T>& v) {
   return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
 }
 
-// The count row a dispatch's first call exchanges, in bytes: the layout's own formula
-// (IntranodeLayout::count_row_ints() x 4), which the simulator verifies on every link.
-uint64_t count_row_bytes(const Params& p) {
-  railyard::layout::IntranodeShape s;
-  s.ranks_per_domain = p.ranks;
-  s.num_local_experts = p.experts_per_rank;
-  return static_cast<uint64_t>(railyard::layout::IntranodeLayout(s).count_row_ints()) * 4;
-}
-
 }  // namespace
 
 PYBIND11_MODULE(_bench, m) {

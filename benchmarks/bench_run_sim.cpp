@@ -251,7 +251,7 @@ Pass run_pass(const Params& p, const std::vector<ref::RankInput>& inputs, const 
     auto bootstrap = group->bootstrap(rank);
     const GpuStream stream = sim::default_stream(rank);
     Buffer buffer(config, *bootstrap, BufferOptions{.dispatch_sms = sms, .combine_sms = sms});
-    if (rank == 0) pass.count_row_bytes = static_cast<uint64_t>(buffer.registered_buffer().layout().count_row_ints()) * 4;
+    if (rank == 0) pass.count_row_bytes = count_row_bytes(p);
     auto& alloc = buffer.allocator();
     const ref::HiddenRows& hin = inputs[rank].hidden;
     const auto x = to_device(alloc, hin.bytes, T, p.hidden * dtype_bytes(p.dtype), stream);

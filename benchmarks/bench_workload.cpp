@@ -112,6 +112,13 @@ CountedBytes counted_bytes(const Params& p, const PairCounts& pairs, Op op) {
   return b;
 }
 
+uint64_t count_row_bytes(const Params& p) {
+  layout::IntranodeShape s;
+  s.ranks_per_domain = p.ranks;
+  s.num_local_experts = p.experts_per_rank;
+  return static_cast<uint64_t>(layout::IntranodeLayout(s).count_row_ints()) * 4;
+}
+
 uint64_t dispatch_minimum(const Params& p, const PairCounts& pairs, int s, int d, bool metadata,
                           uint64_t count_row_bytes) {
   const uint64_t row = static_cast<uint64_t>(p.dispatch_row_bytes());  // scales included for FP8

@@ -10,6 +10,7 @@
 
 #include "railyard/common/dtypes.cuh"
 #include "railyard/handle.hpp"
+#include "railyard/layout/intranode_layout.cuh"
 
 namespace railyard::bench {
 
@@ -98,6 +99,9 @@ inline constexpr uint64_t kEntryBarrierBytes = 4 + sizeof(layout::OpDescriptor);
 // (rows, scales, headers, the entry barrier's kEntryBarrierBytes, and with `metadata` the count row
 // and its flag); combine bytes home s reads from expert rank d (rows and 8 header
 // bytes; no probs combine). `count_row_bytes` is the layout's count row.
+// The count row a dispatch's first call exchanges, in bytes: the layout's own formula
+// (IntranodeLayout::count_row_ints() x 4), which the simulator verifies on every link.
+uint64_t count_row_bytes(const Params& p);
 uint64_t dispatch_minimum(const Params& p, const PairCounts& pairs, int s, int d, bool metadata,
                           uint64_t count_row_bytes);
 uint64_t combine_minimum(const Params& p, const PairCounts& pairs, int s, int d);

@@ -31,6 +31,9 @@
 #include "railyard/runtime/topology.hpp"
 
 namespace railyard {
+namespace detail {
+struct HandleMemory;  // src/api/path.hpp
+}  // namespace detail
 
 using runtime::BufferConfig;
 
@@ -190,7 +193,7 @@ struct KernelFailure {
 class Buffer {
  public:
   // Bytes of device memory a Buffer allocates on its own: its registered buffer
-  // (runtime::RegisteredBuffer::required_bytes, the layout's formula). Handles and
+  // (the regions its path needs; docs/buffers.md has the formula). Handles and
   // outputs come from the allocator and are not included; besides, the Buffer holds
   // one small pinned host record (pipeline::FailureRecord) for kernel failures. std::invalid_argument for
   // a config that fails validation.
@@ -255,9 +258,8 @@ class Buffer {
   void check_handle(const char* op, const Handle& handle) const;
   // Dispatch's phases (src/api/buffer.cpp).
   Handle new_handle(const DispatchArgs& args) const;
-  void launch_metadata(const DispatchArgs& args, Handle& handle, GpuStream stream);
+  static detail::HandleMemory memory_of(const Handle& handle);
   void read_counts(Handle& handle, GpuStream stream);
-  void launch_dispatch(const DispatchArgs& args, const Handle& handle, const DispatchResult& result, GpuStream stream);
   std::unique_ptr<State> state_;
 };
 

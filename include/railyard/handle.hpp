@@ -1,8 +1,7 @@
 // Railyard public API: the handle a dispatch leaves behind. Host only.
 //
-// A Handle owns one device allocation (layout::HandleView over
-// IntranodeLayout::handle_bytes(recv_capacity), from the Buffer's Allocator) holding
-// what the metadata kernel computed (where every token goes, its top-k slots, the
+// A Handle owns one device allocation (sized by the Buffer's path for recv_capacity
+// rows, from the Buffer's Allocator) holding what the metadata kernel computed (where every token goes, its top-k slots, the
 // count matrix, the totals) and what the dispatch kernel added (the source and
 // expert entries of every received row). It also remembers how the dispatch was
 // made (tokens, layout, padding, bound, capacity). With it a later combine, and the
@@ -14,7 +13,6 @@
 #include <optional>
 #include <vector>
 
-#include "railyard/layout/intranode_layout.cuh"
 #include "railyard/runtime/allocator.hpp"
 
 namespace railyard {
@@ -72,15 +70,14 @@ class Handle {
   const std::optional<DispatchCounts>& counts() const { return counts_; }
   DeviceCounts device_counts() const;
 
-  const layout::IntranodeShape& shape() const { return shape_; }
-  layout::HandleView view() const;
   std::size_t bytes() const { return allocation_.bytes(); }
 
  private:
   friend class Buffer;
   runtime::DeviceAllocation allocation_;
   uint64_t buffer_id_ = 0;  // the Buffer that made it; another Buffer refuses it
-  layout::IntranodeShape shape_;
+  int num_local_experts_ = 0;
+  const int64_t* totals_ = nullptr;  // the counts, inside the allocation (layout::Total order)
   TokenLayout layout_ = TokenLayout::Received;
   int pad_multiple_ = 1;
   std::optional<int64_t> max_rows_;

@@ -28,4 +28,9 @@ namespace railyard::testing {
 void start_sequence_numbers_at(Buffer& buffer, runtime::Bootstrap& bootstrap, uint64_t operations_done,
                                GpuStream stream);
 
+// TEST ONLY. The sequence number of the last operation this rank's buffer finished, as
+// its kernels keep it in the registered buffer, copied to the host on `stream` (a
+// stream of the buffer's device) after the work queued on it. Not collective.
+uint64_t last_operation_done(const Buffer& buffer, GpuStream stream);
+
 }  // namespace railyard::testing

@@ -3,8 +3,8 @@
 // Written once, compiled per flavour like the launchers (railyard_sim_api with the
 // simulator, railyard with CUDA; see CMakeLists.txt). It checks the caller's
 // arguments against the agreed BufferConfig (errors name the args field), sizes
-// handles and outputs with the layout object the kernels use, takes them from the
-// caller's Allocator, and enqueues the launchers on the caller's stream.
+// handles and outputs as its path says (path.hpp), takes them from the caller's
+// Allocator, and enqueues the path's kernels on the caller's stream.
 #include "railyard/buffer.hpp"
 
 #include <algorithm>
@@ -15,16 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "kernels/intranode/barrier.hpp"
-#include "kernels/intranode/combine.hpp"
-#include "kernels/intranode/dispatch.hpp"
-#include "kernels/intranode/metadata.hpp"
+#include "path.hpp"
 #include "railyard/runtime/device_api.hpp"
 
 namespace railyard {
 namespace {
-
-namespace ki = kernels::intranode;
 
 std::string range(int64_t lo, int64_t hi) { return std::to_string(lo) + ".." + std::to_string(hi); }
 
@@ -67,15 +62,10 @@ const char* to_string(TokenLayout layout) {
 }
 
 // ---- Handle ------------------------------------------------------------------------------
-layout::HandleView Handle::view() const {
-  return layout::HandleView::carve(layout::IntranodeLayout(shape_), static_cast<uint8_t*>(allocation_.get()),
-                                   recv_capacity_);
-}
-
 DeviceCounts Handle::device_counts() const {
   if (!valid()) return {};
-  const int64_t* totals = view().totals;
-  const int El = shape_.num_local_experts;
+  const int64_t* totals = totals_;
+  const int El = num_local_experts_;
   DeviceCounts c;
   c.num_recv_tokens = totals + static_cast<int>(layout::Total::NumRecv);
   c.num_permuted_rows = totals + static_cast<int>(layout::Total::NumPermuted);
@@ -89,7 +79,7 @@ DeviceCounts Handle::device_counts() const {
 // ---- Buffer ------------------------------------------------------------------------------
 struct Buffer::State {
   State(const BufferConfig& config, runtime::Bootstrap& bootstrap, const BufferOptions& options)
-      : config(config), registered(config, bootstrap, registered_options(options)), layout(registered.layout()) {
+      : config(config), registered(config, detail::registered_bytes, bootstrap, registered_options(options)) {
     allocator = options.allocator ? options.allocator : &runtime::default_allocator();
     device = registered.device();
     sm_count = runtime::gpu::properties(device).sm_count;
@@ -97,19 +87,15 @@ struct Buffer::State {
     const auto sms = [&](int requested) { return requested > 0 ? requested : std::min(kDefaultSms, sm_count); };
     dispatch_sms = sms(options.dispatch_sms);
     combine_sms = sms(options.combine_sms);
-    dispatch_chunk_rows = options.dispatch_chunk_rows;
-    combine_chunk_rows = options.combine_chunk_rows;
-    domain.shape = layout.shape();
-    domain.rank = registered.domain_rank();
-    const auto peers = registered.domain_ptrs();
-    for (std::size_t r = 0; r < peers.size(); ++r) domain.peers.ptr[r] = peers[r];
-    if (options.timeout_cycles > 0) domain.timeout_cycles = options.timeout_cycles;
-    if (options.handshake_timeout_cycles > 0) domain.handshake_timeout_cycles = options.handshake_timeout_cycles;
     // Pinned host memory: still readable after a kernel trapped.
     failure_record = static_cast<pipeline::FailureRecord*>(
         runtime::gpu::malloc_host(sizeof(pipeline::FailureRecord), "failure record"));
     std::memset(failure_record, 0, sizeof(pipeline::FailureRecord));
-    domain.failure_record = failure_record;
+    path = detail::make_path(registered, {.dispatch_chunk_rows = options.dispatch_chunk_rows,
+                                          .combine_chunk_rows = options.combine_chunk_rows,
+                                          .timeout_cycles = options.timeout_cycles,
+                                          .handshake_timeout_cycles = options.handshake_timeout_cycles,
+                                          .failure_record = failure_record});
   }
   ~State() {
     try {
@@ -143,16 +129,13 @@ struct Buffer::State {
   uint64_t id = g_next_buffer_id.fetch_add(1);
   BufferConfig config;
   runtime::RegisteredBuffer registered;
-  layout::IntranodeLayout layout;
   runtime::Allocator* allocator = nullptr;
   int device = 0;
   int sm_count = 0;
   int dispatch_sms = 1;
   int combine_sms = 1;
-  int dispatch_chunk_rows = 0;  // 0: the kernel's default
-  int combine_chunk_rows = 0;
-  ki::DomainParams domain;
   pipeline::FailureRecord* failure_record = nullptr;
+  std::unique_ptr<detail::Path> path;  // after failure_record, which it reports into
 
   // Cross-stream order: every operation of the buffer (metadata, dispatch, combine)
   // is a collective on the same registered buffer, so it must not overlap the previous
@@ -197,7 +180,7 @@ struct Buffer::State {
   }
 };
 
-std::size_t Buffer::required_bytes(const BufferConfig& config) { return runtime::RegisteredBuffer::required_bytes(config); }
+std::size_t Buffer::required_bytes(const BufferConfig& config) { return detail::registered_bytes(config); }
 
 Buffer::Buffer(const BufferConfig& config, runtime::Bootstrap& bootstrap, const BufferOptions& options)
     : state_(std::make_unique<State>(config, bootstrap, options)) {
@@ -324,9 +307,9 @@ void check_aligned(const char* op, const char* name, const void* ptr, std::size_
 }
 
 // The arguments of a dispatch that do not depend on a handle.
-void check_dispatch_rows(const char* op, const DispatchArgs& args, const layout::IntranodeShape& shape) {
-  const bool fp8 = shape.dispatch_dtype == DType::FP8_E4M3;
-  const int64_t M = shape.max_tokens;
+void check_dispatch_rows(const char* op, const DispatchArgs& args, const BufferConfig& config) {
+  const bool fp8 = config.dispatch_dtype == DType::FP8_E4M3;
+  const int64_t M = config.max_tokens_per_rank;
   if (args.layout != TokenLayout::Received && args.layout != TokenLayout::ExpertGrouped)
     bad_argument(op, "args.layout is " + std::to_string(static_cast<int>(args.layout)) +
                          "; expected Received or ExpertGrouped");
@@ -335,7 +318,7 @@ void check_dispatch_rows(const char* op, const DispatchArgs& args, const layout:
                          " (config.max_tokens_per_rank)");
   if (args.num_tokens > 0 && args.hidden == nullptr)
     bad_argument(op, "args.hidden is null; expected [" + std::to_string(args.num_tokens) + ", " +
-                         std::to_string(shape.hidden) + "] " + runtime::dtype_name(shape.dispatch_dtype) + " rows");
+                         std::to_string(config.hidden) + "] " + runtime::dtype_name(config.dispatch_dtype) + " rows");
   if (fp8 && args.num_tokens > 0 && args.scales == nullptr)
     bad_argument(op, "args.scales is null; expected fp32 [num_tokens, hidden / 128] scales (config.dispatch_dtype is FP8_E4M3)");
   if (!fp8 && args.scales != nullptr)
@@ -350,15 +333,15 @@ void check_dispatch_rows(const char* op, const DispatchArgs& args, const layout:
 }
 
 // A fresh dispatch: exactly one routing form, complete.
-void check_routing(const char* op, const DispatchArgs& args, const layout::IntranodeShape& shape) {
+void check_routing(const char* op, const DispatchArgs& args, const BufferConfig& config) {
   const bool topk = args.topk_idx || args.topk_weights;
   const bool map = args.routing_map || args.probs;
   if (topk == map)
     bad_argument(op, "routing: expected exactly one of args.topk_idx + args.topk_weights or args.routing_map + "
                      "args.probs");
-  if (topk && (args.num_topk < 1 || args.num_topk > shape.max_topk))
+  if (topk && (args.num_topk < 1 || args.num_topk > config.max_top_k))
     bad_argument(op, "args.num_topk is " + std::to_string(args.num_topk) + "; expected " +
-                         range(1, shape.max_topk) + " (config.max_top_k)");
+                         range(1, config.max_top_k) + " (config.max_top_k)");
   if (map && args.num_topk != 0)
     bad_argument(op, "args.num_topk is " + std::to_string(args.num_topk) + "; expected 0 with args.routing_map");
   if (args.num_tokens == 0) return;
@@ -397,8 +380,8 @@ void check_reuse(const char* op, const DispatchArgs& args, const Handle& handle)
 // Caller-provided outputs. `rows`: the rows they must hold, where known before the
 // counts are (bounded mode, a reused handle); `why` says where that number comes from.
 void check_outputs(const char* op, const DispatchOutputs& out, const DispatchArgs& args,
-                   const layout::IntranodeShape& shape, std::optional<int64_t> rows, const char* why) {
-  const bool fp8 = shape.dispatch_dtype == DType::FP8_E4M3;
+                   const BufferConfig& config, std::optional<int64_t> rows, const char* why) {
+  const bool fp8 = config.dispatch_dtype == DType::FP8_E4M3;
   const bool received = args.layout == TokenLayout::Received;
   if (out.capacity_rows < 0)
     bad_argument(op, "args.outputs->capacity_rows is " + std::to_string(out.capacity_rows) + "; expected >= 0");
@@ -424,13 +407,13 @@ void check_outputs(const char* op, const DispatchOutputs& out, const DispatchArg
 }
 
 // The dispatch's output arrays for `rows` rows: the caller's, or the allocator's.
-void make_outputs(DispatchResult& result, const DispatchArgs& args, const layout::IntranodeLayout& lay,
-                  runtime::Allocator& a, int64_t rows) {
-  const int El = lay.shape().num_local_experts;
-  const bool fp8 = lay.shape().dispatch_dtype == DType::FP8_E4M3;
+void make_outputs(DispatchResult& result, const DispatchArgs& args, const BufferConfig& config,
+                  const detail::Path& path, runtime::Allocator& a, int64_t rows) {
+  const int64_t El = config.experts_per_rank;
+  const bool fp8 = config.dispatch_dtype == DType::FP8_E4M3;
   const bool received = args.layout == TokenLayout::Received;
-  const int64_t row_bytes = lay.dispatch_row_bytes();
-  const int num_scales = lay.num_scales();
+  const int64_t row_bytes = path.dispatch_row_bytes();
+  const int num_scales = path.num_scales();
   if (const DispatchOutputs* out = args.outputs) {
     result.hidden = DeviceArray<std::byte>::borrow(static_cast<std::byte*>(out->hidden), rows, row_bytes);
     if (fp8) result.scales = DeviceArray<float>::borrow(out->scales, rows, num_scales);
@@ -454,8 +437,7 @@ void make_outputs(DispatchResult& result, const DispatchArgs& args, const layout
   }
 }
 
-void check_combine_args(const char* op, const CombineArgs& args, const Handle& handle,
-                        const layout::IntranodeShape& shape) {
+void check_combine_args(const char* op, const CombineArgs& args, const Handle& handle, const BufferConfig& config) {
   const int64_t written = handle.output_rows();
   if (args.num_rows < -1 || args.num_rows > written)
     bad_argument(op, "args.num_rows is " + std::to_string(args.num_rows) + "; expected -1 (all the rows) or " +
@@ -463,7 +445,7 @@ void check_combine_args(const char* op, const CombineArgs& args, const Handle& h
   const int64_t rows = args.num_rows < 0 ? written : args.num_rows;
   if (rows > 0 && args.hidden == nullptr)
     bad_argument(op, "args.hidden is null; expected bf16 [" + std::to_string(rows) + ", " +
-                         std::to_string(shape.hidden) + "] expert outputs");
+                         std::to_string(config.hidden) + "] expert outputs");
   if (args.out_probs != nullptr && args.probs == nullptr)
     bad_argument(op, "args.out_probs is given without args.probs; expected both or neither");
   check_aligned(op, "args.hidden", args.hidden, 16);
@@ -485,7 +467,7 @@ Handle Buffer::new_handle(const DispatchArgs& args) const {
   const State& s = state("dispatch");
   Handle h;
   h.buffer_id_ = s.id;
-  h.shape_ = s.layout.shape();
+  h.num_local_experts_ = static_cast<int>(s.config.experts_per_rank);
   h.layout_ = args.layout;
   h.pad_multiple_ = static_cast<int>(args.pad_multiple);
   h.max_rows_ = args.max_rows;
@@ -494,39 +476,24 @@ Handle Buffer::new_handle(const DispatchArgs& args) const {
   // known: a bound on received rows bounds the rows it must describe; otherwise it
   // describes every row staging can hold (in the grouped layout a kept permuted row
   // may come from any received row).
-  const int64_t staging_rows = s.layout.stage_capacity_rows();
+  const int64_t staging_rows = s.path->staging_rows();
   h.recv_capacity_ =
       args.layout == TokenLayout::Received && args.max_rows ? std::min(*args.max_rows, staging_rows) : staging_rows;
-  h.allocation_ = runtime::DeviceAllocation(*s.allocator, static_cast<std::size_t>(s.layout.handle_bytes(h.recv_capacity_)));
+  h.allocation_ = runtime::DeviceAllocation(*s.allocator, s.path->handle_bytes(h.recv_capacity_));
+  h.totals_ = s.path->totals(memory_of(h));
   if (args.max_rows) h.output_rows_ = *args.max_rows;
   return h;
 }
 
-void Buffer::launch_metadata(const DispatchArgs& args, Handle& handle, GpuStream stream) {
-  const State& s = state("dispatch");
-  ki::MetadataArguments m;
-  m.domain = s.domain;
-  m.num_tokens = static_cast<int>(args.num_tokens);
-  m.topk_idx = args.topk_idx;
-  m.topk_weights = args.topk_weights;
-  m.num_topk = args.num_topk;
-  m.routing_map = args.routing_map;
-  m.probs = args.probs;
-  const int64_t bound = args.max_rows.value_or(-1);
-  m.max_recv_rows = args.layout == TokenLayout::Received ? bound : -1;
-  m.max_permuted_rows = args.layout == TokenLayout::ExpertGrouped ? bound : -1;
-  m.pad_multiple = static_cast<int>(args.pad_multiple);
-  m.handle = static_cast<uint8_t*>(handle.allocation_.get());
-  m.recv_capacity = handle.recv_capacity_;
-  m.max_blocks = args.num_sms > 0 ? args.num_sms : s.dispatch_sms;
-  throw_if_failed(ki::launch_metadata(m, stream), "dispatch");
+detail::HandleMemory Buffer::memory_of(const Handle& handle) {
+  return {static_cast<uint8_t*>(const_cast<void*>(handle.allocation_.get())), handle.recv_capacity_};
 }
 
 // Blocking mode: the one host synchronisation, to size the outputs exactly.
 void Buffer::read_counts(Handle& handle, GpuStream stream) {
-  const int El = handle.shape_.num_local_experts;
+  const int El = handle.num_local_experts_;
   std::vector<int64_t> totals(static_cast<std::size_t>(4 + 2 * El));
-  runtime::gpu::memcpy_async(totals.data(), handle.view().totals, totals.size() * sizeof(int64_t), stream);
+  runtime::gpu::memcpy_async(totals.data(), handle.totals_, totals.size() * sizeof(int64_t), stream);
   synchronize(stream);
   DispatchCounts counts;
   counts.num_recv_tokens = total(totals.data(), layout::Total::NumRecv);
@@ -539,70 +506,48 @@ void Buffer::read_counts(Handle& handle, GpuStream stream) {
   handle.counts_ = std::move(counts);
 }
 
-void Buffer::launch_dispatch(const DispatchArgs& args, const Handle& handle, const DispatchResult& result,
-                             GpuStream stream) {
-  const State& s = state("dispatch");
-  ki::DispatchArguments d;
-  d.domain = s.domain;
-  d.output = args.layout == TokenLayout::Received ? ki::DispatchOutput::Received : ki::DispatchOutput::ExpertGrouped;
-  d.num_tokens = static_cast<int>(args.num_tokens);
-  d.hidden = args.hidden;
-  d.scales = args.scales;
-  d.handle = static_cast<uint8_t*>(const_cast<void*>(handle.allocation_.get()));
-  d.recv_capacity = handle.recv_capacity_;
-  d.out_hidden = result.hidden.data();
-  d.out_scales = result.scales.data();
-  d.out_probs = result.probs.data();
-  d.out_recv_row = result.recv_row.data();
-  d.out_routing_map = result.routing_map.data();
-  d.out_src_rank = result.src_rank.data();
-  d.out_src_token = result.src_token.data();
-  d.num_blocks = args.num_sms > 0 ? args.num_sms : s.dispatch_sms;
-  if (s.dispatch_chunk_rows > 0) d.chunk_rows = s.dispatch_chunk_rows;
-  throw_if_failed(ki::launch_dispatch(d, stream), "dispatch");
-}
-
 // Phases: every host check (nothing is launched before they all pass, so a refused
 // call leaves the buffer as it was), the metadata kernel and its handle (unless
 // args.handle), the counts (blocking mode), the outputs, the dispatch kernel.
 DispatchResult Buffer::dispatch(const DispatchArgs& args) {
   static constexpr const char* op = "dispatch";
   State& s = state(op);
-  const layout::IntranodeShape& shape = s.layout.shape();
+  const BufferConfig& config = s.config;
   check_current_device(op, s.device);
   check_sms(op, args.num_sms, s.sm_count);
-  check_dispatch_rows(op, args, shape);
+  check_dispatch_rows(op, args, config);
   if (args.handle) {
     check_handle(op, *args.handle);
     check_reuse(op, args, *args.handle);
   } else {
-    check_routing(op, args, shape);
+    check_routing(op, args, config);
   }
   // The output rows where they are known before any kernel runs.
   const std::optional<int64_t> known_rows = args.handle ? std::optional(args.handle->output_rows()) : args.max_rows;
   if (args.outputs)
-    check_outputs(op, *args.outputs, args, shape, known_rows, args.handle ? "the handle's rows" : "args.max_rows");
+    check_outputs(op, *args.outputs, args, config, known_rows, args.handle ? "the handle's rows" : "args.max_rows");
 
   const GpuStream stream = resolve_stream(args.stream, s.device);
   DispatchResult result;
   Handle fresh;
   if (!args.handle) fresh = new_handle(args);
-  if (known_rows) make_outputs(result, args, s.layout, *s.allocator, *known_rows);
+  if (known_rows) make_outputs(result, args, config, *s.path, *s.allocator, *known_rows);
+  const int blocks = args.num_sms > 0 ? args.num_sms : s.dispatch_sms;
   s.wait_for_previous_op(stream);
   if (!args.handle) {
-    launch_metadata(args, fresh, stream);
+    throw_if_failed(s.path->metadata(args, memory_of(fresh), blocks, stream), op);
     if (!args.max_rows) {
       // The metadata kernel has finished here, so a refusal frees nothing in use.
       s.record_op(stream);
       read_counts(fresh, stream);
       if (args.outputs)
-        check_outputs(op, *args.outputs, args, shape, fresh.output_rows_, "the rows received");
-      make_outputs(result, args, s.layout, *s.allocator, fresh.output_rows_);
+        check_outputs(op, *args.outputs, args, config, fresh.output_rows_, "the rows received");
+      make_outputs(result, args, config, *s.path, *s.allocator, fresh.output_rows_);
     }
   }
   const Handle& handle = args.handle ? *args.handle : fresh;
   try {
-    launch_dispatch(args, handle, result, stream);
+    throw_if_failed(s.path->dispatch(args, memory_of(handle), result, blocks, stream), op);
   } catch (...) {
     // A launch the device refused after the metadata kernel was queued: that kernel
     // still writes into the handle, so its memory lives until the buffer is destroyed.
@@ -621,42 +566,30 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args) {
 CombineResult Buffer::combine(const CombineArgs& args) {
   static constexpr const char* op = "combine";
   State& s = state(op);
-  const layout::IntranodeShape& shape = s.layout.shape();
+  const BufferConfig& config = s.config;
   check_current_device(op, s.device);
   check_sms(op, args.num_sms, s.sm_count);
   if (args.handle == nullptr) bad_argument(op, "args.handle is null; expected the handle of a dispatch");
   const Handle& handle = *args.handle;
   check_handle(op, handle);
-  check_combine_args(op, args, handle, shape);
+  check_combine_args(op, args, handle, config);
   const int64_t rows = args.num_rows < 0 ? handle.output_rows_ : args.num_rows;
 
   const GpuStream stream = resolve_stream(args.stream, s.device);
   const int64_t T = handle.num_tokens_;
-  const int64_t E = int64_t{shape.ranks_per_domain} * shape.num_local_experts;
+  const int64_t E = config.num_experts;
   CombineResult result;
   runtime::Allocator& a = *s.allocator;
-  result.hidden = args.out ? DeviceArray<bf16>::borrow(static_cast<bf16*>(args.out), T, shape.hidden)
-                           : DeviceArray<bf16>::allocate(a, T, shape.hidden);
+  result.hidden = args.out ? DeviceArray<bf16>::borrow(static_cast<bf16*>(args.out), T, config.hidden)
+                           : DeviceArray<bf16>::allocate(a, T, config.hidden);
   if (args.probs)
     result.probs = args.out_probs ? DeviceArray<float>::borrow(args.out_probs, T, E)
                                   : DeviceArray<float>::allocate(a, T, E);
 
-  ki::CombineArguments c;
-  c.domain = s.domain;
-  c.handle = static_cast<const uint8_t*>(handle.allocation_.get());
-  c.recv_capacity = handle.recv_capacity_;
-  c.num_tokens = static_cast<int>(T);
-  c.input_layout =
-      handle.layout_ == TokenLayout::Received ? ki::CombineInputLayout::Received : ki::CombineInputLayout::Permuted;
-  c.input = args.hidden;
-  c.num_input_rows = rows;
-  c.input_probs = args.probs;
-  c.combined_probs = result.probs.data();
-  c.out = result.hidden.data();
-  c.num_blocks = args.num_sms > 0 ? args.num_sms : s.combine_sms;
-  if (s.combine_chunk_rows > 0) c.chunk_rows = s.combine_chunk_rows;
   s.wait_for_previous_op(stream);
-  throw_if_failed(ki::launch_combine(c, stream), op);
+  throw_if_failed(s.path->combine(args, memory_of(handle), handle.layout_, T, rows, result,
+                                  args.num_sms > 0 ? args.num_sms : s.combine_sms, stream),
+                  op);
   s.record_op(stream);
   return result;
 }
@@ -667,7 +600,7 @@ void Buffer::barrier(GpuStream stream_arg) {
   check_current_device(op, s.device);
   const GpuStream stream = resolve_stream(stream_arg, s.device);
   s.wait_for_previous_op(stream);
-  throw_if_failed(ki::launch_barrier(ki::BarrierArguments{s.domain}, stream), op);
+  throw_if_failed(s.path->barrier(stream), op);
   s.record_op(stream);
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "intranode_path.hpp"
 #include "kernels/intranode/protocol_state.hpp"
 #include "railyard/runtime/device_api.hpp"
 
@@ -25,10 +26,19 @@ void start_sequence_numbers_at(Buffer& buffer, runtime::Bootstrap& bootstrap, ui
                                   std::to_string(all[0]) + " on rank 0; every rank passes the same");
   const runtime::RegisteredBuffer& registered = buffer.registered_buffer();
   const kernels::intranode::SequenceStateImage image =
-      kernels::intranode::sequence_state_after(registered.layout(), operations_done);
+      kernels::intranode::sequence_state_after(layout::IntranodeLayout(detail::intranode_shape(buffer.config())),
+                                               operations_done);
   gpu::memcpy_async(registered.local_ptr() + image.first_byte, image.bytes.data(), image.bytes.size(), stream);
   gpu::stream_synchronize(stream);  // `image` is read by the copy
   bootstrap.barrier();
+}
+
+uint64_t last_operation_done(const Buffer& buffer, GpuStream stream) {
+  const layout::IntranodeLayout layout(detail::intranode_shape(buffer.config()));
+  uint64_t done = 0;
+  runtime::gpu::memcpy_async(&done, layout.local_state(buffer.registered_buffer().local_ptr()), sizeof(done), stream);
+  runtime::gpu::stream_synchronize(stream);
+  return done;
 }
 
 }  // namespace railyard::testing

@@ -3,7 +3,6 @@
 #include "railyard/runtime/registered_buffer.hpp"
 
 #include <algorithm>
-#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -39,13 +38,6 @@ std::string current_exception_message() {
   } catch (...) {
     return "unknown exception";
   }
-}
-
-int checked_int(const char* field, int64_t value, int64_t max, const char* why) {
-  if (value > max)
-    throw std::invalid_argument("railyard RegisteredBuffer: " + std::string(field) + " = " + std::to_string(value) +
-                                " exceeds " + std::to_string(max) + " (" + why + ")");
-  return static_cast<int>(value);
 }
 
 // POSIX fds travel over Unix sockets; an abstract one is visible only inside its
@@ -119,7 +111,6 @@ struct RegisteredBuffer::State {
   Bootstrap* bootstrap = nullptr;
   BufferConfig config;
   Topology topology;
-  layout::IntranodeLayout layout;
   int rank = -1;
   ShareableAllocation own;
   std::vector<PeerMapping> mappings;  // by domain rank; this rank's slot stays empty
@@ -165,26 +156,8 @@ struct RegisteredBuffer::State {
   }
 };
 
-layout::IntranodeShape RegisteredBuffer::shape_of(const BufferConfig& config) {
-  if (const Status status = config.validate(); !status.ok()) throw std::invalid_argument(status.message());
-  layout::IntranodeShape shape;
-  shape.ranks_per_domain = checked_int("ranks_per_domain", config.ranks_per_domain, layout::kMaxRanksPerDomain,
-                                "layout::kMaxRanksPerDomain: ranks of one NVLink domain");
-  shape.num_local_experts = checked_int("experts_per_rank", config.experts_per_rank, layout::kMaxLocalExperts,
-                                        "layout::kMaxLocalExperts");
-  shape.max_tokens = checked_int("max_tokens_per_rank", config.max_tokens_per_rank, INT_MAX, "int32 token indices");
-  shape.hidden = checked_int("hidden", config.hidden, INT_MAX, "int32 element counts");
-  shape.max_topk = checked_int("max_top_k", config.max_top_k, INT_MAX, "int32 slot counts");
-  shape.dispatch_dtype = config.dispatch_dtype;
-  return shape;
-}
-
-std::size_t RegisteredBuffer::required_bytes(const BufferConfig& config) {
-  return static_cast<std::size_t>(layout::IntranodeLayout(shape_of(config)).registered_bytes());
-}
-
-RegisteredBuffer::RegisteredBuffer(const BufferConfig& config, Bootstrap& bootstrap,
-                                   const RegisteredBufferOptions& options) {
+RegisteredBuffer::RegisteredBuffer(const BufferConfig& config, const RequiredBytes& required_bytes,
+                                   Bootstrap& bootstrap, const RegisteredBufferOptions& options) {
   const int rank = bootstrap.rank();
   auto hook = [&](RegisteredBufferStep step) {
     if (options.before_step) options.before_step(step);
@@ -198,11 +171,23 @@ RegisteredBuffer::RegisteredBuffer(const BufferConfig& config, Bootstrap& bootst
   };
 
   // ---- collective steps before anything is acquired: every rank throws alike --------
-  layout::IntranodeShape shape;
+  std::size_t bytes = 0;
   try {
     hook(RegisteredBufferStep::CheckConfig);
     config.check_agreement(bootstrap);
-    shape = shape_of(config);  // the agreed config, so every rank decides alike
+    bytes = required_bytes(config);  // the agreed config, so every rank decides alike
+    if (bytes == 0)
+      throw std::invalid_argument("railyard RegisteredBuffer: the caller's required_bytes(config) is 0; expected "
+                                  "the bytes of the regions its path uses (> 0)");
+    // The same formula on an agreed config gives the same size; a caller whose ranks
+    // size it differently would corrupt peers' regions, so compare.
+    const std::vector<uint64_t> all = allgather_value(bootstrap, static_cast<uint64_t>(bytes));
+    for (int r = 1; r < bootstrap.size(); ++r)
+      if (all[r] != all[0])
+        throw std::invalid_argument("railyard RegisteredBuffer: ranks ask for different sizes: " +
+                                    std::to_string(all[0]) + " bytes on rank 0, " + std::to_string(all[r]) +
+                                    " on rank " + std::to_string(r) + "; expected one size (required_bytes of the "
+                                    "agreed config)");
   } catch (...) {
     std::throw_with_nested(collective_error(RegisteredBufferStep::CheckConfig, current_exception_message(), {}));
   }
@@ -234,7 +219,6 @@ RegisteredBuffer::RegisteredBuffer(const BufferConfig& config, Bootstrap& bootst
   auto state = std::make_unique<State>(State{.bootstrap = &bootstrap,
                                              .config = config,
                                              .topology = topology,
-                                             .layout = layout::IntranodeLayout(shape),
                                              .rank = rank});
   State& s = *state;
   const int domain_size = topology.ranks_per_domain;
@@ -271,7 +255,6 @@ RegisteredBuffer::RegisteredBuffer(const BufferConfig& config, Bootstrap& bootst
     throw RegisteredBufferError(error.step(), error.failed_ranks(), message);
   };
 
-  const std::size_t bytes = required_bytes(config);
   local_step(RegisteredBufferStep::Allocate, [&] {
     s.own = gpu::shareable_malloc({.bytes = bytes,
                                    .handle_type = options.handle_type,
@@ -411,7 +394,6 @@ const RegisteredBuffer::State& RegisteredBuffer::state(const char* what) const {
 int RegisteredBuffer::rank() const { return state("rank").rank; }
 const BufferConfig& RegisteredBuffer::config() const { return state("config").config; }
 const Topology& RegisteredBuffer::topology() const { return state("topology").topology; }
-const layout::IntranodeLayout& RegisteredBuffer::layout() const { return state("layout").layout; }
 std::size_t RegisteredBuffer::bytes() const { return state("bytes").own.bytes; }
 std::size_t RegisteredBuffer::mapped_bytes() const { return state("mapped_bytes").own.mapped_bytes; }
 ShareableHandleType RegisteredBuffer::handle_type() const { return state("handle_type").own.handle_type; }

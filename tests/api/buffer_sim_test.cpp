@@ -41,6 +41,8 @@
 #include <vector>
 
 #include "railyard/runtime/device_api_sim.hpp"
+#include "src/api/intranode_path.hpp"
+#include "src/api/path.hpp"
 #include "tests/kernels/intranode_harness.hpp"
 
 namespace railyard {
@@ -453,7 +455,7 @@ TEST(BufferFootprint, RequiredBytesIsWhatEachRankAllocates) {
       reset_sim(n);
       const BufferConfig config = make_config(n, 256, 24, 2, 2, dtype);
       const std::size_t required = Buffer::required_bytes(config);
-      EXPECT_EQ(required, runtime::RegisteredBuffer::required_bytes(config));
+      EXPECT_EQ(required, detail::registered_bytes(config));
       const std::size_t before = sim::live_allocation_bytes();
       std::vector<std::size_t> grown(static_cast<std::size_t>(n));
       auto group = make_group(n);
@@ -834,7 +836,7 @@ std::vector<RankFailure> combine_mismatch(int n, const std::function<bool(int ra
       // As if every rank had run ops_between more operations: the host may write the
       // simulated device's memory between kernels.
       buffer.synchronize();
-      uint64_t* done = layout::IntranodeLayout(runtime::RegisteredBuffer::shape_of(config))
+      uint64_t* done = layout::IntranodeLayout(detail::intranode_shape(config))
                            .local_state(buffer.registered_buffer().local_ptr());
       *done += ops_between;
     }
@@ -1296,8 +1298,7 @@ TEST(BufferDestroy, DestroyRightAfterAnAsynchronousDispatchWaitsForIt) {
 
 // The last operation a rank's buffer finished, as its kernels keep it.
 uint64_t last_operation_done(const Buffer& buffer) {
-  const runtime::RegisteredBuffer& registered = buffer.registered_buffer();
-  return *registered.layout().local_state(registered.local_ptr());
+  return railyard::testing::last_operation_done(buffer, sim::default_stream(buffer.device()));
 }
 
 // A buffer started 4 operations below 2^32 crosses it within the second forward pass

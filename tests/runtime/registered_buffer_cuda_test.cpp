@@ -1,6 +1,5 @@
 // runtime/registered_buffer, CUDA flavour (label gpu). Ranks are plain threads over an
 // in-process group, one device each.
-//  - Everywhere: required_bytes is the layout's, in this flavour too.
 //  - Without a device: creation on two ranks fails on both at step 'allocate', naming
 //    both ranks and CUDA's error, and returns promptly (agreed, not timed out).
 //  - With devices (skipped with the reason otherwise): one rank per visible device
@@ -33,6 +32,9 @@ std::string no_device_reason() {
   return "";
 }
 
+// The runtime takes its caller's size; any will do here.
+std::size_t test_bytes(const BufferConfig&) { return std::size_t{1} << 20; }
+
 BufferConfig config_for(int num_ranks) {
   BufferConfig c;
   c.hidden = 7168;
@@ -54,12 +56,6 @@ void on_threads(int n, const std::function<void(int rank, Bootstrap& boot)>& fn)
   for (auto& t : threads) t.join();
 }
 
-TEST(CudaRegisteredBuffer, RequiredBytesIsTheLayouts) {
-  const BufferConfig c = config_for(8);
-  EXPECT_EQ(RegisteredBuffer::required_bytes(c),
-            static_cast<std::size_t>(layout::IntranodeLayout(RegisteredBuffer::shape_of(c)).registered_bytes()));
-}
-
 TEST(CudaRegisteredBuffer, WithoutADeviceCreationFailsOnEveryRankAtAllocate) {
   if (no_device_reason().empty()) GTEST_SKIP() << "a device is present; this test covers the no-device error path";
   std::mutex mutex;
@@ -70,7 +66,7 @@ TEST(CudaRegisteredBuffer, WithoutADeviceCreationFailsOnEveryRankAtAllocate) {
     RegisteredBufferOptions options;
     options.topology = make_topology(2, 2);  // detection would need a device too
     try {
-      RegisteredBuffer buffer(config_for(2), boot, options);
+      RegisteredBuffer buffer(config_for(2), test_bytes, boot, options);
       ADD_FAILURE() << "created a registered buffer without a device";
     } catch (const RegisteredBufferError& e) {
       std::lock_guard lock(mutex);
@@ -94,17 +90,16 @@ TEST(CudaRegisteredBuffer, PeersWriteEveryBufferThroughPeerPtr) {
   const int n = std::min(gpu::count(), 8);
   on_threads(n, [&](int rank, Bootstrap& boot) {
     gpu::set_current(rank);
-    RegisteredBuffer buffer(config_for(n), boot);
+    RegisteredBuffer buffer(config_for(n), test_bytes, boot);
     EXPECT_GE(buffer.mapped_bytes(), buffer.bytes());
-    const layout::IntranodeLayout& L = buffer.layout();
     const GpuStream stream = gpu::stream_create();
     const uint32_t stamp = 1000u + static_cast<uint32_t>(rank);
     for (int p = 0; p < n; ++p)
-      gpu::memcpy_async(L.barrier_flag(buffer.peer_ptr(p), rank), &stamp, sizeof(stamp), stream);
+      gpu::memcpy_async(reinterpret_cast<uint32_t*>(buffer.peer_ptr(p)) + rank, &stamp, sizeof(stamp), stream);
     gpu::stream_synchronize(stream);
     boot.barrier();
     std::vector<uint32_t> flags(static_cast<std::size_t>(n));
-    gpu::memcpy_async(flags.data(), L.barrier_flag(buffer.local_ptr(), 0), n * sizeof(uint32_t), stream);
+    gpu::memcpy_async(flags.data(), buffer.local_ptr(), n * sizeof(uint32_t), stream);
     gpu::stream_synchronize(stream);
     for (int w = 0; w < n; ++w) EXPECT_EQ(flags[w], 1000u + static_cast<uint32_t>(w)) << "writer " << w;
     gpu::stream_destroy(stream);

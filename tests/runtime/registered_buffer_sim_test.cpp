@@ -6,7 +6,8 @@
 //  - destruction releases everything: the simulator's live allocations return to
 //    their starting count and bytes, and the device API's registry of shareable
 //    memory no longer knows the handles (it refuses to free while a peer maps);
-//  - a configuration mismatch surfaces from creation on every rank;
+//  - a configuration mismatch surfaces from creation on every rank, and so does a
+//    size the caller cannot give (its formula throws, says 0, or differs by rank);
 //  - an injected failure on one rank (allocate, import, memory registration) is an
 //    error on every rank naming the step and that rank, without waiting for any
 //    timeout, and nothing leaks; a rank that never joins a collective fails the
@@ -32,6 +33,7 @@ using test::errors_on_ranks;
 using test::make_group;
 using test::reset_sim;
 using test::small_config;
+using test::test_bytes;
 
 __global__ void store_word(uint32_t* dst, uint32_t value) { arch::st_global(dst, value); }
 
@@ -44,11 +46,11 @@ uint32_t stamp(int writer, int owner) { return static_cast<uint32_t>((writer + 1
 // Where rank `writer` stores into a peer's buffer: its barrier flag (the region's
 // start) and a word of the last staging row (the buffer's end), so the whole range
 // must be mapped.
-uint32_t* flag_slot(const layout::IntranodeLayout& L, uint8_t* base, int writer) {
-  return L.barrier_flag(base, writer);
-}
-uint32_t* last_row_slot(const layout::IntranodeLayout& L, uint8_t* base, int writer) {
-  return reinterpret_cast<uint32_t*>(L.stage_row(base, L.stage_capacity_rows() - 1)) + writer;
+// Where writer `writer` stamps a buffer of `bytes`: a word at its start and one at its
+// end, so that a buffer shorter than asked, or mapped short, fails.
+uint32_t* flag_slot(uint8_t* base, int writer) { return reinterpret_cast<uint32_t*>(base) + writer; }
+uint32_t* last_row_slot(uint8_t* base, std::size_t bytes, int writer) {
+  return reinterpret_cast<uint32_t*>(base + (bytes & ~std::size_t{3})) - 1 - writer;
 }
 
 class RegisteredBufferRanks : public ::testing::TestWithParam<int> {};
@@ -59,7 +61,7 @@ TEST_P(RegisteredBufferRanks, CreatesZeroedBuffersThatEveryPeerWritesThenRelease
   const std::size_t start_count = sim::live_allocation_count();
   const std::size_t start_bytes = sim::live_allocation_bytes();
   const BufferConfig config = small_config(n);
-  const std::size_t required = RegisteredBuffer::required_bytes(config);
+  const std::size_t required = test_bytes(config);
   auto group = make_group(n);
   std::vector<std::vector<std::byte>> stale_handles(static_cast<std::size_t>(n));
   sim::reset_traffic();
@@ -67,11 +69,8 @@ TEST_P(RegisteredBufferRanks, CreatesZeroedBuffersThatEveryPeerWritesThenRelease
   sim::run_ranks(n, [&](int rank) {
     gpu::set_current(rank);
     auto boot = group->bootstrap(rank);
-    RegisteredBuffer buffer(config, *boot);
-    const layout::IntranodeLayout& L = buffer.layout();
+    RegisteredBuffer buffer(config, test_bytes, *boot);
     ASSERT_EQ(buffer.bytes(), required);
-    ASSERT_EQ(static_cast<std::size_t>(L.registered_bytes()), required);
-    EXPECT_EQ(L.shape().ranks_per_domain, n);
     EXPECT_EQ(buffer.rank(), rank);
     EXPECT_EQ(buffer.domain_rank(), rank);
     EXPECT_EQ(buffer.device(), rank);
@@ -95,14 +94,14 @@ TEST_P(RegisteredBufferRanks, CreatesZeroedBuffersThatEveryPeerWritesThenRelease
 
     const GpuStream stream = gpu::stream_create();
     for (int p = 0; p < n; ++p) {
-      launch_store(stream, flag_slot(L, buffer.peer_ptr(p), rank), stamp(rank, p));
-      launch_store(stream, last_row_slot(L, buffer.peer_ptr(p), rank), stamp(rank, p));
+      launch_store(stream, flag_slot(buffer.peer_ptr(p), rank), stamp(rank, p));
+      launch_store(stream, last_row_slot(buffer.peer_ptr(p), required, rank), stamp(rank, p));
     }
     gpu::stream_synchronize(stream);
     boot->barrier();  // every rank's stores are done
     for (int w = 0; w < n; ++w) {
-      EXPECT_EQ(*flag_slot(L, buffer.local_ptr(), w), stamp(w, rank)) << "writer " << w << " owner " << rank;
-      EXPECT_EQ(*last_row_slot(L, buffer.local_ptr(), w), stamp(w, rank)) << "writer " << w << " owner " << rank;
+      EXPECT_EQ(*flag_slot(buffer.local_ptr(), w), stamp(w, rank)) << "writer " << w << " owner " << rank;
+      EXPECT_EQ(*last_row_slot(buffer.local_ptr(), required, w), stamp(w, rank)) << "writer " << w << " owner " << rank;
     }
     // A handle to the same memory, kept to show the registry forgets it.
     stale_handles[static_cast<std::size_t>(rank)] =
@@ -141,7 +140,7 @@ TEST_P(RegisteredBufferRanks, ConfigMismatchSurfacesFromCreationOnEveryRank) {
     if (n == 1) config.hidden = 100;
     else if (rank == n - 1) config.hidden = 512;
     auto boot = group->bootstrap(rank);
-    RegisteredBuffer buffer(config, *boot);
+    RegisteredBuffer buffer(config, test_bytes, *boot);
   });
   for (int r = 0; r < n; ++r) {
     const test::RankError& e = errors[r];
@@ -153,6 +152,40 @@ TEST_P(RegisteredBufferRanks, ConfigMismatchSurfacesFromCreationOnEveryRank) {
     } else {
       const std::string others = n == 2 ? "rank 0" : "ranks 0-" + std::to_string(n - 2);
       EXPECT_HAS(e.nested, "hidden differs: 256 on " + others + "; 512 on rank " + std::to_string(n - 1));
+    }
+  }
+  EXPECT_EQ(sim::live_allocation_count(), 0u);
+}
+
+// The caller sizes the buffer after the config is agreed; a size it cannot give fails
+// the same step on every rank, before anything is allocated.
+TEST_P(RegisteredBufferRanks, SizeTheCallerCannotGiveFailsCheckConfigOnEveryRank) {
+  const int n = GetParam();
+  reset_sim(n);
+  auto group = make_group(n);
+  const struct {
+    const char* name;
+    std::function<std::size_t(int rank, const BufferConfig&)> size;
+    std::string expected;
+  } cases[] = {
+      {"throws", [](int, const BufferConfig&) -> std::size_t { throw std::invalid_argument("injected: too wide"); },
+       "injected: too wide"},
+      {"zero", [](int, const BufferConfig&) { return std::size_t{0}; }, "required_bytes(config) is 0"},
+      {"differs", [n](int rank, const BufferConfig& c) { return test_bytes(c) + (rank == n - 1 ? 16 : 0); },
+       "ranks ask for different sizes: " + std::to_string(test_bytes(small_config(n))) + " bytes on rank 0"},
+  };
+  for (const auto& c : cases) {
+    if (n == 1 && std::string(c.name) == "differs") continue;  // one rank agrees with itself
+    const auto errors = errors_on_ranks(n, [&](int rank) {
+      auto boot = group->bootstrap(rank);
+      RegisteredBuffer buffer(small_config(n), [&](const BufferConfig& config) { return c.size(rank, config); },
+                              *boot);
+    });
+    for (int r = 0; r < n; ++r) {
+      const test::RankError& e = errors[r];
+      ASSERT_TRUE(e.is_registered_buffer_error) << c.name << ": " << e.message;
+      EXPECT_EQ(e.step, RegisteredBufferStep::CheckConfig) << c.name;
+      EXPECT_HAS(e.nested, c.expected);
     }
   }
   EXPECT_EQ(sim::live_allocation_count(), 0u);
@@ -171,7 +204,7 @@ TEST_P(RegisteredBufferRanks, AllocationFailureOnOneRankIsAnErrorOnEveryRankWith
       if (rank == bad && step == RegisteredBufferStep::Allocate) throw DeviceError("injected: out of device memory");
     };
     auto boot = group->bootstrap(rank);
-    RegisteredBuffer buffer(small_config(n), *boot, options);
+    RegisteredBuffer buffer(small_config(n), test_bytes, *boot, options);
   });
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "the failure must be agreed, not timed out";
   std::printf("rank 0 saw: %s\n", errors[0].message.c_str());
@@ -198,7 +231,7 @@ TEST_P(RegisteredBufferRanks, ImportFailureRollsBackMappingsOnEveryRank) {
       if (rank == 0 && step == RegisteredBufferStep::Import) throw std::runtime_error("injected import failure");
     };
     auto boot = group->bootstrap(rank);
-    RegisteredBuffer buffer(small_config(n), *boot, options);
+    RegisteredBuffer buffer(small_config(n), test_bytes, *boot, options);
   });
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(errors[r].is_registered_buffer_error) << errors[r].message;
@@ -224,7 +257,7 @@ TEST_P(RegisteredBufferRanks, RankThatNeverJoinsFailsTheOthersWithinTheBootstrap
       if (rank == missing && step == RegisteredBufferStep::ExchangeHandles) throw std::runtime_error("rank crashed");
     };
     auto boot = group->bootstrap(rank);
-    RegisteredBuffer buffer(small_config(n), *boot, options);
+    RegisteredBuffer buffer(small_config(n), test_bytes, *boot, options);
   });
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
   std::printf("rank 0 saw: %s\n  caused by: %s\n", errors[0].message.c_str(), errors[0].nested.c_str());
@@ -248,7 +281,7 @@ TEST_P(RegisteredBufferRanks, DestructorAndMoveReleaseEverything) {
   sim::run_ranks(n, [&](int rank) {
     gpu::set_current(rank);
     auto boot = group->bootstrap(rank);
-    RegisteredBuffer first(small_config(n), *boot);
+    RegisteredBuffer first(small_config(n), test_bytes, *boot);
     uint8_t* const ptr = first.local_ptr();
     RegisteredBuffer moved(std::move(first));
     EXPECT_FALSE(first.valid());
@@ -271,8 +304,7 @@ TEST(RegisteredBufferTopology, SplitDomainsMapOnlyDomainPeers) {
     auto boot = group->bootstrap(rank);
     RegisteredBufferOptions options;
     options.topology_options.ranks_per_domain = 2;
-    RegisteredBuffer buffer(small_config(4, 2), *boot, options);
-    EXPECT_EQ(buffer.layout().shape().ranks_per_domain, 2) << "the layout spans the domain, not the group";
+    RegisteredBuffer buffer(small_config(4, 2), test_bytes, *boot, options);
     EXPECT_EQ(buffer.domain_ptrs().size(), 2u);
     EXPECT_EQ(buffer.domain_rank(), rank % 2);
     const int partner = rank ^ 1;
@@ -288,11 +320,10 @@ TEST(RegisteredBufferTopology, SplitDomainsMapOnlyDomainPeers) {
     }
     EXPECT_FALSE(sim::peer_access_enabled(rank, outsider)) << "nothing was imported across domains";
     const GpuStream stream = gpu::stream_create();
-    const layout::IntranodeLayout& L = buffer.layout();
-    launch_store(stream, flag_slot(L, buffer.peer_ptr(partner), buffer.domain_rank()), stamp(rank, partner));
+    launch_store(stream, flag_slot(buffer.peer_ptr(partner), buffer.domain_rank()), stamp(rank, partner));
     gpu::stream_synchronize(stream);
     boot->barrier();
-    EXPECT_EQ(*flag_slot(L, buffer.local_ptr(), partner % 2), stamp(partner, rank));
+    EXPECT_EQ(*flag_slot(buffer.local_ptr(), partner % 2), stamp(partner, rank));
     boot->barrier();
   });
   EXPECT_EQ(sim::live_allocation_count(), 0u);
@@ -306,7 +337,7 @@ TEST(RegisteredBufferTopology, DetectedDomains) {
   sim::run_ranks(4, [&](int rank) {
     gpu::set_current(rank);
     auto boot = group->bootstrap(rank);  // outlives the buffer: destruction is collective
-    RegisteredBuffer buffer(small_config(4, 2), *boot);
+    RegisteredBuffer buffer(small_config(4, 2), test_bytes, *boot);
     EXPECT_EQ(buffer.topology().describe(), "4 ranks in 2 NVLink domains of 2 (ranks 0-1, 2-3)");
   });
   EXPECT_EQ(sim::live_allocation_count(), 0u);
@@ -317,7 +348,7 @@ TEST(RegisteredBufferTopology, TopologyThatContradictsTheConfigIsAnErrorOnEveryR
   auto group = make_group(4);
   const auto errors = errors_on_ranks(4, [&](int rank) {
     auto boot = group->bootstrap(rank);
-    RegisteredBuffer buffer(small_config(4, 2), *boot);
+    RegisteredBuffer buffer(small_config(4, 2), test_bytes, *boot);
   });
   for (int r = 0; r < 4; ++r) {
     EXPECT_EQ(errors[r].step, RegisteredBufferStep::Topology) << errors[r].message;
@@ -333,7 +364,7 @@ TEST(RegisteredBufferTopology, CallerTopologiesMustAgree) {
     RegisteredBufferOptions options;
     options.topology = rank == 0 ? make_topology(2, 2) : make_topology(2, 1);
     auto boot = group->bootstrap(rank);
-    RegisteredBuffer buffer(small_config(2), *boot, options);
+    RegisteredBuffer buffer(small_config(2), test_bytes, *boot, options);
   });
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(errors[r].step, RegisteredBufferStep::Topology) << errors[r].message;
@@ -359,7 +390,7 @@ struct RegistrarLog {
 };
 
 // Records calls and checks what a NIC registration relies on: the memory is zeroed
-// and sized by the layout when registered, and still allocated when deregistered.
+// and sized as asked when registered, and still allocated when deregistered.
 class RecordingRegistrar final : public MemoryRegistrar {
  public:
   RecordingRegistrar(RegistrarLog* log, std::size_t expected_bytes, int fail_on_rank = -1)
@@ -388,13 +419,13 @@ TEST(RegisteredBufferRegistrars, RegisteredAfterZeroFillAndDeregisteredBeforeFre
   auto group = make_group(2);
   RegistrarLog log;
   const BufferConfig config = small_config(2);
-  auto registrar = std::make_shared<RecordingRegistrar>(&log, RegisteredBuffer::required_bytes(config));
+  auto registrar = std::make_shared<RecordingRegistrar>(&log, test_bytes(config));
   sim::run_ranks(2, [&](int rank) {
     gpu::set_current(rank);
     RegisteredBufferOptions options;
     options.registrars = {registrar};
     auto boot = group->bootstrap(rank);
-    RegisteredBuffer buffer(config, *boot, options);
+    RegisteredBuffer buffer(config, test_bytes, *boot, options);
     EXPECT_EQ(log.count("register rank " + std::to_string(rank) + " zeroed sized"), 1);
   });
   EXPECT_EQ(log.count("deregister rank 0 live"), 1);
@@ -408,14 +439,14 @@ TEST(RegisteredBufferRegistrars, RegistrationFailureOnOneRankUndoesTheOthers) {
   auto group = make_group(2);
   RegistrarLog log;
   const BufferConfig config = small_config(2);
-  const std::size_t bytes = RegisteredBuffer::required_bytes(config);
+  const std::size_t bytes = test_bytes(config);
   auto good = std::make_shared<RecordingRegistrar>(&log, bytes);
   auto failing = std::make_shared<RecordingRegistrar>(&log, bytes, /*fail_on_rank=*/1);
   const auto errors = errors_on_ranks(2, [&](int rank) {
     RegisteredBufferOptions options;
     options.registrars = {good, failing};
     auto boot = group->bootstrap(rank);
-    RegisteredBuffer buffer(config, *boot, options);
+    RegisteredBuffer buffer(config, test_bytes, *boot, options);
   });
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(errors[r].step, RegisteredBufferStep::RegisterMemory) << errors[r].message;

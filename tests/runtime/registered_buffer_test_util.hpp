@@ -53,6 +53,13 @@ inline BufferConfig small_config(int num_ranks, int ranks_per_domain = 0) {
   return c;
 }
 
+// The registered buffer's size in these tests. The runtime takes its caller's size (a
+// Buffer's path sizes it, src/api/path.hpp); not a multiple of 16 or of the
+// allocation granularity, so nothing may assume either.
+inline std::size_t test_bytes(const BufferConfig& config) {
+  return (std::size_t{1} << 16) + static_cast<std::size_t>(config.ranks_per_domain) * 1000 + 4;
+}
+
 // What one rank's creation threw.
 struct RankError {
   std::string message;

@@ -1,8 +1,8 @@
 // Railyard runtime: the registered buffer, the one peer-visible allocation of a rank.
 //
-// Every rank of an expert-parallel group creates one, collectively, at start-up. It is
-// sized for the worst case by layout::IntranodeLayout (the same object the kernels
-// address it with; see docs/buffers.md for the formula), allocated as shareable device
+// Every rank of an expert-parallel group creates one, collectively, at start-up. Its
+// size is the caller's: the path that uses it (src/api's, for a Buffer) adds up its
+// regions for the agreed config (docs/buffers.md). It is allocated as shareable device
 // memory on the current device, zero-filled (the kernels' flags and sequence numbers
 // start at 0), and mapped into every other rank of the same NVLink domain, so that a
 // kernel can store into any peer's buffer through peer_ptr(peer).
@@ -33,7 +33,6 @@
 #include <string>
 #include <vector>
 
-#include "railyard/layout/intranode_layout.cuh"
 #include "railyard/runtime/config.hpp"
 #include "railyard/runtime/device_api.hpp"
 #include "railyard/runtime/topology.hpp"
@@ -44,7 +43,7 @@ class Bootstrap;
 
 // The steps of creating (and destroying) a registered buffer, in order; errors name them.
 enum class RegisteredBufferStep : int32_t {
-  CheckConfig = 1,      // BufferConfig::check_agreement, then the layout's limits
+  CheckConfig = 1,      // BufferConfig::check_agreement, then the caller's size of it
   Topology = 2,         // detect or take the topology; it must match the config
   Allocate = 3,         // gpu::shareable_malloc of required_bytes on the current device
   ZeroFill = 4,         // memset 0 and synchronize
@@ -76,7 +75,7 @@ class RegisteredBufferError : public std::runtime_error {
 // The registered buffer of one rank, as a memory registrar sees it.
 struct RegisteredRegion {
   void* ptr = nullptr;
-  std::size_t bytes = 0;         // required_bytes(config)
+  std::size_t bytes = 0;         // what the caller's RequiredBytes asked for
   std::size_t mapped_bytes = 0;  // bytes rounded up to the allocation granularity
   int device = -1;
   int rank = -1;  // in the bootstrap group
@@ -125,20 +124,20 @@ struct RegisteredBufferOptions {
   std::function<void(RegisteredBufferStep step)> before_step;
 };
 
+// The bytes of one rank's registered buffer for an agreed config: the caller's
+// formula (for a Buffer, its path's layout; see src/api/path.hpp). Called on every rank
+// once the config is agreed, so every rank computes the same; an exception from it
+// (a config past the layout's limits) fails creation at step CheckConfig on every rank
+// alike, and so does a size of 0.
+using RequiredBytes = std::function<std::size_t(const BufferConfig& config)>;
+
 class RegisteredBuffer {
  public:
-  // The layout's shape for `config`: R is the NVLink domain (ranks_per_domain), since
-  // only domain peers map each other's buffer. std::invalid_argument when the config
-  // fails validate() or exceeds the layout's limits.
-  static layout::IntranodeShape shape_of(const BufferConfig& config);
-  // Bytes of one rank's registered buffer: IntranodeLayout::registered_bytes(), and
-  // nothing else (no second formula). Known before anything is allocated.
-  static std::size_t required_bytes(const BufferConfig& config);
-
-  // Collective over `bootstrap` (every rank calls it); allocates on the current device.
-  // `bootstrap` must outlive the buffer: destruction uses it. Throws
-  // RegisteredBufferError on every rank, having released everything, on failure.
-  RegisteredBuffer(const BufferConfig& config, Bootstrap& bootstrap, const RegisteredBufferOptions& options = {});
+  // Collective over `bootstrap` (every rank calls it); allocates required_bytes(config)
+  // on the current device. `bootstrap` must outlive the buffer: destruction uses it.
+  // Throws RegisteredBufferError on every rank, having released everything, on failure.
+  RegisteredBuffer(const BufferConfig& config, const RequiredBytes& required_bytes, Bootstrap& bootstrap,
+                   const RegisteredBufferOptions& options = {});
   // Collective: destroy() unless already destroyed; errors are printed, not thrown.
   ~RegisteredBuffer();
   RegisteredBuffer(RegisteredBuffer&& other) noexcept;
@@ -155,8 +154,7 @@ class RegisteredBuffer {
   int rank() const;
   const BufferConfig& config() const;
   const Topology& topology() const;
-  const layout::IntranodeLayout& layout() const;
-  std::size_t bytes() const;         // required_bytes(config())
+  std::size_t bytes() const;         // required_bytes(config()), as the caller asked
   std::size_t mapped_bytes() const;  // what the device actually reserved
   ShareableHandleType handle_type() const;
   int device() const;
@@ -166,8 +164,8 @@ class RegisteredBuffer {
   // std::out_of_range otherwise.
   uint8_t* local_ptr() const;
   uint8_t* peer_ptr(int peer) const;
-  // The domain's buffers indexed by domain-local rank, as kernels take them
-  // (kernels::intranode::PeerBuffers), and this rank's index among them.
+  // The domain's buffers indexed by domain-local rank, as kernels take them, and this
+  // rank's index among them.
   std::span<uint8_t* const> domain_ptrs() const;
   int domain_rank() const;
 

@@ -246,13 +246,6 @@ struct RankTally {
   char first[160] = {};
 };
 
-// The sequence number of the last operation this rank's buffer finished
-// (IntranodeLayout::local_state), read back from the device.
-uint64_t last_operation_done(const Buffer& buffer, GpuStream stream) {
-  const runtime::RegisteredBuffer& registered = buffer.registered_buffer();
-  return to_host(registered.layout().local_state(registered.local_ptr()), 1, stream)[0];
-}
-
 BufferConfig config_of(const Case& c) {
   BufferConfig config;
   config.hidden = c.hidden;
@@ -296,7 +289,7 @@ CaseResult run_case(const Case& c, runtime::Bootstrap& bootstrap, GpuStream stre
     buffer.synchronize(stream);
     // Every call is three operations (metadata, dispatch, combine): the count proves
     // the calls ran from where the case started, across the wrap for the wrap cases.
-    const uint64_t last = last_operation_done(buffer, stream);
+    const uint64_t last = railyard::testing::last_operation_done(buffer, stream);
     tally.compare("rank " + std::to_string(rank) + ": last operation done", std::vector<uint64_t>{last},
                   std::vector<uint64_t>{c.operations_done_before + 3 * static_cast<uint64_t>(c.calls)});
     if (c.operations_done_before > 0)

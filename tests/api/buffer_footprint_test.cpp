@@ -1,20 +1,28 @@
-// The registered buffer's footprint (docs/buffers.md):
+// The registered buffer's footprint (docs/buffers.md), as the Buffer's path sizes it
+// (src/api/intranode_path.cpp):
 //  - prints the worked examples of docs/buffers.md, region by region, from
 //    IntranodeLayout itself, and pins the totals the page quotes;
-//  - required_bytes(config) is exactly what creation allocates: the simulator's live
-//    allocation bytes grow by ranks x required_bytes, and return when destroyed.
+//  - Buffer::required_bytes(config) is exactly what creation allocates: the
+//    simulator's live allocation bytes grow by ranks x required_bytes, and return
+//    when destroyed.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 
+#include "../runtime/registered_buffer_test_util.hpp"
+#include "railyard/buffer.hpp"
 #include "railyard/runtime/registered_buffer.hpp"
-#include "registered_buffer_test_util.hpp"
+#include "src/api/intranode_path.hpp"
+#include "src/api/path.hpp"
 
-namespace railyard::runtime {
+namespace railyard {
 namespace {
 
-using test::make_group;
-using test::reset_sim;
+using runtime::RegisteredBuffer;
+using runtime::test::make_group;
+using runtime::test::reset_sim;
+namespace gpu = runtime::gpu;
+using runtime::dtype_name;
 
 struct Example {
   const char* name;
@@ -42,7 +50,7 @@ std::string mib(int64_t bytes) {
 }
 
 void print_footprint(const Example& example) {
-  const layout::IntranodeLayout L(RegisteredBuffer::shape_of(example.config));
+  const layout::IntranodeLayout L(detail::intranode_shape(example.config));
   const layout::IntranodeShape& s = L.shape();
   std::printf("\n%s: R = %d, M = %d, H = %d %s, E_local = %d, K = %d\n", example.name, s.ranks_per_domain, s.max_tokens,
               s.hidden, dtype_name(s.dispatch_dtype), s.num_local_experts, s.max_topk);
@@ -75,7 +83,7 @@ void print_footprint(const Example& example) {
               static_cast<long long>(handle), mib(handle).c_str());
 }
 
-TEST(RegisteredBufferFootprint, WorkedExamplesOfDocsBuffersMd) {
+TEST(BufferFootprint, WorkedExamplesOfDocsBuffersMd) {
   const Example seed{"seed (8 ranks, hidden 8192 BF16, 4096 tokens, 2 experts per rank, top-8)",
                      make_config(8192, DType::BF16, 4096, 8, 16, 8)};
   const Example deepep{"DeepEP-style (32 ranks, hidden 7168 FP8, 4096 tokens, 256 experts, top-8)",
@@ -84,48 +92,48 @@ TEST(RegisteredBufferFootprint, WorkedExamplesOfDocsBuffersMd) {
   for (const Example& e : {seed, deepep, deepep_bf16}) print_footprint(e);
 
   // The totals docs/buffers.md quotes; a layout change must update the page.
-  EXPECT_EQ(RegisteredBuffer::required_bytes(seed.config), 538'449'664u);
-  EXPECT_EQ(RegisteredBuffer::required_bytes(deepep.config), 1'923'202'048u);
-  EXPECT_EQ(RegisteredBuffer::required_bytes(deepep_bf16.config), 1'893'841'920u);
+  EXPECT_EQ(Buffer::required_bytes(seed.config), 538'449'664u);
+  EXPECT_EQ(Buffer::required_bytes(deepep.config), 1'923'202'048u);
+  EXPECT_EQ(Buffer::required_bytes(deepep_bf16.config), 1'893'841'920u);
 }
 
-TEST(RegisteredBufferFootprint, ShapeComesFromTheConfigAndBadConfigsAreRefused) {
+TEST(BufferFootprint, ShapeComesFromTheConfigAndBadConfigsAreRefused) {
   const BufferConfig c = make_config(7168, DType::FP8_E4M3, 4096, 32, 256, 8);
-  const layout::IntranodeShape s = RegisteredBuffer::shape_of(c);
+  const layout::IntranodeShape s = detail::intranode_shape(c);
   EXPECT_EQ(s.ranks_per_domain, 32);
   EXPECT_EQ(s.num_local_experts, 8);
   EXPECT_EQ(s.max_tokens, 4096);
   EXPECT_EQ(s.hidden, 7168);
   EXPECT_EQ(s.max_topk, 8);
   EXPECT_EQ(s.dispatch_dtype, DType::FP8_E4M3);
-  EXPECT_EQ(RegisteredBuffer::required_bytes(c),
+  EXPECT_EQ(Buffer::required_bytes(c),
             static_cast<std::size_t>(layout::IntranodeLayout(s).registered_bytes()));
 
   BufferConfig bad = c;
   bad.hidden = 7000;  // not a multiple of 128 for FP8
   try {
-    RegisteredBuffer::required_bytes(bad);
+    Buffer::required_bytes(bad);
     ADD_FAILURE() << "expected std::invalid_argument";
   } catch (const std::invalid_argument& e) {
     EXPECT_HAS(std::string(e.what()), "hidden = 7000");
   }
   const BufferConfig too_wide = make_config(7168, DType::BF16, 64, 80, 80, 8);
   try {
-    RegisteredBuffer::required_bytes(too_wide);
+    Buffer::required_bytes(too_wide);
     ADD_FAILURE() << "expected std::invalid_argument";
   } catch (const std::invalid_argument& e) {
-    EXPECT_HAS(std::string(e.what()), "ranks_per_domain = 80 exceeds 72");
+    EXPECT_HAS(std::string(e.what()), "config.ranks_per_domain = 80 exceeds 72");
   }
 }
 
-class RegisteredBufferFootprintRanks : public ::testing::TestWithParam<int> {};
+class BufferFootprintRanks : public ::testing::TestWithParam<int> {};
 
-TEST_P(RegisteredBufferFootprintRanks, RequiredBytesIsWhatIsAllocated) {
+TEST_P(BufferFootprintRanks, RequiredBytesIsWhatIsAllocated) {
   const int n = GetParam();
   for (DType dtype : {DType::BF16, DType::FP8_E4M3}) {
     // The DeepEP-style row (hidden 7168) with few tokens, so n buffers fit in a test.
     const BufferConfig config = make_config(7168, dtype, 64, n, 8 * n, 8);
-    const std::size_t required = RegisteredBuffer::required_bytes(config);
+    const std::size_t required = Buffer::required_bytes(config);
     reset_sim(n);
     const std::size_t before = sim::live_allocation_bytes();
     auto group = make_group(n);
@@ -133,7 +141,7 @@ TEST_P(RegisteredBufferFootprintRanks, RequiredBytesIsWhatIsAllocated) {
     sim::run_ranks(n, [&](int rank) {
       gpu::set_current(rank);
       auto boot = group->bootstrap(rank);
-      RegisteredBuffer buffer(config, *boot);
+      RegisteredBuffer buffer(config, detail::registered_bytes, *boot);
       EXPECT_EQ(buffer.bytes(), required);
       EXPECT_EQ(buffer.mapped_bytes(), required) << "the simulator maps exactly what is asked";
       boot->barrier();  // every rank has allocated; none has freed
@@ -147,7 +155,7 @@ TEST_P(RegisteredBufferFootprintRanks, RequiredBytesIsWhatIsAllocated) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, RegisteredBufferFootprintRanks, ::testing::Values(1, 2, 4, 8));
+INSTANTIATE_TEST_SUITE_P(Ranks, BufferFootprintRanks, ::testing::Values(1, 2, 4, 8));
 
 }  // namespace
-}  // namespace railyard::runtime
+}  // namespace railyard

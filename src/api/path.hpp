@@ -1,0 +1,70 @@
+// Railyard public API, internal: the seam between Buffer and the kernels that move its
+// tokens.
+//
+// Buffer (buffer.cpp) owns what every path shares: argument checks, handles and their
+// allocation, outputs, streams and the order of operations, errors. A Path owns what
+// depends on how the ranks are connected: the registered buffer's regions, a handle's
+// contents, and the kernels. One path exists today, one NVLink domain
+// (intranode_path.cpp); the hierarchical path (NVLink + RDMA between domains) is the
+// next. Plain host C++ in both flavours, like buffer.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "railyard/buffer.hpp"
+#include "railyard/common/status.hpp"
+#include "railyard/layout/intranode_layout.cuh"  // layout::Total, the order of a handle's counts
+
+namespace railyard::detail {
+
+// A handle's device memory (Path::handle_bytes of it), as the path's kernels take it.
+struct HandleMemory {
+  uint8_t* bytes = nullptr;
+  int64_t recv_capacity = 0;  // received rows it describes
+};
+
+// The Buffer's settings that reach the kernels.
+struct PathOptions {
+  int dispatch_chunk_rows = 0;  // 0: the kernels' defaults
+  int combine_chunk_rows = 0;
+  uint64_t timeout_cycles = 0;  // 0: the defaults (pipeline/wait_policy.hpp)
+  uint64_t handshake_timeout_cycles = 0;
+  pipeline::FailureRecord* failure_record = nullptr;  // pinned host memory, or null
+};
+
+// One collective kernel sequence per call, enqueued on `stream` after Buffer's checks
+// passed; a refusal comes back as a Status whose message names the argument.
+class Path {
+ public:
+  virtual ~Path() = default;
+
+  // Handles. Every path's handle holds its counts as layout::Total orders them:
+  // int64 [4 + 2 E_local] at totals().
+  virtual int64_t staging_rows() const = 0;  // rows one rank can receive, at most
+  virtual std::size_t handle_bytes(int64_t recv_capacity) const = 0;
+  virtual int64_t* totals(const HandleMemory& handle) const = 0;
+
+  // Dispatched rows: bytes of one row, FP8 scales per row.
+  virtual int64_t dispatch_row_bytes() const = 0;
+  virtual int num_scales() const = 0;
+
+  // Fills `handle` from the routing of `args`; `blocks`: the SMs it may use.
+  virtual Status metadata(const DispatchArgs& args, const HandleMemory& handle, int blocks, GpuStream stream) = 0;
+  virtual Status dispatch(const DispatchArgs& args, const HandleMemory& handle, const DispatchResult& out,
+                          int blocks, GpuStream stream) = 0;
+  // `layout`, `num_tokens`: the dispatch's; `rows`: the expert output rows to read.
+  virtual Status combine(const CombineArgs& args, const HandleMemory& handle, TokenLayout layout, int64_t num_tokens,
+                         int64_t rows, const CombineResult& out, int blocks, GpuStream stream) = 0;
+  virtual Status barrier(GpuStream stream) = 0;
+};
+
+// The bytes of one rank's registered buffer for an agreed config: its path's regions.
+// std::invalid_argument for a config past the path's limits.
+std::size_t registered_bytes(const BufferConfig& config);
+
+// The path for the config `registered` was made with; `registered` must outlive it.
+std::unique_ptr<Path> make_path(const runtime::RegisteredBuffer& registered, const PathOptions& options);
+
+}  // namespace railyard::detail
