@@ -1,0 +1,102 @@
+// Railyard transport: the device-side contract between the dispatch/combine protocol
+// and the transports that move its bytes between ranks (docs/design-internode.md,
+// "Transport contract").
+//
+// Remote memory is named by (peer, offset) into the peer's registered buffer, never by
+// address: NVLink maps a peer's buffer at some address in this process, mlx5 reaches
+// it through a remote key and the peer's base address, NCCL GIN through a window and
+// an offset. Each backend turns the pair into what its wire needs.
+//
+// A lane is an ordered channel from one block of this rank to one remote peer, driven
+// by one warp: every operation below is warp-collective (all 32 lanes call it with the
+// same arguments; the backend decides which lanes do the work).
+//   put(src, dst, bytes)              copy `bytes` from this rank's registered buffer at
+//                                     src to dst. Becomes visible to the peer only
+//                                     through a later put_signal's signal on a
+//                                     transport that orders them (kOrderedSignals), or
+//                                     after quiet() and a later signal.
+//   put_signal(src, dst, bytes, s, n) the same copy, then adds n to the signal s: the
+//                                     peer that observes the signal grown by n (an
+//                                     acquire, wait_signal below) sees this put's
+//                                     bytes. The protocol relies on nothing more: not
+//                                     on a later signal ordering earlier puts, so that
+//                                     transports with weak signals (GIN on EFA) serve
+//                                     it unchanged.
+//   submit()                          lets the posted operations start (the NIC's
+//                                     doorbell); nothing is promised to move before it.
+//   quiet()                           returns once the sources of every earlier put may
+//                                     be overwritten (local completion). A transport
+//                                     error found here (an error completion) is fatal:
+//                                     it is reported through the lane's WaitPolicy,
+//                                     naming the lane and the failed operation, and the
+//                                     kernel traps, like a timed-out wait.
+// Before a put, the bytes at src must be visible to the lane's warp (the protocol's
+// mbarrier or block barrier hand-off, plus fence.proxy.async.global where TMA wrote
+// them); every backend orders them before its own transfer.
+//
+// Signals are monotonic 64-bit counters in the registered buffer, 8-byte aligned:
+// they only grow (no reset kernel, CUDA-graph safe), and a receiver waits for the value
+// its sequence number implies. Every wait is bounded (pipeline/wait.cuh).
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+
+#include "railyard/common/macros.cuh"
+#include "railyard/pipeline/wait.cuh"
+
+namespace railyard::transport {
+
+// Bytes at `offset` in remote rank `peer`'s registered buffer (peer: the transport's
+// index of the rank, e.g. its rank in the NVLink domain).
+struct RemoteRef {
+  int32_t peer = 0;
+  uint64_t offset = 0;
+};
+// Bytes at `offset` in this rank's registered buffer.
+struct LocalRef {
+  uint64_t offset = 0;
+};
+// A signal: the 64-bit counter at `offset` in rank `peer`'s registered buffer.
+struct SignalRef {
+  int32_t peer = 0;
+  uint64_t offset = 0;
+};
+
+template <class L>
+concept Lane = requires(L& lane, LocalRef src, RemoteRef dst, uint32_t bytes, SignalRef signal, uint64_t add) {
+  { lane.put(src, dst, bytes) } -> std::same_as<void>;
+  { lane.put_signal(src, dst, bytes, signal, add) } -> std::same_as<void>;
+  { lane.submit() } -> std::same_as<void>;
+  { lane.quiet() } -> std::same_as<void>;
+  // True where a put_signal's signal also publishes the lane's earlier puts (RC queue
+  // pairs, NVLink); the protocol may use it only as an optimisation.
+  { L::kOrderedSignals } -> std::convertible_to<bool>;
+};
+
+// How a transport leaves a signal in memory: NVLink and NCCL GIN add in native order;
+// an mlx5 NIC's 8-byte atomics may add big-endian (the NIC's atomic mode, queried at
+// start-up; docs/design-internode.md).
+enum class SignalOrder : uint8_t { Native = 0, BigEndian = 1 };
+
+RAILYARD_HOST_DEVICE constexpr uint64_t signal_value(uint64_t raw, SignalOrder order) {
+  if (order == SignalOrder::Native) return raw;
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | ((raw >> (8 * i)) & 0xffu);
+  return v;
+}
+
+// Receiver: waits until this rank's signal at `counter` reaches `at_least`, then
+// acquires it at system scope, so that the bytes of every put_signal that counted
+// towards it are visible. Bounded: `target` names the lane, chunk and peer.
+RAILYARD_DEVICE void wait_signal(const uint64_t* counter, uint64_t at_least, SignalOrder order,
+                                 const pipeline::WaitTarget& target, const pipeline::WaitPolicy& policy
+                                 RAILYARD_LOC_PARAM) {
+  if (signal_value(arch::ld_acquire_sys(counter RAILYARD_LOC_ARG), order) >= at_least) return;
+  pipeline::timeout_while(
+      [&] { return signal_value(arch::ld_relaxed_sys(counter RAILYARD_LOC_ARG), order) < at_least; }, target,
+      policy RAILYARD_LOC_ARG);
+  (void)arch::ld_acquire_sys(counter RAILYARD_LOC_ARG);
+}
+
+}  // namespace railyard::transport
