@@ -178,6 +178,13 @@ CUmemAllocationProp allocation_prop(int device, ShareableHandleType type) {
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device;
   prop.requestedHandleTypes = to_cu(type);
+  // A NIC can register VMM memory (ibv_reg_dmabuf_mr, or nvidia-peermem's ibv_reg_mr)
+  // only if cuMemCreate asked for GPUDirect RDMA, which devices that support it accept.
+  prop.allocFlags.gpuDirectRDMACapable =
+      device_attribute(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, device,
+                       "cuDeviceGetAttribute(GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)")
+          ? 1
+          : 0;
   return prop;
 }
 
