@@ -48,6 +48,7 @@ struct DriverApi {
   decltype(&::cuMemSetAccess) mem_set_access = nullptr;
   decltype(&::cuMemExportToShareableHandle) mem_export_to_shareable_handle = nullptr;
   decltype(&::cuMemImportFromShareableHandle) mem_import_from_shareable_handle = nullptr;
+  decltype(&::cuMemGetHandleForAddressRange) mem_get_handle_for_address_range = nullptr;
 };
 
 // 12.0 signatures of every entry point above (FABRIC handles need a 12.3+ driver, which
@@ -92,6 +93,7 @@ const DriverApi& driver() {
   resolve("cuMemSetAccess", &d.mem_set_access);
   resolve("cuMemExportToShareableHandle", &d.mem_export_to_shareable_handle);
   resolve("cuMemImportFromShareableHandle", &d.mem_import_from_shareable_handle);
+  resolve("cuMemGetHandleForAddressRange", &d.mem_get_handle_for_address_range);
   api = d;
   ready = true;
   return api;
@@ -263,6 +265,25 @@ void* malloc_host(std::size_t bytes, std::string_view) {
   return ptr;
 }
 void free_host(void* ptr) { RAILYARD_CUDA_CHECK(cudaFreeHost(ptr)); }
+
+UniqueFd export_dmabuf(void* ptr, std::size_t bytes) {
+  int fd = -1;
+  RAILYARD_CU_CHECK(driver().mem_get_handle_for_address_range(&fd, reinterpret_cast<CUdeviceptr>(ptr), bytes,
+                                                              CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0));
+  return UniqueFd(fd);
+}
+
+void* map_io_memory(void* host_ptr, std::size_t bytes) {
+  RAILYARD_CUDA_CHECK(cudaHostRegister(host_ptr, bytes, cudaHostRegisterIoMemory | cudaHostRegisterMapped));
+  void* device_ptr = nullptr;
+  const cudaError_t err = cudaHostGetDevicePointer(&device_ptr, host_ptr, 0);
+  if (err != cudaSuccess) {
+    cudaHostUnregister(host_ptr);
+    RAILYARD_CUDA_CHECK(err);
+  }
+  return device_ptr;
+}
+void unmap_io_memory(void* host_ptr) { RAILYARD_CUDA_CHECK(cudaHostUnregister(host_ptr)); }
 
 GpuStream stream_create() {
   cudaStream_t stream = nullptr;

@@ -132,6 +132,18 @@ void* malloc_device(std::size_t bytes, std::string_view label) {
 void free_device(void* ptr) {
   checked("free_device", [&] { sim::free(ptr); });
 }
+UniqueFd export_dmabuf(void*, std::size_t) {
+  throw DeviceError("railyard device API (simulator): export_dmabuf: the simulator has no dma-buf; its NIC "
+                    "registers memory by pointer");
+}
+void* map_io_memory(void*, std::size_t) {
+  throw DeviceError("railyard device API (simulator): map_io_memory: the simulator maps no host I/O memory; its "
+                    "NIC's doorbells are simulated allocations");
+}
+void unmap_io_memory(void*) {
+  throw DeviceError("railyard device API (simulator): unmap_io_memory: nothing is ever mapped");
+}
+
 void* malloc_host(std::size_t bytes, std::string_view label) {
   return checked("malloc_host", [&] { return sim::malloc_host(bytes, std::string(label)); });
 }

@@ -154,5 +154,16 @@ PeerMapping import_handle(const ImportRequest& request);  // into the current de
 void unmap(PeerMapping& mapping);                  // leaves `mapping` empty
 void shareable_free(ShareableAllocation& allocation);  // leaves `allocation` empty
 
+// For a NIC (the RDMA transport, runtime/rdma.hpp):
+// A dma-buf file descriptor of [ptr, ptr + bytes), device memory of a shareable
+// allocation (page-aligned), which ibv_reg_dmabuf_mr registers. DeviceError where the
+// driver or the memory cannot (the simulator has no dma-buf: its NIC takes pointers).
+UniqueFd export_dmabuf(void* ptr, std::size_t bytes);
+// Maps host I/O memory (a NIC's doorbell page, mmapped by rdma-core) into every
+// device's address space and returns its device address; unmap_io_memory undoes it.
+// DeviceError in the simulator, whose NIC doorbells are simulated allocations.
+void* map_io_memory(void* host_ptr, std::size_t bytes);
+void unmap_io_memory(void* host_ptr);
+
 }  // namespace gpu
 }  // namespace railyard::runtime
