@@ -10,6 +10,7 @@
 #include "railyard/arch/fault.cuh"
 #include "railyard/arch/mbarrier.cuh"
 #include "railyard/arch/memory.cuh"
+#include "railyard/arch/mmio.cuh"
 #include "railyard/arch/smem.cuh"
 #include "railyard/arch/thread.cuh"
 
@@ -50,6 +51,7 @@ __global__ void ptx_wrappers_check(uint32_t* g32, uint64_t* g64, int32_t* gs32, 
 
   exercise_words(g32, 1u, g32 + 1);
   exercise_words(g64, uint64_t{1}, g64 + 1);
+  st_mmio_relaxed_sys(g64 + 2, ld_global(g64));
   exercise_words(gs32, -1, gs32 + 1);
   exercise_words(gf, 1.0f, gf + 1);
   st_global(g8, static_cast<uint8_t>(ld_global(g8) + 1));
