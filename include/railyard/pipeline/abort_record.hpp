@@ -39,6 +39,10 @@ enum class AbortReason : int32_t {
   DifferentLayouts = 6,     // rank r's layout is x, rank 0's y
   DifferentProbs = 7,       // combine: probs passed on rank r: x, on rank 0: y
   DifferentPadMultiples = 8,  // metadata: rank r passed pad_multiple x, rank 0 y
+  // A transport's error completion (transport/mlx5/lane.cuh): QP q's WQE w failed with
+  // syndrome s. Found by the rank that posted it, which gives up alone: its peers'
+  // waits time out or see their own errors.
+  TransportError = 9,
 };
 
 // The one formatter of a reason's text: the device's trap prints it (printf, or
@@ -63,6 +67,9 @@ RAILYARD_HOST_DEVICE const char* abort_format(int32_t reason) {
     case AbortReason::DifferentPadMultiples:
       return "pad_multiple differs between ranks: rank %lld passed %lld, rank 0 passed %lld (every rank passes the "
              "same)";
+    case AbortReason::TransportError:
+      return "mlx5 error completion: QP %lld, WQE %lld, syndrome %lld (MLX5_CQE_SYNDROME_*: 4 local protection, "
+             "5 flushed after an earlier error, 19 remote access, 21 transport retries exceeded)";
     default: return "unknown reason (%lld, %lld, %lld)";
   }
 }
