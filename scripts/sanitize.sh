@@ -41,14 +41,14 @@ phase "build (ninja -j$jobs)"
 ninja -C "$build" -j"$jobs" -k 0 || { echo "sanitize.sh: build failed"; exit 1; }
 phase_done build
 
-phase "test (ctest -L 'sim|host' -LE sim_large)"
+phase "test (ctest -L 'sim|host|rdma' -LE sim_large)"
 # detect_leaks: every test frees what it allocates. The simulator's engine thread and
 # its condition variable are leaked on purpose at exit (Engine::get), which LSan does
 # not count: they stay reachable from a static.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 # shellcheck disable=SC2086
-ctest --test-dir "$build" -j"$jobs" --output-on-failure --timeout 1800 -L 'sim|host' -LE sim_large ${CTEST_ARGS:-}
+ctest --test-dir "$build" -j"$jobs" --output-on-failure --timeout 1800 -L 'sim|host|rdma' -LE sim_large ${CTEST_ARGS:-}
 rc=$?
 phase_done test
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up the machine, builds both flavours in build/ and runs every test (labels sim,
-# host, gpu; gpu tests skip without a device; not the slow `mutation` label, which
+# host, gpu, rdma; gpu tests skip without a device; not the slow `mutation` label, which
 # `ctest --test-dir build -L mutation` runs), then reports the line coverage that the
 # simulator tests give the device code (kernels/, include/railyard/{arch,pipeline,layout,common}).
 #

@@ -364,6 +364,8 @@ class Engine {
   std::size_t live_allocations() const { return allocations_.size(); }
   std::size_t live_bytes() const;
   void add_agent(Agent* agent) { agents_.push_back(agent); }
+  // An agent's step() (engine thread) ends a device's work with a fault.
+  void agent_fault(int device, ErrorKind kind, const std::string& report) { fault_device(device, kind, report); }
   Traffic traffic() const;
   void reset_traffic();
   Stats stats() const { return stats_; }

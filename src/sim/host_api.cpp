@@ -371,6 +371,11 @@ void add_agent(Agent* agent) {
   e.add_agent(agent);
 }
 
+// The engine thread runs Agent::step() holding the world: no lock to take here.
+void agent_fault(int device, ErrorKind kind, const std::string& report) {
+  engine().agent_fault(device, kind, report);
+}
+
 void register_doorbell(void* ptr, std::size_t bytes) {
   Engine& e = engine();
   auto lock = e.acquire();

@@ -226,6 +226,11 @@ class Agent {
   virtual std::string describe() const = 0;  // for hang reports
 };
 void add_agent(Agent* agent);  // not owned; removed by reset()
+// Called from an agent's step() only: ends `device`'s work (its kernels and streams)
+// with a fault of `kind`, as a kernel fault does; the host thread that synchronizes
+// on it gets sim::Error(kind, report). A simulated NIC uses it for a request the real
+// NIC would not execute (a doorbell rung before the WQE was written).
+void agent_fault(int device, ErrorKind kind, const std::string& report);
 
 // Marks [ptr, ptr + bytes) as an MMIO doorbell (a NIC's, say): in weak memory mode, a
 // kernel store to it while the storing thread has writes not released to the system

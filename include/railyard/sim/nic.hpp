@@ -1,0 +1,125 @@
+// Railyard simulator: a simulated mlx5 NIC ("rail NIC"), one per simulated GPU.
+//
+// An Agent (sim.hpp) that owns queue pairs, their completion queues and a memory-region
+// table, and executes exactly the bytes the device code wrote: on a doorbell it parses
+// every new WQE of the send queue with transport/mlx5/wire.cuh's parser, checks keys
+// and bounds, moves RDMA WRITEs in MTU-sized pieces (in order per QP, interleaved
+// across QPs by a seeded choice) and 8-byte atomics into the connected peer's
+// registered memory, and writes CQEs (owner bit, wqe_counter, QPN, syndrome) into the
+// CQ ring in GPU memory. docs/simulator.md, "The simulated NIC", says what is modelled
+// and what is not.
+//
+// Host code creates it while it holds the world (not inside a simulator call). It
+// registers itself with add_agent and must live until the next sim::reset(), which
+// removes it and frees the queues it allocated.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "railyard/sim/sim.hpp"
+#include "railyard/transport/mlx5/queue_pair.hpp"
+#include "railyard/transport/mlx5/wire.cuh"
+
+namespace railyard::sim {
+
+struct NicConfig {
+  uint64_t seed = 1;
+  uint32_t mtu_bytes = 4096;  // what every reference configures (rdma-design.md §6)
+  // The NIC's 8-byte atomic mode: false adds in the host's (little-endian) order,
+  // true treats the target as big-endian (rdma-design.md §2.8).
+  bool atomics_big_endian = false;
+};
+
+// A queue pair's queues in its device's memory, as the NIC created them; the host
+// copies these into transport::mlx5::QueuePair.
+struct NicQueues {
+  uint32_t qpn = 0;
+  uint8_t* sq = nullptr;
+  uint32_t log2_sq_wqebbs = 0;
+  uint32_t* dbr = nullptr;  // two BE32 words
+  uint64_t* uar = nullptr;  // the doorbell, registered with sim::register_doorbell
+  transport::mlx5::Cqe* cq = nullptr;
+  uint32_t log2_ncqe = 0;
+  uint32_t* cq_dbr = nullptr;
+};
+
+class Nic : public Agent {
+ public:
+  Nic(int device, NicConfig config = {});
+  Nic(const Nic&) = delete;
+  Nic& operator=(const Nic&) = delete;
+
+  int device() const { return device_; }
+
+  // Registers [base, base + bytes) of this device's memory for local and remote
+  // access; returns its key (lkey and rkey alike).
+  uint32_t register_memory(void* base, std::size_t bytes);
+
+  // Allocates a QP's send queue, doorbell record, UAR word and CQ in this device's
+  // memory (CQEs initialised to kCqeInitialOpOwn, records to 0) and returns them.
+  NicQueues create_qp(uint32_t log2_sq_wqebbs, uint32_t log2_ncqe);
+
+  // Connects QP `qpn_a` of `a` and QP `qpn_b` of `b` (RC: each QP reaches one peer).
+  static void connect(Nic& a, uint32_t qpn_a, Nic& b, uint32_t qpn_b);
+
+  // RDMA payload bytes this NIC placed in `device`'s memory (WRITE bytes, 8 per atomic).
+  uint64_t bytes_sent_to(int device) const;
+
+  bool step() override;
+  std::string describe() const override;
+
+ private:
+  struct Region {
+    uintptr_t base = 0;
+    std::size_t bytes = 0;
+  };
+  struct Request {
+    transport::mlx5::ParsedWqe wqe;
+    uint32_t index = 0;  // the WQE's WQEBB index, never wrapped
+    std::vector<uint8_t> bytes;  // the WQE as fetched (inline payloads)
+    uint32_t done_bytes = 0;
+  };
+  enum class QpState { ReadyToSend, Error };
+  struct Qp {
+    NicQueues queues;
+    Nic* peer = nullptr;
+    uint32_t peer_qpn = 0;
+    QpState state = QpState::ReadyToSend;
+    uint64_t last_doorbell = 0;
+    uint32_t fetched = 0;  // the next WQE's index (WQEBBs fetched)
+    uint32_t completed = 0;
+    uint32_t cqes_written = 0;
+    std::deque<Request> pending;
+    std::string last_error;
+    bool dead = false;  // the device faulted on this QP's behalf: nothing more runs
+  };
+
+  Qp& qp(uint32_t qpn);
+  bool take_doorbell(Qp& q);
+  bool fetch_wqes(Qp& q, uint32_t last_idx);
+  std::vector<uint8_t> gather_wqe(const Qp& q, uint32_t index) const;
+  void execute_packet(Qp& q);
+  bool execute_write(Qp& q, Request& r);
+  void execute_atomic(Qp& q, Request& r);
+  transport::mlx5::Syndrome check_access(const Qp& q, const Request& r, uint64_t length) const;
+  void complete(Qp& q, const Request& r, transport::mlx5::Syndrome syndrome, bool error);
+  void write_cqe(Qp& q, const transport::mlx5::CqeFields& fields);
+  void fail(Qp& q, const std::string& what);
+  bool in_region(const Nic& nic, uint32_t key, uint64_t addr, uint64_t length) const;
+
+  int device_;
+  NicConfig config_;
+  std::mt19937_64 rng_;
+  std::map<uint32_t, Region> regions_;  // by key
+  std::map<uint32_t, Qp> qps_;          // by QPN
+  std::vector<uint64_t> bytes_to_;      // by destination device
+  uint32_t next_key_ = 0x100;
+};
+
+}  // namespace railyard::sim

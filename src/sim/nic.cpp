@@ -1,0 +1,194 @@
+// Railyard simulator: the simulated mlx5 NIC (include/railyard/sim/nic.hpp).
+//
+// The NIC reads and writes simulated memory directly, as the engine's agents do (the
+// host view of a simulated allocation is its memory). Its writes are not recorded by
+// the weak memory mode (docs/simulator.md, "Weak memory": agents are unseen), so a
+// kernel's strong loads of a CQE or a signal never race with them, and its plain loads
+// of the payload are checked against the last kernel write of those bytes only.
+#include "railyard/sim/nic.hpp"
+
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+namespace railyard::sim {
+
+namespace mlx5 = transport::mlx5;
+
+namespace {
+
+std::string hex(uint64_t v) {
+  std::ostringstream os;
+  os << "0x" << std::hex << v;
+  return os.str();
+}
+
+
+}  // namespace
+
+Nic::Nic(int device, NicConfig config)
+    : device_(device), config_(config), rng_(config.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(device)) {
+  if (config_.mtu_bytes == 0) throw std::invalid_argument("sim::Nic: mtu_bytes must be positive");
+  bytes_to_.assign(static_cast<std::size_t>(device_count()), 0);
+  add_agent(this);
+}
+
+uint32_t Nic::register_memory(void* base, std::size_t bytes) {
+  AllocationInfo info;
+  if (!find_allocation(base, &info) || info.device != device_ || reinterpret_cast<uintptr_t>(base) + bytes >
+                                                                      info.base + info.bytes)
+    throw std::invalid_argument("sim::Nic::register_memory: not memory of device " + std::to_string(device_));
+  const uint32_t key = next_key_;
+  next_key_ += 0x100;  // keys are an index and an 8-bit tag on mlx5; distinct is all that matters here
+  regions_[key] = Region{reinterpret_cast<uintptr_t>(base), bytes};
+  return key;
+}
+
+NicQueues Nic::create_qp(uint32_t log2_sq_wqebbs, uint32_t log2_ncqe) {
+  if (log2_sq_wqebbs < 1 || log2_sq_wqebbs > 15 || log2_ncqe < 1 || log2_ncqe > 22)
+    throw std::invalid_argument("sim::Nic::create_qp: queue sizes out of range");
+  NicQueues q;
+  q.qpn = static_cast<uint32_t>(device_ + 1) << 8 | static_cast<uint32_t>(qps_.size());
+  const std::string name = "nic qp " + hex(q.qpn);
+  q.log2_sq_wqebbs = log2_sq_wqebbs;
+  q.sq = static_cast<uint8_t*>(malloc_device(device_, mlx5::kWqeBasicBlockBytes << log2_sq_wqebbs, name + " sq"));
+  q.dbr = static_cast<uint32_t*>(malloc_device(device_, 2 * sizeof(uint32_t), name + " dbr"));
+  q.uar = static_cast<uint64_t*>(malloc_device(device_, sizeof(uint64_t), name + " uar"));
+  q.log2_ncqe = log2_ncqe;
+  q.cq = static_cast<mlx5::Cqe*>(malloc_device(device_, sizeof(mlx5::Cqe) << log2_ncqe, name + " cq"));
+  q.cq_dbr = static_cast<uint32_t*>(malloc_device(device_, 2 * sizeof(uint32_t), name + " cq dbr"));
+  std::memset(q.dbr, 0, 2 * sizeof(uint32_t));
+  std::memset(q.cq_dbr, 0, 2 * sizeof(uint32_t));
+  *q.uar = 0;
+  // Nothing reads as written until the NIC writes it (DOCA's mlx5_init_cqes).
+  for (uint32_t i = 0; i < (1u << log2_ncqe); ++i) {
+    std::memset(&q.cq[i], 0, sizeof(mlx5::Cqe));
+    q.cq[i].op_own = mlx5::kCqeInitialOpOwn;
+  }
+  register_doorbell(q.uar, sizeof(uint64_t));
+  qps_[q.qpn].queues = q;
+  return q;
+}
+
+void Nic::connect(Nic& a, uint32_t qpn_a, Nic& b, uint32_t qpn_b) {
+  Qp& qa = a.qp(qpn_a);
+  Qp& qb = b.qp(qpn_b);
+  qa.peer = &b;
+  qa.peer_qpn = qpn_b;
+  qb.peer = &a;
+  qb.peer_qpn = qpn_a;
+}
+
+uint64_t Nic::bytes_sent_to(int device) const { return bytes_to_.at(static_cast<std::size_t>(device)); }
+
+Nic::Qp& Nic::qp(uint32_t qpn) {
+  auto it = qps_.find(qpn);
+  if (it == qps_.end()) throw std::invalid_argument("sim::Nic: no QP " + hex(qpn));
+  return it->second;
+}
+
+// ---- stepping ---------------------------------------------------------------------------------
+
+// Doorbells first (each QP's UAR word), then one packet of one QP with work, chosen at
+// random: RC order within a QP, any interleaving across QPs.
+bool Nic::step() {
+  bool progress = false;
+  std::vector<Qp*> busy;
+  for (auto& [qpn, q] : qps_) {
+    if (q.dead) continue;
+    if (take_doorbell(q)) progress = true;
+    if (!q.dead && !q.pending.empty()) busy.push_back(&q);
+  }
+  if (busy.empty()) return progress;
+  execute_packet(*busy[std::uniform_int_distribution<std::size_t>(0, busy.size() - 1)(rng_)]);
+  return true;
+}
+
+// The doorbell's 8 bytes are a ctrl segment's first 8 (wire.cuh doorbell_value): the
+// index of the last WQE rung and the QPN. A new value means new WQEs to fetch.
+bool Nic::take_doorbell(Qp& q) {
+  uint64_t value;
+  std::memcpy(&value, q.queues.uar, sizeof(value));
+  if (value == q.last_doorbell) return false;
+  q.last_doorbell = value;
+  const uint32_t opmod_idx_opcode = mlx5::from_be32(static_cast<uint32_t>(value));
+  const uint32_t qpn = mlx5::from_be32(static_cast<uint32_t>(value >> 32)) >> 8;
+  if (qpn != q.queues.qpn) {
+    fail(q, "the doorbell names QPN " + hex(qpn) + " on QP " + hex(q.queues.qpn) + "'s UAR");
+    return true;
+  }
+  fetch_wqes(q, (opmod_idx_opcode >> 8) & mlx5::kWqeIndexMask);
+  return true;
+}
+
+// Fetches every WQE from the next expected one up to the one the doorbell names. The
+// expected position is the NIC's own count: a ctrl segment there that carries another
+// index is a WQE not written yet (or left from the ring's previous lap), i.e. the
+// doorbell was rung before the WQE was written.
+bool Nic::fetch_wqes(Qp& q, uint32_t last_idx) {
+  const uint32_t size = 1u << q.queues.log2_sq_wqebbs;
+  const uint32_t ahead = (last_idx - q.fetched) & mlx5::kWqeIndexMask;
+  if (ahead >= size) {
+    fail(q, "the doorbell names WQE " + std::to_string(last_idx) + ", outside the posted range from WQE " +
+                std::to_string(q.fetched & mlx5::kWqeIndexMask) + " (ring of " + std::to_string(size) + ")");
+    return false;
+  }
+  for (;;) {
+    Request r;
+    r.index = q.fetched;
+    r.bytes = gather_wqe(q, q.fetched);
+    const mlx5::WqeParse parse = mlx5::parse_wqe(r.bytes.data(), static_cast<uint32_t>(r.bytes.size()));
+    const uint32_t slot = q.fetched & (size - 1);
+    if (parse.wqe.ctrl.wqe_idx != (q.fetched & mlx5::kWqeIndexMask)) {
+      fail(q, "doorbell rung before the WQE was written: WQE " + std::to_string(q.fetched) + " (index " +
+                  std::to_string(q.fetched & mlx5::kWqeIndexMask) + ") expected at slot " + std::to_string(slot) +
+                  ", the slot holds index " + std::to_string(parse.wqe.ctrl.wqe_idx));
+      return false;
+    }
+    if (parse.error != mlx5::WqeError::None) {
+      fail(q, "malformed WQE " + std::to_string(q.fetched) + ": " + mlx5::wqe_error_name(parse.error));
+      return false;
+    }
+    if (parse.wqe.ctrl.qpn != q.queues.qpn) {
+      fail(q, "WQE " + std::to_string(q.fetched) + " names QPN " + hex(parse.wqe.ctrl.qpn));
+      return false;
+    }
+    r.wqe = parse.wqe;
+    q.fetched += mlx5::wqebb_count(parse.wqe.ctrl.ds);
+    const bool last = parse.wqe.ctrl.wqe_idx == last_idx;
+    q.pending.push_back(std::move(r));
+    if (last) break;
+  }
+  // The record says how far the ring is filled (rdma-core qp.c): it must cover the rung WQE.
+  const uint32_t dbr = mlx5::from_be32(q.queues.dbr[mlx5::kDbrSendWord]) & mlx5::kWqeIndexMask;
+  if (((dbr - q.fetched) & mlx5::kWqeIndexMask) >= size) {
+    fail(q, "doorbell record behind the doorbell: the record says " + std::to_string(dbr) + ", the doorbell rang up to " +
+                std::to_string(q.fetched & mlx5::kWqeIndexMask));
+    return false;
+  }
+  return true;
+}
+
+// The WQE's bytes in order, gathered across the ring's end.
+std::vector<uint8_t> Nic::gather_wqe(const Qp& q, uint32_t index) const {
+  const uint32_t size = 1u << q.queues.log2_sq_wqebbs;
+  auto bb = [&](uint32_t i) { return q.queues.sq + ((i & (size - 1)) << mlx5::kWqeBasicBlockShift); };
+  mlx5::CtrlSeg ctrl;
+  std::memcpy(&ctrl, bb(index), sizeof(ctrl));
+  const uint32_t ds = mlx5::decode_ctrl(ctrl).ds & 0x3f;
+  const uint32_t count = std::max(1u, std::min(mlx5::wqebb_count(ds), size));
+  std::vector<uint8_t> bytes(count * mlx5::kWqeBasicBlockBytes);
+  for (uint32_t i = 0; i < count; ++i)
+    std::memcpy(bytes.data() + i * mlx5::kWqeBasicBlockBytes, bb(index + i), mlx5::kWqeBasicBlockBytes);
+  return bytes;
+}
+
+void Nic::fail(Qp& q, const std::string& what) {
+  q.last_error = what;
+  q.dead = true;
+  q.state = QpState::Error;
+  agent_fault(device_, ErrorKind::Misuse, "simulated NIC of device " + std::to_string(device_) + ", QP " +
+                                              hex(q.queues.qpn) + ": " + what);
+}
+
+}  // namespace railyard::sim

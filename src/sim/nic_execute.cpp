@@ -1,0 +1,164 @@
+// Railyard simulator: the simulated NIC's execution of fetched WQEs and its
+// completions (include/railyard/sim/nic.hpp; fetching and doorbells are in nic.cpp).
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "railyard/sim/nic.hpp"
+
+namespace railyard::sim {
+
+namespace mlx5 = transport::mlx5;
+
+bool Nic::in_region(const Nic& nic, uint32_t key, uint64_t addr, uint64_t length) const {
+  auto it = nic.regions_.find(key);
+  if (it == nic.regions_.end()) return false;
+  const Region& r = it->second;
+  return addr >= r.base && length <= r.bytes && addr - r.base <= r.bytes - length;
+}
+
+// Keys and bounds, the way the NIC finds them: the local key against this NIC's table
+// (local protection error), the remote key against the peer's (remote access error,
+// reported back to the requester as a NAK would be).
+mlx5::Syndrome Nic::check_access(const Qp& q, const Request& r, uint64_t length) const {
+  const mlx5::ParsedWqe& w = r.wqe;
+  const bool local_needed = w.ctrl.opcode != mlx5::Opcode::Nop && !w.is_inline;
+  const uint64_t local_length = w.ctrl.opcode == mlx5::Opcode::RdmaWrite ? length : sizeof(uint64_t);
+  if (local_needed && !in_region(*this, w.local.lkey, w.local.addr, local_length)) return mlx5::Syndrome::LocalProt;
+  if (w.ctrl.opcode != mlx5::Opcode::Nop) {
+    const bool atomic = w.ctrl.opcode == mlx5::Opcode::AtomicFa || w.ctrl.opcode == mlx5::Opcode::AtomicCs;
+    if (q.peer == nullptr || !in_region(*q.peer, w.remote.rkey, w.remote.raddr, length) ||
+        (atomic && w.remote.raddr % 8 != 0))
+      return mlx5::Syndrome::RemoteAccess;
+  }
+  return mlx5::Syndrome{};
+}
+
+// One step of the QP's oldest request: a flush in the error state, one MTU of a WRITE,
+// or a whole atomic or NOP.
+void Nic::execute_packet(Qp& q) {
+  Request& r = q.pending.front();
+  if (q.state == QpState::Error) {
+    complete(q, r, mlx5::Syndrome::WrFlush, true);
+    q.pending.pop_front();
+    return;
+  }
+  if (r.done_bytes == 0) {
+    // A WQE overwritten between the doorbell and its execution (the real NIC reads the
+    // ring lazily): the send queue overran.
+    const std::vector<uint8_t> now = gather_wqe(q, r.index);
+    if (now.size() < r.bytes.size() || std::memcmp(now.data(), r.bytes.data(), r.bytes.size()) != 0)
+      return fail(q, "send queue overrun: WQE " + std::to_string(r.index) + " was overwritten before it completed");
+    const uint64_t length = r.wqe.is_inline ? r.wqe.inline_bytes
+                            : r.wqe.ctrl.opcode == mlx5::Opcode::RdmaWrite ? r.wqe.local.byte_count
+                                                                             : sizeof(uint64_t);
+    const mlx5::Syndrome bad = check_access(q, r, length);
+    if (bad != mlx5::Syndrome{}) {
+      std::ostringstream os;
+      os << "WQE " << r.index << " failed, syndrome 0x" << std::hex << static_cast<int>(bad);
+      q.last_error = os.str();
+      q.state = QpState::Error;
+      complete(q, r, bad, true);
+      q.pending.pop_front();
+      return;
+    }
+  }
+  bool done = true;
+  switch (r.wqe.ctrl.opcode) {
+    case mlx5::Opcode::RdmaWrite: done = execute_write(q, r); break;
+    case mlx5::Opcode::AtomicFa:
+    case mlx5::Opcode::AtomicCs: execute_atomic(q, r); break;
+    case mlx5::Opcode::Nop: break;
+    default: return fail(q, "WQE " + std::to_string(r.index) + ": opcode not modelled (WRITE_IMM needs a receive queue)");
+  }
+  if (!done) return;
+  complete(q, r, mlx5::Syndrome{}, false);
+  q.pending.pop_front();
+}
+
+// One MTU-sized piece, in order: true once the last piece is placed.
+bool Nic::execute_write(Qp& q, Request& r) {
+  const uint32_t length = r.wqe.is_inline ? r.wqe.inline_bytes : r.wqe.local.byte_count;
+  const uint32_t piece = std::min(config_.mtu_bytes, length - r.done_bytes);
+  auto* dst = reinterpret_cast<uint8_t*>(r.wqe.remote.raddr) + r.done_bytes;
+  const uint8_t* src = r.wqe.is_inline ? r.bytes.data() + r.wqe.inline_offset + r.done_bytes
+                                       : reinterpret_cast<const uint8_t*>(r.wqe.local.addr) + r.done_bytes;
+  if (piece > 0) std::memmove(dst, src, piece);
+  r.done_bytes += piece;
+  bytes_to_[static_cast<std::size_t>(q.peer->device_)] += piece;
+  if (piece == 0 || r.done_bytes == length) {
+    r.done_bytes = length;
+    return true;
+  }
+  return false;
+}
+
+// 8-byte fetch-and-add or compare-and-swap at the responder, in the NIC's atomic byte
+// order; the old value lands at the local address as the target's bytes were.
+void Nic::execute_atomic(Qp& q, Request& r) {
+  auto* target = reinterpret_cast<uint8_t*>(r.wqe.remote.raddr);
+  uint64_t raw;
+  std::memcpy(&raw, target, sizeof(raw));
+  const uint64_t old = config_.atomics_big_endian ? mlx5::from_be64(raw) : raw;
+  uint64_t next = old;
+  if (r.wqe.ctrl.opcode == mlx5::Opcode::AtomicFa) {
+    next = old + r.wqe.atomic.swap_add;
+  } else if (old == r.wqe.atomic.compare) {
+    next = r.wqe.atomic.swap_add;
+  }
+  const uint64_t out = config_.atomics_big_endian ? mlx5::to_be64(next) : next;
+  std::memcpy(target, &out, sizeof(out));
+  std::memcpy(reinterpret_cast<void*>(r.wqe.local.addr), &raw, sizeof(raw));
+  bytes_to_[static_cast<std::size_t>(q.peer->device_)] += sizeof(uint64_t);
+}
+
+// A CQE for a signalled WQE, and for every error (errors and flushes always complete,
+// whatever the WQE asked for).
+void Nic::complete(Qp& q, const Request& r, mlx5::Syndrome syndrome, bool error) {
+  q.completed = r.index + mlx5::wqebb_count(r.wqe.ctrl.ds);
+  if (!error && (r.wqe.ctrl.fm_ce_se & mlx5::kCtrlCqUpdate) == 0) return;
+  const uint32_t length = r.wqe.is_inline ? r.wqe.inline_bytes : r.wqe.local.byte_count;
+  write_cqe(q, mlx5::CqeFields{.opcode = error ? mlx5::CqeOpcode::ReqErr : mlx5::CqeOpcode::Req,
+                               .wqe_counter = static_cast<uint16_t>(r.index & mlx5::kWqeIndexMask),
+                               .qpn = q.queues.qpn,
+                               .wqe_opcode = static_cast<uint8_t>(r.wqe.ctrl.opcode),
+                               .byte_count = error ? 0 : length,
+                               .syndrome = syndrome});
+}
+
+// CQE number n goes to slot n mod ncqe with the lap's owner bit (cq.c's rule seen from
+// the NIC's side). The consumer's record says how far software has read: writing a lap
+// ahead of it would overwrite an unread CQE (a CQ overrun, an error on a real NIC).
+// Flushes after an error are dropped rather than overrun: software stops at the error.
+void Nic::write_cqe(Qp& q, const mlx5::CqeFields& fields) {
+  const uint32_t ncqe = 1u << q.queues.log2_ncqe;
+  const uint32_t consumed = mlx5::from_be32(q.queues.cq_dbr[mlx5::kCqDbrConsumerWord]) & 0xffffffu;
+  if (((q.cqes_written - consumed) & 0xffffffu) >= ncqe) {
+    if (fields.opcode == mlx5::CqeOpcode::ReqErr) return;
+    return fail(q, "CQ overrun: CQE " + std::to_string(q.cqes_written) + " while software has consumed " +
+                       std::to_string(consumed) + " of a ring of " + std::to_string(ncqe));
+  }
+  mlx5::CqeFields f = fields;
+  f.owner = mlx5::cqe_owner_for(q.cqes_written, ncqe);
+  const mlx5::Cqe cqe = mlx5::encode_cqe(f);
+  auto* slot = reinterpret_cast<uint8_t*>(&q.queues.cq[q.cqes_written & (ncqe - 1)]);
+  // op_own last, as the NIC makes a CQE valid only once it is whole.
+  std::memcpy(slot, &cqe, sizeof(cqe) - 1);
+  slot[sizeof(cqe) - 1] = cqe.op_own;
+  ++q.cqes_written;
+}
+
+std::string Nic::describe() const {
+  std::ostringstream os;
+  os << "simulated NIC of device " << device_ << ":";
+  for (const auto& [qpn, q] : qps_) {
+    os << "\n  QP 0x" << std::hex << qpn << std::dec << " -> "
+       << (q.peer ? "device " + std::to_string(q.peer->device_) : std::string("unconnected")) << ", "
+       << (q.state == QpState::ReadyToSend ? "RTS" : "ERROR") << ", fetched (pi) " << q.fetched << ", completed (ci) "
+       << q.completed << ", in flight " << q.pending.size() << ", CQEs written " << q.cqes_written
+       << ", last error: " << (q.last_error.empty() ? "none" : q.last_error);
+  }
+  return os.str();
+}
+
+}  // namespace railyard::sim

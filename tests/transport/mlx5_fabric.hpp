@@ -1,0 +1,116 @@
+// Test fixture for the mlx5 lane over the simulated NIC: ranks on simulated GPUs in
+// separate NVLink domains (so only the NIC can move bytes between them), one NIC per
+// GPU, a registered buffer per rank, and one connected RC queue pair per ordered pair
+// of ranks, described by the transport::mlx5::QueuePair a kernel's lane is built from.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "railyard/sim/nic.hpp"
+#include "railyard/sim/sim.hpp"
+#include "railyard/transport/mlx5/queue_pair.hpp"
+
+namespace railyard::test {
+
+struct FabricConfig {
+  int num_ranks = 2;
+  uint64_t seed = 1;
+  sim::MemoryModel memory_model = sim::MemoryModel::SequentiallyConsistent;
+  std::size_t buffer_bytes = 64 << 10;
+  uint32_t log2_sq_wqebbs = 6;
+  uint32_t log2_ncqe = 6;
+  uint32_t completion_interval = 4;
+  sim::NicConfig nic{};
+  transport::SignalOrder signal_order = transport::SignalOrder::Native;
+  uint64_t fetch_scratch_offset = 0;  // 8 bytes of every rank's buffer
+};
+
+class Fabric {
+ public:
+  explicit Fabric(const FabricConfig& config) : config_(config) {
+    sim::reset({.seed = config.seed, .memory_model = config.memory_model});
+    for (int r = 0; r < config.num_ranks; ++r) {
+      sim::DeviceProps props = sim::h100_props();
+      props.nvlink_domain = r;  // one rank per domain: no peer mapping between them
+      props.sm_count = 4;
+      sim::add_device(props);
+    }
+    for (int r = 0; r < config.num_ranks; ++r) {
+      sim::NicConfig nic = config.nic;
+      nic.seed = config.seed;
+      nics_.push_back(std::make_unique<sim::Nic>(r, nic));
+      buffers_.push_back(static_cast<uint8_t*>(sim::malloc_device(r, config.buffer_bytes, "registered buffer")));
+      std::memset(buffers_.back(), 0, config.buffer_bytes);
+      keys_.push_back(nics_.back()->register_memory(buffers_.back(), config.buffer_bytes));
+    }
+    for (int r = 0; r < config.num_ranks; ++r) remotes_.push_back(make_remote_table(r));
+    qps_.assign(static_cast<std::size_t>(config.num_ranks * config.num_ranks), {});
+    for (int a = 0; a < config.num_ranks; ++a)
+      for (int b = a + 1; b < config.num_ranks; ++b) connect(a, b);
+  }
+  // The NICs are agents the engine holds until the next reset: reset first.
+  ~Fabric() {
+    sim::reset();
+    nics_.clear();
+  }
+
+  // The lane of rank `rank` towards `peer`.
+  transport::mlx5::QueuePair& qp(int rank, int peer) { return qps_[static_cast<std::size_t>(rank * config_.num_ranks + peer)]; }
+  uint8_t* buffer(int rank) { return buffers_[static_cast<std::size_t>(rank)]; }
+  sim::Nic& nic(int rank) { return *nics_[static_cast<std::size_t>(rank)]; }
+  transport::mlx5::RemoteMemory* remotes(int rank) { return remotes_[static_cast<std::size_t>(rank)]; }
+
+ private:
+  transport::mlx5::RemoteMemory* make_remote_table(int rank) {
+    auto* table = static_cast<transport::mlx5::RemoteMemory*>(sim::malloc_device(
+        rank, sizeof(transport::mlx5::RemoteMemory) * static_cast<std::size_t>(config_.num_ranks), "remote table"));
+    for (int p = 0; p < config_.num_ranks; ++p)
+      table[p] = {reinterpret_cast<uint64_t>(buffers_[static_cast<std::size_t>(p)]), keys_[static_cast<std::size_t>(p)]};
+    return table;
+  }
+
+  transport::mlx5::QueuePair make_qp(int rank, int peer, const sim::NicQueues& q) {
+    auto* state = static_cast<transport::mlx5::LaneState*>(
+        sim::malloc_device(rank, sizeof(transport::mlx5::LaneState), "lane state"));
+    *state = {};
+    transport::mlx5::QueuePair qp;
+    qp.sq = q.sq;
+    qp.log2_sq_wqebbs = q.log2_sq_wqebbs;
+    qp.qpn = q.qpn;
+    qp.dbr = q.dbr;
+    qp.uar = q.uar;
+    qp.cq = q.cq;
+    qp.log2_ncqe = q.log2_ncqe;
+    qp.cq_dbr = q.cq_dbr;
+    qp.local_base = buffer(rank);
+    qp.lkey = keys_[static_cast<std::size_t>(rank)];
+    qp.peer = peer;
+    qp.remotes = remotes(rank);
+    qp.num_remotes = config_.num_ranks;
+    qp.fetch_scratch = {config_.fetch_scratch_offset};
+    qp.completion_interval = config_.completion_interval;
+    qp.signal_order = config_.signal_order;
+    qp.state = state;
+    return qp;
+  }
+
+  void connect(int a, int b) {
+    const sim::NicQueues qa = nic(a).create_qp(config_.log2_sq_wqebbs, config_.log2_ncqe);
+    const sim::NicQueues qb = nic(b).create_qp(config_.log2_sq_wqebbs, config_.log2_ncqe);
+    sim::Nic::connect(nic(a), qa.qpn, nic(b), qb.qpn);
+    qp(a, b) = make_qp(a, b, qa);
+    qp(b, a) = make_qp(b, a, qb);
+  }
+
+  FabricConfig config_;
+  std::vector<std::unique_ptr<sim::Nic>> nics_;
+  std::vector<uint8_t*> buffers_;
+  std::vector<uint32_t> keys_;
+  std::vector<transport::mlx5::RemoteMemory*> remotes_;
+  std::vector<transport::mlx5::QueuePair> qps_;
+};
+
+}  // namespace railyard::test
