@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,7 @@ constexpr uint64_t kSignal = 64;     // the signal peers add to
 constexpr uint64_t kSend = 4096;     // payload to send
 constexpr uint64_t kRecv = 8192;     // where the peer's payload lands
 constexpr uint64_t kLog = 16384;     // what the receiver saw, per round
+constexpr uint64_t kManyDst = 32768;  // many puts: where the peer's puts land
 
 uint32_t payload_word(int rank, int round, uint32_t word) {
   return static_cast<uint32_t>(rank) * 0x01000193u ^ static_cast<uint32_t>(round) * 0x9e3779b9u ^ (word * 2654435761u);
@@ -99,7 +101,17 @@ std::function<void()> ping_pong_kernel(Fabric& f, int rank, const PingPong& pp, 
 
 void launch_ranks(Fabric& f, int num_ranks, const std::function<std::function<void()>(int)>& kernel) {
   for (int r = 0; r < num_ranks; ++r) sim::launch(sim::default_stream(r), {1, 32, 0, "mlx5_lane_test"}, kernel(r));
-  for (int r = 0; r < num_ranks; ++r) sim::device_synchronize(r);
+  // Every rank is waited for (one rank's fault leaves the others to time out), then
+  // the first error is rethrown.
+  std::exception_ptr first;
+  for (int r = 0; r < num_ranks; ++r) {
+    try {
+      sim::device_synchronize(r);
+    } catch (const sim::Error&) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 void expect_logged(Fabric& f, int rank, int from, int rounds, uint32_t bytes) {
@@ -144,6 +156,156 @@ TEST(Mlx5Lane, PingPongInWeakMemoryMode) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     run_ping_pong(seed, sim::MemoryModel::Weak, seed % 2 == 0);
   }
+}
+
+// ---- many puts and signals through tiny rings -------------------------------------------------
+
+struct ManyPuts {
+  int num_puts = 240;        // every 4th one signals
+  uint32_t put_bytes = 64;
+  int submit_every = 5;
+};
+
+// Both ranks at once: puts j = 0..n-1 from distinct source offsets to distinct
+// destination offsets; the receiver waits for every signal, then logs what landed.
+std::function<void()> many_puts_kernel(Fabric& f, int rank, const ManyPuts& mp, pipeline::FailureRecord* record) {
+  const int peer = 1 - rank;
+  const mlx5::QueuePair qp = f.qp(rank, peer);
+  uint8_t* buf = f.buffer(rank);
+  return [=] {
+    mlx5::Lane lane(qp, policy_for(rank, record));
+    const uint32_t words = mp.put_bytes / 4;
+    fill(buf + kSend, rank, 0, words * static_cast<uint32_t>(mp.num_puts));
+    int signals = 0;
+    for (int j = 0; j < mp.num_puts; ++j) {
+      const uint64_t at = static_cast<uint64_t>(j) * mp.put_bytes;
+      if (j % 4 == 3) {
+        lane.put_signal(LocalRef{kSend + at}, RemoteRef{peer, kManyDst + at}, mp.put_bytes, SignalRef{peer, kSignal}, 1);
+        ++signals;
+      } else {
+        lane.put(LocalRef{kSend + at}, RemoteRef{peer, kManyDst + at}, mp.put_bytes);
+      }
+      if (j % mp.submit_every == mp.submit_every - 1) lane.submit();
+    }
+    lane.quiet();
+    // RC order: the last signal publishes every put before it (kOrderedSignals).
+    transport::wait_signal(reinterpret_cast<const uint64_t*>(buf + kSignal), static_cast<uint64_t>(signals),
+                           qp.signal_order, {"many-puts signal", peer, signals}, policy_for(rank, record));
+  };
+}
+
+void run_many_puts(uint64_t seed, sim::MemoryModel model) {
+  FabricConfig config{.seed = seed, .memory_model = model, .log2_sq_wqebbs = 2, .log2_ncqe = 2,
+                      .completion_interval = 3};
+  config.nic.mtu_bytes = 48;  // every put is two packets
+  config.fetch_scratch_offset = kScratch;
+  Fabric f(config);
+  const ManyPuts mp;
+  static_assert(kSend + 240 * 64 <= kManyDst, "the source area ends below the destination area");
+  launch_ranks(f, 2, [&](int r) { return many_puts_kernel(f, r, mp, nullptr); });
+  for (int rank = 0; rank < 2; ++rank) {
+    const int from = 1 - rank;
+    const auto* got = reinterpret_cast<const uint32_t*>(f.buffer(rank) + kManyDst);
+    for (uint32_t i = 0; i < mp.put_bytes / 4 * static_cast<uint32_t>(mp.num_puts); ++i)
+      ASSERT_EQ(got[i], payload_word(from, 0, i)) << "rank " << rank << " word " << i;
+    const int signals = mp.num_puts / 4;
+    EXPECT_EQ(f.nic(from).bytes_sent_to(rank), static_cast<uint64_t>(mp.num_puts) * mp.put_bytes + 8u * signals);
+    // The rings wrapped: 300 WQEs through 4 slots, their CQEs through 4.
+    const mlx5::LaneState* state = f.qp(from, rank).state;
+    EXPECT_EQ(state->pi, static_cast<uint32_t>(mp.num_puts + signals));
+    EXPECT_EQ(state->ci, state->pi);
+    EXPECT_GT(state->cq_ci, 4u * 10);
+  }
+}
+
+TEST(Mlx5Lane, ManyPutsWrapTheSendQueueAndTheCqManyTimes) {
+  for (uint64_t seed : test::seeds(3)) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    run_many_puts(seed, sim::MemoryModel::SequentiallyConsistent);
+    run_many_puts(seed, sim::MemoryModel::Weak);
+  }
+}
+
+// ---- error completions ---------------------------------------------------------------------------
+
+// Rank 0 puts with a key the target does not know (or from outside its own region):
+// its quiet finds the error CQE and reports QP, WQE and syndrome, as a trap and in its
+// FailureRecord. Rank 1 runs nothing, so nothing waits on the failed rank.
+void expect_error_completion(bool bad_rkey) {
+  Fabric f(FabricConfig{.fetch_scratch_offset = kScratch});
+  auto* record = static_cast<pipeline::FailureRecord*>(sim::malloc_host(sizeof(pipeline::FailureRecord)));
+  *record = {};
+  mlx5::QueuePair qp = f.qp(0, 1);
+  if (bad_rkey) {
+    f.remotes(0)[1].rkey ^= 0x5500;
+  } else {
+    qp.lkey ^= 0x5500;
+  }
+  const std::string report = test::expect_sim_error(sim::ErrorKind::Trap, [&] {
+    test::run_kernel(1, 32, 0, [=] {
+      mlx5::Lane lane(qp, policy_for(0, record));
+      lane.put(LocalRef{kSend}, RemoteRef{1, kRecv}, 128);
+      lane.put(LocalRef{kSend}, RemoteRef{1, kRecv}, 128);
+      lane.quiet();
+    });
+  });
+  const int syndrome = bad_rkey ? 0x13 : 0x04;
+  const std::string expected = "mlx5 error completion: QP " + std::to_string(qp.qpn) + ", WQE 0, syndrome " +
+                               std::to_string(syndrome);
+  EXPECT_NE(report.find("rank 0 gave up the operation: " + expected), std::string::npos) << report;
+  EXPECT_EQ(record->kind, static_cast<uint32_t>(pipeline::FailureKind::Aborted));
+  EXPECT_EQ(record->reason, static_cast<int32_t>(pipeline::AbortReason::TransportError));
+  EXPECT_EQ(record->a, qp.qpn);
+  EXPECT_EQ(record->b, 0);
+  EXPECT_EQ(record->c, syndrome);
+  // Nothing reached the target, and the NIC's description names the error.
+  EXPECT_EQ(f.nic(0).bytes_sent_to(1), 0u);
+  EXPECT_NE(f.nic(0).describe().find("ERROR"), std::string::npos) << f.nic(0).describe();
+}
+
+TEST(Mlx5Lane, BadRkeyIsARemoteAccessErrorNamingQpWqeAndSyndrome) { expect_error_completion(true); }
+TEST(Mlx5Lane, BadLkeyIsALocalProtectionError) { expect_error_completion(false); }
+
+// ---- doorbells rung too early -----------------------------------------------------------------
+
+// Weak memory mode: the WQE is written, then the doorbell rung without the release
+// fence (and without the doorbell record): the NIC could read a stale WQE.
+TEST(Mlx5Lane, WeakModeReportsADoorbellRungWithoutTheRelease) {
+  for (uint64_t seed : test::seeds(3)) {
+    Fabric f(FabricConfig{.seed = seed, .memory_model = sim::MemoryModel::Weak, .fetch_scratch_offset = kScratch});
+    const mlx5::QueuePair qp = f.qp(0, 1);
+    const std::string report = test::expect_sim_error(sim::ErrorKind::DataRace, [&] {
+      test::run_kernel(1, 32, 0, [=] {
+        mlx5::Lane lane(qp, policy_for(0, nullptr));
+        lane.put(LocalRef{kSend}, RemoteRef{1, kRecv}, 128);
+        if (arch::lane_idx() == 0) lane.ring_lane0();  // submit() without publish_lane0()
+        __syncwarp();
+      });
+    });
+    EXPECT_NE(report.find("doorbell: st.mmio.relaxed.sys.global.b64"), std::string::npos) << report;
+  }
+}
+
+// A doorbell naming WQE 0 while the ring's slot 0 holds no WQE (the allocation's poison
+// bytes): the NIC reports it and ends the device's work.
+TEST(Mlx5Lane, NicReportsADoorbellRungBeforeTheWqeWasWritten) {
+  Fabric f(FabricConfig{.fetch_scratch_offset = kScratch});
+  const mlx5::QueuePair qp = f.qp(0, 1);
+  const std::string report = test::expect_sim_error(sim::ErrorKind::Misuse, [&] {
+    test::run_kernel(1, 1, 0, [=] {
+      const mlx5::CtrlSeg ctrl = mlx5::encode_ctrl({.wqe_idx = 0, .opcode = mlx5::Opcode::RdmaWrite, .qpn = qp.qpn,
+                                                    .ds = mlx5::kWriteDs});
+      arch::fence_acq_rel_sys();
+      arch::st_mmio_relaxed_sys(qp.uar, mlx5::doorbell_value(ctrl));
+      // Wait for a completion that cannot come, until the NIC's report ends the kernel.
+      const auto* op_own = reinterpret_cast<const uint64_t*>(reinterpret_cast<const uint8_t*>(qp.cq) + 56);
+      pipeline::timeout_while([&] { return arch::ld_relaxed_sys(op_own) >> 60 == 0xf; },
+                              {"a CQE that never comes", 0, 0}, policy_for(0, nullptr));
+    });
+  });
+  EXPECT_NE(report.find("doorbell rung before the WQE was written: WQE 0 (index 0) expected at slot 0"),
+            std::string::npos)
+      << report;
 }
 
 }  // namespace
