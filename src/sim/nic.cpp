@@ -29,6 +29,8 @@ std::string hex(uint64_t v) {
 Nic::Nic(int device, NicConfig config)
     : device_(device), config_(config), rng_(config.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(device)) {
   if (config_.mtu_bytes == 0) throw std::invalid_argument("sim::Nic: mtu_bytes must be positive");
+  if (!(config_.stall_probability >= 0 && config_.stall_probability < 1))
+    throw std::invalid_argument("sim::Nic: stall_probability must be in [0, 1)");
   bytes_to_.assign(static_cast<std::size_t>(device_count()), 0);
   add_agent(this);
 }
@@ -100,6 +102,8 @@ bool Nic::step() {
     if (!q.dead && !q.pending.empty()) busy.push_back(&q);
   }
   if (busy.empty()) return progress;
+  if (config_.stall_probability > 0 && std::uniform_real_distribution<double>(0, 1)(rng_) < config_.stall_probability)
+    return true;  // busy, not idle: the engine must not take a stalled NIC for a hang
   execute_packet(*busy[std::uniform_int_distribution<std::size_t>(0, busy.size() - 1)(rng_)]);
   return true;
 }

@@ -99,8 +99,10 @@ std::function<void()> ping_pong_kernel(Fabric& f, int rank, const PingPong& pp, 
   };
 }
 
-void launch_ranks(Fabric& f, int num_ranks, const std::function<std::function<void()>(int)>& kernel) {
-  for (int r = 0; r < num_ranks; ++r) sim::launch(sim::default_stream(r), {1, 32, 0, "mlx5_lane_test"}, kernel(r));
+void launch_ranks(Fabric& f, int num_ranks, const std::function<std::function<void()>(int)>& kernel,
+                  unsigned num_blocks = 1) {
+  for (int r = 0; r < num_ranks; ++r)
+    sim::launch(sim::default_stream(r), {num_blocks, 32, 0, "mlx5_lane_test"}, kernel(r));
   // Every rank is waited for (one rank's fault leaves the others to time out), then
   // the first error is rethrown.
   std::exception_ptr first;
@@ -306,6 +308,74 @@ TEST(Mlx5Lane, NicReportsADoorbellRungBeforeTheWqeWasWritten) {
   EXPECT_NE(report.find("doorbell rung before the WQE was written: WQE 0 (index 0) expected at slot 0"),
             std::string::npos)
       << report;
+}
+
+// ---- many to many, over several kernels -----------------------------------------------------------
+
+constexpr int kPairPuts = 24;
+constexpr uint32_t kPairBytes = 128;
+
+// Block b of rank r drives the lane to rank b: kPairPuts put_signals into the region
+// of b's buffer kept for r, each adding 1 to b's signal for r; then it waits for b's
+// puts to r. Kernel `launch` (0, 1, ...) sends payload of its own and waits for the
+// signal to reach (launch + 1) * kPairPuts: the lane's indices carry over.
+std::function<void()> many_to_many_kernel(Fabric& f, int rank, int num_ranks, int launch) {
+  std::vector<mlx5::QueuePair> qps;
+  for (int p = 0; p < num_ranks; ++p) qps.push_back(p == rank ? mlx5::QueuePair{} : f.qp(rank, p));
+  uint8_t* buf = f.buffer(rank);
+  return [=] {
+    const int peer = static_cast<int>(blockIdx.x);
+    if (peer == rank) return;
+    const mlx5::QueuePair& qp = qps[static_cast<std::size_t>(peer)];
+    mlx5::Lane lane(qp, policy_for(rank, nullptr));
+    const uint64_t source = kSend + static_cast<uint64_t>(peer) * kPairPuts * kPairBytes;
+    fill(buf + source, rank, peer + 16 * launch, kPairPuts * kPairBytes / 4);
+    for (int j = 0; j < kPairPuts; ++j) {
+      const uint64_t at = static_cast<uint64_t>(j) * kPairBytes;
+      const uint64_t dst = kManyDst + static_cast<uint64_t>(rank) * kPairPuts * kPairBytes + at;
+      lane.put_signal(LocalRef{source + at}, RemoteRef{peer, dst}, kPairBytes,
+                      SignalRef{peer, kSignal + 8 * static_cast<uint64_t>(rank)}, 1);
+      if (j % 3 == 2) lane.submit();
+    }
+    lane.quiet();
+    const auto* from_peer = reinterpret_cast<const uint64_t*>(buf + kSignal + 8 * static_cast<uint64_t>(peer));
+    transport::wait_signal(from_peer, static_cast<uint64_t>(launch + 1) * kPairPuts, qp.signal_order,
+                           {"many-to-many signal (index: peer)", peer, (launch + 1) * kPairPuts},
+                           policy_for(rank, nullptr));
+  };
+}
+
+void run_many_to_many(uint64_t seed, sim::MemoryModel model) {
+  constexpr int kRanks = 4, kLaunches = 2;
+  FabricConfig config{.num_ranks = kRanks, .seed = seed, .memory_model = model, .log2_sq_wqebbs = 3,
+                      .log2_ncqe = 3, .completion_interval = 5};
+  config.nic.mtu_bytes = 64;
+  config.nic.stall_probability = 0.3;
+  config.fetch_scratch_offset = kScratch;
+  Fabric f(config);
+  for (int launch = 0; launch < kLaunches; ++launch) {
+    launch_ranks(f, kRanks, [&](int r) { return many_to_many_kernel(f, r, kRanks, launch); }, kRanks);
+  }
+  for (int dst = 0; dst < kRanks; ++dst) {
+    for (int src = 0; src < kRanks; ++src) {
+      if (src == dst) continue;
+      const auto* got = reinterpret_cast<const uint32_t*>(f.buffer(dst) + kManyDst +
+                                                          static_cast<uint64_t>(src) * kPairPuts * kPairBytes);
+      for (uint32_t i = 0; i < kPairPuts * kPairBytes / 4; ++i)
+        ASSERT_EQ(got[i], payload_word(src, dst + 16 * (kLaunches - 1), i)) << src << " -> " << dst << " word " << i;
+      EXPECT_EQ(f.nic(src).bytes_sent_to(dst), static_cast<uint64_t>(kLaunches) * kPairPuts * (kPairBytes + 8))
+          << src << " -> " << dst;
+      EXPECT_EQ(f.qp(src, dst).state->pi, static_cast<uint32_t>(kLaunches * kPairPuts * 2));
+    }
+  }
+}
+
+TEST(Mlx5Lane, ManyToManyAcrossFourDomainsOverTwoKernelsWithNicDelays) {
+  for (uint64_t seed : test::seeds(2)) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    run_many_to_many(seed, sim::MemoryModel::SequentiallyConsistent);
+    run_many_to_many(seed, sim::MemoryModel::Weak);
+  }
 }
 
 }  // namespace

@@ -34,6 +34,10 @@ struct NicConfig {
   // The NIC's 8-byte atomic mode: false adds in the host's (little-endian) order,
   // true treats the target as big-endian (rdma-design.md §2.8).
   bool atomics_big_endian = false;
+  // Seeded delays: the probability that a step with work pending moves nothing (the
+  // link or the NIC's pipeline is busy), so that kernels see completions late and
+  // QPs fall behind one another.
+  double stall_probability = 0.0;
 };
 
 // A queue pair's queues in its device's memory, as the NIC created them; the host
