@@ -236,28 +236,30 @@ TEST(Mlx5Lane, ManyPutsWrapTheSendQueueAndTheCqManyTimes) {
 
 // ---- error completions ---------------------------------------------------------------------------
 
-// Rank 0 puts with a key the target does not know (or from outside its own region):
+// Rank 0 puts with a key the target does not know, a local key its NIC does not know,
+// or past the end of the peer's region:
 // its quiet finds the error CQE and reports QP, WQE and syndrome, as a trap and in its
 // FailureRecord. Rank 1 runs nothing, so nothing waits on the failed rank.
-void expect_error_completion(bool bad_rkey) {
+enum class Fault { BadRkey, BadLkey, RemoteOutOfRange };
+
+void expect_error_completion(Fault fault) {
   Fabric f(FabricConfig{.fetch_scratch_offset = kScratch});
   auto* record = static_cast<pipeline::FailureRecord*>(sim::malloc_host(sizeof(pipeline::FailureRecord)));
   *record = {};
   mlx5::QueuePair qp = f.qp(0, 1);
-  if (bad_rkey) {
-    f.remotes(0)[1].rkey ^= 0x5500;
-  } else {
-    qp.lkey ^= 0x5500;
-  }
+  if (fault == Fault::BadRkey) f.remotes(0)[1].rkey ^= 0x5500;
+  if (fault == Fault::BadLkey) qp.lkey ^= 0x5500;
+  // The last 64 bytes of the peer's buffer, and 64 beyond it.
+  const uint64_t dst = fault == Fault::RemoteOutOfRange ? FabricConfig{}.buffer_bytes - 64 : kRecv;
   const std::string report = test::expect_sim_error(sim::ErrorKind::Trap, [&] {
     test::run_kernel(1, 32, 0, [=] {
       mlx5::Lane lane(qp, policy_for(0, record));
-      lane.put(LocalRef{kSend}, RemoteRef{1, kRecv}, 128);
+      lane.put(LocalRef{kSend}, RemoteRef{1, dst}, 128);
       lane.put(LocalRef{kSend}, RemoteRef{1, kRecv}, 128);
       lane.quiet();
     });
   });
-  const int syndrome = bad_rkey ? 0x13 : 0x04;
+  const int syndrome = fault == Fault::BadLkey ? 0x04 : 0x13;
   const std::string expected = "mlx5 error completion: QP " + std::to_string(qp.qpn) + ", WQE 0, syndrome " +
                                std::to_string(syndrome);
   EXPECT_NE(report.find("rank 0 gave up the operation: " + expected), std::string::npos) << report;
@@ -266,13 +268,25 @@ void expect_error_completion(bool bad_rkey) {
   EXPECT_EQ(record->a, qp.qpn);
   EXPECT_EQ(record->b, 0);
   EXPECT_EQ(record->c, syndrome);
-  // Nothing reached the target, and the NIC's description names the error.
+  // The QP is in error: the second WQE is flushed (once the engine has run the NIC
+  // again: a kernel on the other device), nothing reached the target, and the NIC's
+  // description names the error.
+  test::run_kernel(1, 1, 0, [] {}, 1);
+  const mlx5::CqeFields first = mlx5::decode_cqe(qp.cq[0]), second = mlx5::decode_cqe(qp.cq[1]);
+  EXPECT_EQ(first.opcode, mlx5::CqeOpcode::ReqErr);
+  EXPECT_EQ(static_cast<int>(first.syndrome), syndrome);
+  EXPECT_EQ(first.wqe_counter, 0);
+  EXPECT_EQ(second.opcode, mlx5::CqeOpcode::ReqErr);
+  EXPECT_EQ(second.syndrome, mlx5::Syndrome::WrFlush);
+  EXPECT_EQ(second.wqe_counter, 1);
+  EXPECT_EQ(second.qpn, qp.qpn);
   EXPECT_EQ(f.nic(0).bytes_sent_to(1), 0u);
   EXPECT_NE(f.nic(0).describe().find("ERROR"), std::string::npos) << f.nic(0).describe();
 }
 
-TEST(Mlx5Lane, BadRkeyIsARemoteAccessErrorNamingQpWqeAndSyndrome) { expect_error_completion(true); }
-TEST(Mlx5Lane, BadLkeyIsALocalProtectionError) { expect_error_completion(false); }
+TEST(Mlx5Lane, BadRkeyIsARemoteAccessErrorNamingQpWqeAndSyndrome) { expect_error_completion(Fault::BadRkey); }
+TEST(Mlx5Lane, BadLkeyIsALocalProtectionError) { expect_error_completion(Fault::BadLkey); }
+TEST(Mlx5Lane, PutBeyondThePeersRegionIsARemoteAccessError) { expect_error_completion(Fault::RemoteOutOfRange); }
 
 // ---- doorbells rung too early -----------------------------------------------------------------
 
