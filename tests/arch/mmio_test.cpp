@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "railyard/arch/memory.cuh"
@@ -32,6 +33,7 @@ TEST(Mmio, DoorbellStoreWritesItsEightBytesInOrder) {
 }
 
 void ring(uint64_t seed, bool fenced) {
+  unsetenv("RAILYARD_SIM_MEMORY_MODEL");  // the test chooses the weak mode itself
   sim::reset({.seed = seed, .memory_model = sim::MemoryModel::Weak});
   sim::add_device(sim::h100_props());
   DeviceArray<uint64_t> wqe(0, 2, "wqe"), uar(0, 1, "uar");

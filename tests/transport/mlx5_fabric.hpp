@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -30,7 +31,10 @@ struct FabricConfig {
 
 class Fabric {
  public:
+  // The tests choose the memory model themselves: RAILYARD_SIM_MEMORY_MODEL, which
+  // would override it, is unset.
   explicit Fabric(const FabricConfig& config) : config_(config) {
+    unsetenv("RAILYARD_SIM_MEMORY_MODEL");
     sim::reset({.seed = config.seed, .memory_model = config.memory_model});
     for (int r = 0; r < config.num_ranks; ++r) {
       sim::DeviceProps props = sim::h100_props();
