@@ -43,6 +43,13 @@ void Nic::execute_packet(Qp& q) {
     q.pending.pop_front();
     return;
   }
+  if (packets_++ >= config_.link_down_after_packets) {
+    q.last_error = "WQE " + std::to_string(r.index) + ": link down, transport retries exceeded (syndrome 0x15)";
+    q.state = QpState::Error;
+    complete(q, r, mlx5::Syndrome::TransportRetryExc, true);
+    q.pending.pop_front();
+    return;
+  }
   if (r.done_bytes == 0) {
     // A WQE overwritten between the doorbell and its execution (the real NIC reads the
     // ring lazily): the send queue overran.

@@ -66,6 +66,7 @@ RAILYARD_DEVICE void copy(uint8_t* dst, const uint8_t* src, uint32_t words) {
 struct PingPong {
   int rounds = 12;
   uint32_t bytes = 1000;  // not a multiple of the MTU below
+  uint64_t timeout_cycles = uint64_t{1} << 30;
 };
 
 // Rank 0 serves, rank 1 replies; each round's payload is logged by its receiver.
@@ -74,7 +75,7 @@ std::function<void()> ping_pong_kernel(Fabric& f, int rank, const PingPong& pp, 
   const mlx5::QueuePair qp = f.qp(rank, peer);
   uint8_t* buf = f.buffer(rank);
   return [=] {
-    mlx5::Lane lane(qp, policy_for(rank, record));
+    mlx5::Lane lane(qp, policy_for(rank, record, pp.timeout_cycles));
     const auto* signal = reinterpret_cast<const uint64_t*>(buf + kSignal);
     const uint32_t words = pp.bytes / 4;
     auto send = [&](int round) {
@@ -84,7 +85,8 @@ std::function<void()> ping_pong_kernel(Fabric& f, int rank, const PingPong& pp, 
     };
     auto receive = [&](int round) {
       transport::wait_signal(signal, static_cast<uint64_t>(round) + 1, qp.signal_order,
-                             {"ping-pong signal (index: round)", round, round + 1}, policy_for(rank, record));
+                             {"ping-pong signal (index: round)", round, round + 1},
+                             policy_for(rank, record, pp.timeout_cycles));
       copy(buf + kLog + static_cast<uint64_t>(round) * pp.bytes, buf + kRecv, words);
     };
     for (int round = 0; round < pp.rounds; ++round) {
@@ -396,6 +398,37 @@ TEST(Mlx5Lane, ManyToManyAcrossFourDomainsOverTwoKernelsWithNicDelays) {
     run_many_to_many(seed, sim::MemoryModel::SequentiallyConsistent);
     run_many_to_many(seed, sim::MemoryModel::Weak);
   }
+}
+
+// ---- a link that goes down ---------------------------------------------------------------------------
+
+// Both NICs lose the link after 5 packets (one round: four 256-byte pieces and the
+// atomic). Rank 0's second send fails with "transport retries exceeded" and rank 0
+// reports it; rank 1, waiting for that round, times out with its own report. Every
+// rank ends with a clear error, none hangs.
+TEST(Mlx5Lane, LinkDownEndsEveryRankWithAClearError) {
+  FabricConfig config{.log2_sq_wqebbs = 3, .log2_ncqe = 3, .completion_interval = 3};
+  config.nic.mtu_bytes = 256;
+  config.nic.link_down_after_packets = 5;
+  config.fetch_scratch_offset = kScratch;
+  Fabric f(config);
+  PingPong pp;
+  pp.timeout_cycles = uint64_t{1} << 24;
+  std::vector<pipeline::FailureRecord*> records;
+  for (int r = 0; r < 2; ++r) {
+    records.push_back(static_cast<pipeline::FailureRecord*>(sim::malloc_host(sizeof(pipeline::FailureRecord))));
+    *records.back() = {};
+  }
+  EXPECT_THROW(launch_ranks(f, 2, [&](int r) { return ping_pong_kernel(f, r, pp, records[static_cast<std::size_t>(r)]); }),
+               sim::Error);
+  EXPECT_EQ(records[0]->kind, static_cast<uint32_t>(pipeline::FailureKind::Aborted));
+  EXPECT_EQ(records[0]->reason, static_cast<int32_t>(pipeline::AbortReason::TransportError));
+  EXPECT_EQ(records[0]->a, f.qp(0, 1).qpn);
+  EXPECT_EQ(records[0]->c, static_cast<int64_t>(mlx5::Syndrome::TransportRetryExc));
+  EXPECT_EQ(records[1]->kind, static_cast<uint32_t>(pipeline::FailureKind::Timeout));
+  EXPECT_STREQ(records[1]->what, "ping-pong signal (index: round)");
+  EXPECT_EQ(records[1]->index, 1);  // round 1 never arrived
+  EXPECT_NE(f.nic(0).describe().find("link down"), std::string::npos) << f.nic(0).describe();
 }
 
 }  // namespace

@@ -38,6 +38,10 @@ struct NicConfig {
   // link or the NIC's pipeline is busy), so that kernels see completions late and
   // QPs fall behind one another.
   double stall_probability = 0.0;
+  // Fault injection: after this many packets the link goes down. The request in hand
+  // fails with syndrome 0x15 (transport retries exceeded, as when the retry budget
+  // runs out on a real link) and, the QP being in error, every later one is flushed.
+  uint64_t link_down_after_packets = UINT64_MAX;
 };
 
 // A queue pair's queues in its device's memory, as the NIC created them; the host
@@ -124,6 +128,7 @@ class Nic : public Agent {
   std::map<uint32_t, Qp> qps_;          // by QPN
   std::vector<uint64_t> bytes_to_;      // by destination device
   uint32_t next_key_ = 0x100;
+  uint64_t packets_ = 0;  // packets executed, for link_down_after_packets
 };
 
 }  // namespace railyard::sim
