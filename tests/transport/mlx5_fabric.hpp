@@ -2,6 +2,8 @@
 // separate NVLink domains (so only the NIC can move bytes between them), one NIC per
 // GPU, a registered buffer per rank, and one connected RC queue pair per ordered pair
 // of ranks, described by the transport::mlx5::QueuePair a kernel's lane is built from.
+// The NICs are opened, and the queue pairs created and connected, through the runtime's
+// RdmaDevice interface (runtime/rdma_sim.hpp), as a rank does on a ConnectX NIC.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "railyard/runtime/rdma_sim.hpp"
 #include "railyard/sim/nic.hpp"
 #include "railyard/sim/sim.hpp"
 #include "railyard/transport/mlx5/queue_pair.hpp"
@@ -45,10 +48,10 @@ class Fabric {
     for (int r = 0; r < config.num_ranks; ++r) {
       sim::NicConfig nic = config.nic;
       nic.seed = config.seed;
-      nics_.push_back(std::make_unique<sim::Nic>(r, nic));
+      nics_.push_back(runtime::rdma::open_sim_nic(r, nic));
       buffers_.push_back(static_cast<uint8_t*>(sim::malloc_device(r, config.buffer_bytes, "registered buffer")));
       std::memset(buffers_.back(), 0, config.buffer_bytes);
-      keys_.push_back(nics_.back()->register_memory(buffers_.back(), config.buffer_bytes));
+      keys_.push_back(nics_.back()->register_memory(buffers_.back(), config.buffer_bytes).rkey);
     }
     for (int r = 0; r < config.num_ranks; ++r) remotes_.push_back(make_remote_table(r));
     qps_.assign(static_cast<std::size_t>(config.num_ranks * config.num_ranks), {});
@@ -71,7 +74,8 @@ class Fabric {
   // The lane of rank `rank` towards `peer`.
   transport::mlx5::QueuePair& qp(int rank, int peer) { return qps_[static_cast<std::size_t>(rank * config_.num_ranks + peer)]; }
   uint8_t* buffer(int rank) { return buffers_[static_cast<std::size_t>(rank)]; }
-  sim::Nic& nic(int rank) { return *nics_[static_cast<std::size_t>(rank)]; }
+  runtime::rdma::RdmaDevice& device(int rank) { return *nics_[static_cast<std::size_t>(rank)]; }
+  sim::Nic& nic(int rank) { return runtime::rdma::sim_nic_of(device(rank)); }
   transport::mlx5::RemoteMemory* remotes(int rank) { return remotes_[static_cast<std::size_t>(rank)]; }
 
  private:
@@ -83,7 +87,7 @@ class Fabric {
     return table;
   }
 
-  transport::mlx5::QueuePair make_qp(int rank, int peer, const sim::NicQueues& q) {
+  transport::mlx5::QueuePair make_qp(int rank, int peer, const runtime::rdma::QueueAddresses& q) {
     auto* state = static_cast<transport::mlx5::LaneState*>(
         sim::malloc_device(rank, sizeof(transport::mlx5::LaneState), "lane state"));
     *state = {};
@@ -93,7 +97,7 @@ class Fabric {
     qp.qpn = q.qpn;
     qp.dbr = q.dbr;
     qp.uar = q.uar;
-    qp.cq = q.cq;
+    qp.cq = static_cast<transport::mlx5::Cqe*>(q.cq);
     qp.log2_ncqe = q.log2_ncqe;
     qp.cq_dbr = q.cq_dbr;
     qp.local_base = buffer(rank);
@@ -108,16 +112,20 @@ class Fabric {
     return qp;
   }
 
+  // What two ranks do: each creates its end, they exchange Endpoints (here in one
+  // process; over the Bootstrap between processes), each connects its end.
   void connect(int a, int b) {
-    const sim::NicQueues qa = nic(a).create_qp(config_.log2_sq_wqebbs, config_.log2_ncqe);
-    const sim::NicQueues qb = nic(b).create_qp(config_.log2_sq_wqebbs, config_.log2_ncqe);
-    sim::Nic::connect(nic(a), qa.qpn, nic(b), qb.qpn);
-    qp(a, b) = make_qp(a, b, qa);
-    qp(b, a) = make_qp(b, a, qb);
+    const runtime::rdma::QueuePairRequest request{config_.log2_sq_wqebbs, config_.log2_ncqe};
+    const runtime::rdma::CreatedQueuePair qa = device(a).create_queue_pair(request);
+    const runtime::rdma::CreatedQueuePair qb = device(b).create_queue_pair(request);
+    device(a).connect(qa.id, qb.local);
+    device(b).connect(qb.id, qa.local);
+    qp(a, b) = make_qp(a, b, qa.queues);
+    qp(b, a) = make_qp(b, a, qb.queues);
   }
 
   FabricConfig config_;
-  std::vector<std::unique_ptr<sim::Nic>> nics_;
+  std::vector<std::unique_ptr<runtime::rdma::RdmaDevice>> nics_;
   std::vector<uint8_t*> buffers_;
   std::vector<uint32_t> keys_;
   std::vector<transport::mlx5::RemoteMemory*> remotes_;

@@ -1,6 +1,6 @@
 // Railyard transport, mlx5 backend: what the host fills for one lane (one RC queue
 // pair driven by one warp), host-safe. The device lane (mlx5/lane.cuh) reads it; the
-// host side (the simulated NIC today, rdma-core/DEVX later) creates the queues and
+// host side (runtime::rdma::RdmaDevice: the simulated NIC, or rdma-core) creates the queues and
 // fills it (the queue fields from runtime::rdma::QueueAddresses). Addresses are the
 // GPU's view: the send queue, the doorbell record and the completion queue in GPU
 // memory or in pinned host memory, the UAR page mapped into the GPU's address space

@@ -1,0 +1,24 @@
+// Railyard runtime: the simulator's RdmaDevice (runtime/rdma.hpp) over sim::Nic, the
+// simulated mlx5 NIC of one simulated GPU. The same calls a rank makes on a ConnectX
+// NIC: register the registered buffer, create queue pairs, exchange Endpoints,
+// connect. An Endpoint's `lid` names the simulated device, so that connect() finds the
+// peer's NIC in this process.
+//
+// Like sim::Nic, a device must outlive the simulator's next reset() (the engine holds
+// its NIC as an agent until then): reset, then destroy it.
+#pragma once
+
+#include <memory>
+
+#include "railyard/runtime/rdma.hpp"
+#include "railyard/sim/nic.hpp"
+
+namespace railyard::runtime::rdma {
+
+// The NIC of simulated device `device` (the current device when -1).
+std::unique_ptr<RdmaDevice> open_sim_nic(int device = -1, const sim::NicConfig& config = {});
+
+// The simulated NIC behind a device open_sim_nic made (tests inspect its counters).
+sim::Nic& sim_nic_of(RdmaDevice& device);
+
+}  // namespace railyard::runtime::rdma
