@@ -2,7 +2,7 @@
 # Sets up the machine, builds both flavours in build/ and runs every test (labels sim,
 # host, gpu, rdma; gpu tests skip without a device; not the slow `mutation` label, which
 # `ctest --test-dir build -L mutation` runs), then reports the line coverage that the
-# simulator tests give the device code (kernels/, include/railyard/{arch,pipeline,layout,common}).
+# simulator tests give the device code (kernels/, include/railyard/{arch,pipeline,layout,transport,common}).
 #
 #   bash scripts/test.sh            # everything
 #   RAILYARD_BUILD_DIR=dir bash scripts/test.sh
@@ -78,6 +78,7 @@ if grep -q 'RAILYARD_COVERAGE:BOOL=ON' "$build/CMakeCache.txt" && command -v gco
     --filter "$root/include/railyard/arch/" \
     --filter "$root/include/railyard/pipeline/" \
     --filter "$root/include/railyard/layout/" \
+    --filter "$root/include/railyard/transport/" \
     --filter "$root/include/railyard/common/" \
     --txt "$coverage_dir/summary.txt" \
     --html-details "$coverage_dir/index.html" \

@@ -408,7 +408,7 @@ struct Combine {
                       : arch::ld_global(&h.count_matrix[int64_t{d} * lay.count_row_ints() +
                                                         static_cast<int>(layout::CountRow::MaxRecvRows)]);
           if (pos >= 0 && (bound < 0 || pos < bound)) {
-            uint8_t* peer = dom.peers.ptr[d];
+            uint8_t* peer = dom.peers.base(d);
             const layout::RowHeader* header = lay.header(peer, pos);
             pipeline::wait_at_least_acquire(&header->seq, seq,
                                             {"combine: staged row header seq of peer rank (index) at row (value)", d,

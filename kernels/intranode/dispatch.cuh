@@ -42,6 +42,7 @@
 #include "railyard/layout/intranode_layout.cuh"
 #include "railyard/pipeline/pipeline.cuh"
 #include "railyard/pipeline/wait.cuh"
+#include "railyard/transport/nvlink.cuh"
 
 namespace railyard::kernels::intranode {
 
@@ -358,8 +359,8 @@ struct Dispatch {
       const uint32_t slot = fifo.wait();
       for (int d = 0; d < c.ranks_per_domain; ++d) {
         if (!s.send_bytes[d].load()) continue;
-        uint8_t* row = c.layout.stage_row(p.domain.peers.ptr[d], s.send_pos[ring][d].load());
-        arch::bulk_copy_s2g(row + offset, s.send_slots[slot], bytes);
+        uint8_t* row = c.layout.stage_row(p.domain.peers.base(d), s.send_pos[ring][d].load());
+        transport::nvlink::put_bulk(row + offset, s.send_slots[slot], bytes);
       }
       fifo.commit();
     }
@@ -462,10 +463,10 @@ struct Dispatch {
     for (int d = lane; d < R; d += static_cast<int>(arch::kWarpSize)) {
       const int32_t pos = s.send_pos[ring][d].load();
       if (pos < 0) continue;
-      layout::RowHeader* header = c.layout.header(p.domain.peers.ptr[d], pos);
-      arch::st_global(&header->src_token, static_cast<int32_t>(t));
-      arch::st_global(&header->num_entries, s.send_entries[d].load());
-      arch::st_global(&header->src_rank, static_cast<int16_t>(p.domain.rank));
+      layout::RowHeader* header = c.layout.header(p.domain.peers.base(d), pos);
+      transport::nvlink::put(&header->src_token, static_cast<int32_t>(t));
+      transport::nvlink::put(&header->num_entries, s.send_entries[d].load());
+      transport::nvlink::put(&header->src_rank, static_cast<int16_t>(p.domain.rank));
     }
     // A lane per slot k, 32 a round (every lane takes every round: the other slots
     // come by shuffles).
@@ -482,16 +483,16 @@ struct Dispatch {
       if (e < 0) continue;
       const int32_t pos = s.send_pos[ring][d].load();
       if (pos < 0) continue;
-      layout::HeaderEntry* entry = c.layout.header_entries(p.domain.peers.ptr[d], pos) + index;
-      arch::st_global(&entry->local_expert, static_cast<int32_t>(e % El));
-      arch::st_global(&entry->prob, arch::ld_global(p.handle.slot_prob + t * K + k));
-      arch::st_global(&entry->permuted_pos, slot_pos);
+      layout::HeaderEntry* entry = c.layout.header_entries(p.domain.peers.base(d), pos) + index;
+      transport::nvlink::put(&entry->local_expert, static_cast<int32_t>(e % El));
+      transport::nvlink::put(&entry->prob, arch::ld_global(p.handle.slot_prob + t * K + k));
+      transport::nvlink::put(&entry->permuted_pos, slot_pos);
     }
     for (int i = lane; i < c.num_scales; i += static_cast<int>(arch::kWarpSize)) {
       const float scale = arch::ld_global(p.scales + t * c.num_scales + i);
       for (int d = 0; d < R; ++d) {
         if (s.send_bytes[d].load())
-          arch::st_global(c.layout.stage_scales(p.domain.peers.ptr[d], s.send_pos[ring][d].load()) + i, scale);
+          transport::nvlink::put(c.layout.stage_scales(p.domain.peers.base(d), s.send_pos[ring][d].load()) + i, scale);
       }
     }
   }
@@ -512,7 +513,7 @@ struct Dispatch {
         if (pos < 0) continue;
         if (!fenced) arch::fence_acq_rel_sys();
         fenced = true;
-        arch::st_relaxed_sys(&c.layout.header(p.domain.peers.ptr[d], pos)->seq, seq);
+        transport::nvlink::signal_relaxed(&c.layout.header(p.domain.peers.base(d), pos)->seq, seq);
       }
     }
     return count;

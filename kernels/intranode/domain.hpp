@@ -10,14 +10,14 @@
 #include "railyard/layout/intranode_layout.cuh"
 #include "railyard/pipeline/abort_record.hpp"
 #include "railyard/pipeline/wait_policy.hpp"
+#include "railyard/transport/nvlink_peers.hpp"
 
 namespace railyard::kernels::intranode {
 
 // The registered buffer of every rank of the domain, as mapped in this process
-// (ptr[rank] is this rank's own). Passed by value in kernel Params.
-struct PeerBuffers {
-  uint8_t* ptr[layout::kMaxRanksPerDomain];
-};
+// (ptr[rank] is this rank's own). Passed by value in kernel Params. The NVLink
+// transport's type; the old name stays for host code that fills it.
+using PeerBuffers = transport::nvlink::Peers;
 
 // What every intra-node kernel knows about where it runs.
 struct DomainParams {
@@ -32,7 +32,7 @@ struct DomainParams {
   // abort, a mismatch) is left for the host (pipeline::FailureRecord), or null.
   pipeline::FailureRecord* failure_record = nullptr;
 
-  RAILYARD_HOST_DEVICE uint8_t* self() const { return peers.ptr[rank]; }
+  RAILYARD_HOST_DEVICE uint8_t* self() const { return peers.base(rank); }
   // The policy every wait of the kernel uses: the budget, the record, this rank.
   // Both watch this rank's abort record.
   RAILYARD_HOST_DEVICE pipeline::WaitPolicy wait() const {

@@ -38,6 +38,7 @@
 #include "railyard/common/macros.cuh"
 #include "railyard/layout/intranode_layout.cuh"
 #include "railyard/pipeline/wait.cuh"
+#include "railyard/transport/nvlink.cuh"
 
 namespace railyard::kernels::intranode {
 
@@ -314,13 +315,14 @@ struct Metadata {
         default:
           for (int b = 0; b < static_cast<int>(gridDim.x); ++b) value += arch::ld_global(&c.lay.metadata_counts(dom.self(), b)[i]);
       }
-      for (int peer = 0; peer < c.R; ++peer) arch::st_global(&c.lay.count_row(dom.peers.ptr[peer], c.parity, dom.rank)[i], value);
+      for (int peer = 0; peer < c.R; ++peer)
+        transport::nvlink::put(&c.lay.count_row(dom.peers.base(peer), c.parity, dom.rank)[i], value);
     }
     // The block barrier orders every thread's stores before the releases, which are
     // cumulative: each publishes them with its own (no fence needed).
     __syncthreads();
     for (int peer = static_cast<int>(threadIdx.x); peer < c.R; peer += static_cast<int>(blockDim.x))
-      arch::st_release_sys(c.lay.count_flag(dom.peers.ptr[peer], dom.rank), flag_of(seq));
+      transport::nvlink::signal_release(c.lay.count_flag(dom.peers.base(peer), dom.rank), flag_of(seq));
   }
 
   // Phase (4): waits for every rank's count row in this rank's table.

@@ -16,6 +16,7 @@
 #include "railyard/common/macros.cuh"
 #include "railyard/layout/intranode_layout.cuh"
 #include "railyard/pipeline/wait.cuh"
+#include "railyard/transport/nvlink.cuh"
 
 namespace railyard::kernels::intranode {
 
@@ -26,7 +27,7 @@ namespace railyard::kernels::intranode {
                                                   int64_t b, int64_t c RAILYARD_LOC_PARAM) {
   const layout::IntranodeLayout layout(p.shape);
   for (int peer = 0; peer < p.shape.ranks_per_domain; ++peer)
-    pipeline::raise_abort(layout.abort_record(p.peers.ptr[peer]), p.rank, reason, a, b, c RAILYARD_LOC_ARG);
+    pipeline::raise_abort(layout.abort_record(p.peers.base(peer)), p.rank, reason, a, b, c RAILYARD_LOC_ARG);
   pipeline::fail_operation(p.failure_record, pipeline::FailureKind::Aborted, p.rank, static_cast<int32_t>(reason), a,
                            b, c RAILYARD_LOC_ARG);
 }
@@ -172,8 +173,8 @@ RAILYARD_DEVICE void entry_barrier(const DomainParams& p, uint64_t seq,
   if (blockIdx.x == 0) {
     const auto parity = static_cast<uint32_t>(seq & 1u);
     for (int peer = static_cast<int>(threadIdx.x); peer < ranks_per_domain; peer += static_cast<int>(blockDim.x)) {
-      arch::st_global(layout.op_descriptor(p.peers.ptr[peer], parity, p.rank), op RAILYARD_LOC_ARG);
-      arch::st_release_sys(layout.barrier_flag(p.peers.ptr[peer], p.rank), flag_of(seq) RAILYARD_LOC_ARG);
+      transport::nvlink::put(layout.op_descriptor(p.peers.base(peer), parity, p.rank), op RAILYARD_LOC_ARG);
+      transport::nvlink::signal_release(layout.barrier_flag(p.peers.base(peer), p.rank), flag_of(seq) RAILYARD_LOC_ARG);
     }
   }
   for (int peer = static_cast<int>(threadIdx.x); peer < ranks_per_domain; peer += static_cast<int>(blockDim.x)) {
