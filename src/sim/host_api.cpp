@@ -376,10 +376,6 @@ void agent_fault(int device, ErrorKind kind, const std::string& report) {
   engine().agent_fault(device, kind, report);
 }
 
-void count_nic_traffic(int src_device, int dst_device, std::size_t bytes) {
-  engine().count_nic_traffic(src_device, dst_device, bytes);
-}
-
 void register_doorbell(void* ptr, std::size_t bytes) {
   Engine& e = engine();
   auto lock = e.acquire();

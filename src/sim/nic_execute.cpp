@@ -93,7 +93,6 @@ bool Nic::execute_write(Qp& q, Request& r) {
   if (piece > 0) std::memmove(dst, src, piece);
   r.done_bytes += piece;
   bytes_to_[static_cast<std::size_t>(q.peer->device_)] += piece;
-  count_nic_traffic(device_, q.peer->device_, piece);
   if (piece == 0 || r.done_bytes == length) {
     r.done_bytes = length;
     return true;
@@ -118,7 +117,6 @@ void Nic::execute_atomic(Qp& q, Request& r) {
   std::memcpy(target, &out, sizeof(out));
   std::memcpy(reinterpret_cast<void*>(r.wqe.local.addr), &raw, sizeof(raw));
   bytes_to_[static_cast<std::size_t>(q.peer->device_)] += sizeof(uint64_t);
-  count_nic_traffic(device_, q.peer->device_, sizeof(uint64_t));
 }
 
 // A CQE for a signalled WQE, and for every error (errors and flushes always complete,

@@ -141,12 +141,6 @@ void run_ping_pong(uint64_t seed, sim::MemoryModel model, bool big_endian_atomic
   // Payload plus the 8-byte atomic of each round, each way.
   EXPECT_EQ(f.nic(0).bytes_sent_to(1), static_cast<uint64_t>(pp.rounds) * (pp.bytes + 8));
   EXPECT_EQ(f.nic(1).bytes_sent_to(0), static_cast<uint64_t>(pp.rounds) * (pp.bytes + 8));
-  // The engine's count agrees, and kernels moved nothing across the domains.
-  const sim::Traffic traffic = sim::traffic();
-  EXPECT_EQ(traffic.nic(0, 1), static_cast<uint64_t>(pp.rounds) * (pp.bytes + 8));
-  EXPECT_EQ(traffic.nic(1, 0), static_cast<uint64_t>(pp.rounds) * (pp.bytes + 8));
-  EXPECT_EQ(traffic.nic(0, 0), 0u);
-  EXPECT_EQ(traffic.written(0, 1) + traffic.read(0, 1) + traffic.written(1, 0) + traffic.read(1, 0), 0u);
   uint64_t raw;
   std::memcpy(&raw, f.buffer(1) + kSignal, sizeof(raw));
   EXPECT_EQ(transport::signal_value(raw, config.signal_order), static_cast<uint64_t>(pp.rounds));

@@ -231,9 +231,6 @@ void add_agent(Agent* agent);  // not owned; removed by reset()
 // on it gets sim::Error(kind, report). A simulated NIC uses it for a request the real
 // NIC would not execute (a doorbell rung before the WQE was written).
 void agent_fault(int device, ErrorKind kind, const std::string& report);
-// Called from an agent's step() only: counts `bytes` a NIC of `src_device` placed in
-// `dst_device`'s memory (Traffic::nic).
-void count_nic_traffic(int src_device, int dst_device, std::size_t bytes);
 
 // Marks [ptr, ptr + bytes) as an MMIO doorbell (a NIC's, say): in weak memory mode, a
 // kernel store to it while the storing thread has writes not released to the system
@@ -249,10 +246,6 @@ struct Traffic {
   int num_devices = 0;
   std::vector<uint64_t> write_bytes;  // [device * (num_devices + 1) + (owner + 1)]
   std::vector<uint64_t> read_bytes;
-  // Bytes simulated NICs moved (RDMA payload and atomic operands), by (device of the
-  // sending NIC, device whose memory received them): [src * num_devices + dst].
-  std::vector<uint64_t> nic_bytes;
-  uint64_t nic(int src, int dst) const { return nic_bytes[static_cast<std::size_t>(src) * num_devices + dst]; }
   uint64_t written(int device, int owner) const {
     return write_bytes[static_cast<std::size_t>(device) * (num_devices + 1) + (owner + 1)];
   }
