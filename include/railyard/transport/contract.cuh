@@ -42,6 +42,7 @@
 #include <concepts>
 #include <cstdint>
 
+#include "railyard/common/byte_order.cuh"
 #include "railyard/common/macros.cuh"
 #include "railyard/pipeline/wait.cuh"
 
@@ -80,10 +81,7 @@ concept Lane = requires(L& lane, LocalRef src, RemoteRef dst, uint32_t bytes, Si
 enum class SignalOrder : uint8_t { Native = 0, BigEndian = 1 };
 
 RAILYARD_HOST_DEVICE constexpr uint64_t signal_value(uint64_t raw, SignalOrder order) {
-  if (order == SignalOrder::Native) return raw;
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v = (v << 8) | ((raw >> (8 * i)) & 0xffu);
-  return v;
+  return order == SignalOrder::Native ? raw : bswap64(raw);
 }
 
 // Receiver: waits until this rank's signal at `counter` reaches `at_least`, then

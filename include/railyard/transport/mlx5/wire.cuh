@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "railyard/common/byte_order.cuh"
 #include "railyard/common/macros.cuh"
 
 namespace railyard::transport::mlx5 {
@@ -33,18 +34,11 @@ namespace railyard::transport::mlx5 {
 static_assert(std::endian::native == std::endian::little, "to_be*/from_be* assume a little-endian machine");
 
 // ---------------------------------------------------------------------------------
-// Byte order. Plain shifts rather than builtins: constexpr everywhere, and nvcc
-// folds each into one prmt.
+// Byte order (common/byte_order.cuh).
 
-RAILYARD_HOST_DEVICE constexpr uint16_t bswap16(uint16_t v) { return static_cast<uint16_t>((v >> 8) | (v << 8)); }
-
-RAILYARD_HOST_DEVICE constexpr uint32_t bswap32(uint32_t v) {
-  return (v >> 24) | ((v >> 8) & 0x0000ff00u) | ((v << 8) & 0x00ff0000u) | (v << 24);
-}
-
-RAILYARD_HOST_DEVICE constexpr uint64_t bswap64(uint64_t v) {
-  return (static_cast<uint64_t>(bswap32(static_cast<uint32_t>(v))) << 32) | bswap32(static_cast<uint32_t>(v >> 32));
-}
+using ::railyard::bswap16;
+using ::railyard::bswap32;
+using ::railyard::bswap64;
 
 RAILYARD_HOST_DEVICE constexpr uint16_t to_be16(uint16_t v) { return bswap16(v); }
 RAILYARD_HOST_DEVICE constexpr uint32_t to_be32(uint32_t v) { return bswap32(v); }
