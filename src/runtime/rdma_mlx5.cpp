@@ -85,10 +85,9 @@ class Mlx5Device final : public RdmaDevice {
       pd_ = checked(ibv_alloc_pd(ctx_), port_.nic, "ibv_alloc_pd");
       ibv_parent_domain_init_attr attr{};
       attr.pd = pd_;
-      attr.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+      attr.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS;
       attr.alloc = &Mlx5Device::allocate_queue;
       attr.free = &Mlx5Device::free_queue;
-      attr.pd_context = this;
       parent_ = checked(ibv_alloc_parent_domain(ctx_, &attr), port_.nic, "ibv_alloc_parent_domain");
     } catch (...) {
       release();
@@ -138,23 +137,19 @@ class Mlx5Device final : public RdmaDevice {
   void modify(ibv_qp* qp, ibv_qp_attr& attr, int mask, const char* to_state);
   void release() noexcept;
 
-  static void* allocate_queue(ibv_pd*, void* context, std::size_t bytes, std::size_t alignment, uint64_t type) {
+  static void* allocate_queue(ibv_pd*, void*, std::size_t bytes, std::size_t alignment, uint64_t type) {
     if (type != MLX5DV_RES_TYPE_QP && type != MLX5DV_RES_TYPE_CQ && type != MLX5DV_RES_TYPE_DBR)
       return IBV_ALLOCATOR_USE_DEFAULT;
-    auto* self = static_cast<Mlx5Device*>(context);
     if (alignment > static_cast<std::size_t>(sysconf(_SC_PAGESIZE))) return nullptr;  // pinned memory is page-aligned
     try {
       void* ptr = gpu::malloc_host(bytes, "RDMA queue");
       std::memset(ptr, 0, bytes);
-      self->queue_memory_.push_back(ptr);
       return ptr;
     } catch (const std::exception&) {
       return nullptr;  // the provider reports ENOMEM
     }
   }
-  static void free_queue(ibv_pd*, void* context, void* ptr, uint64_t) {
-    auto* self = static_cast<Mlx5Device*>(context);
-    std::erase(self->queue_memory_, ptr);
+  static void free_queue(ibv_pd*, void*, void* ptr, uint64_t) {
     try {
       gpu::free_host(ptr);
     } catch (const std::exception&) {
@@ -169,7 +164,6 @@ class Mlx5Device final : public RdmaDevice {
   ibv_pd* parent_ = nullptr;
   std::vector<ibv_mr*> mrs_;
   std::vector<Qp> qps_;
-  std::vector<void*> queue_memory_;
   std::mt19937 psn_rng_{std::random_device{}()};
 };
 
