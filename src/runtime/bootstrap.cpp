@@ -24,6 +24,40 @@ std::string format_ranks(const std::vector<int>& ranks) {
   return os.str();
 }
 
+std::vector<RankFailure> gather_failures(Bootstrap& bootstrap, int32_t code, const std::string& message) {
+  // A long message (a simulator report, say) is cut: every rank receives every failed
+  // rank's message, padded to the longest.
+  constexpr std::size_t kMaxMessageBytes = 2048;
+  struct OutcomeWire {
+    int32_t code = 0;  // 0: success
+    uint32_t message_bytes = 0;
+  };
+  std::string mine = code != 0 ? message.substr(0, kMaxMessageBytes) : std::string();
+  if (code != 0 && mine.empty()) mine = "unknown error";
+  const std::vector<OutcomeWire> outcomes =
+      allgather_value(bootstrap, OutcomeWire{code, static_cast<uint32_t>(mine.size())});
+
+  uint32_t longest = 0;
+  bool any_failed = false;
+  for (const OutcomeWire& o : outcomes) {
+    any_failed |= o.code != 0;
+    longest = std::max(longest, o.message_bytes);
+  }
+  if (!any_failed) return {};
+  // Every rank saw the same outcomes, so every rank takes this second round.
+  std::vector<std::byte> padded(longest);
+  std::memcpy(padded.data(), mine.data(), mine.size());
+  const std::vector<std::byte> all = bootstrap.allgather(padded);
+  std::vector<RankFailure> failures;
+  for (int r = 0; r < bootstrap.size(); ++r) {
+    const OutcomeWire& o = outcomes[static_cast<std::size_t>(r)];
+    if (o.code == 0) continue;
+    const auto* text = reinterpret_cast<const char*>(all.data()) + static_cast<std::size_t>(r) * longest;
+    failures.push_back({r, o.code, std::string(text, o.message_bytes)});
+  }
+  return failures;
+}
+
 std::vector<std::byte> Bootstrap::allgather(std::span<const std::byte> mine) {
   const int n = size();
   // Round 1: the byte counts, a fixed 8 bytes per rank, so it cannot itself mismatch.

@@ -14,7 +14,6 @@
 namespace railyard::runtime {
 namespace {
 
-using detail::RankFailure;
 using detail::StepFailure;
 
 // What each rank tells every other about its buffer, in one allgather.
@@ -239,7 +238,7 @@ RegisteredBuffer::RegisteredBuffer(const BufferConfig& config, const RequiredByt
   };
   // `peers_may_map`: some rank may have imported this rank's buffer by now.
   auto agree = [&](RegisteredBufferStep round, bool peers_may_map) {
-    std::vector<RankFailure> failures;
+    std::vector<detail::RankFailure> failures;
     try {
       failures = detail::gather_failures(bootstrap, failure);
     } catch (...) {

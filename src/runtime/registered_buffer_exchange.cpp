@@ -34,15 +34,6 @@ const char* to_string(RegisteredBufferStep step) {
 namespace detail {
 namespace {
 
-// A long message (a simulator report, say) is cut here: every rank receives every
-// failed rank's message, padded to the longest.
-constexpr std::size_t kMaxMessageBytes = 2048;
-
-struct OutcomeWire {
-  int32_t step = 0;  // 0: success
-  uint32_t message_bytes = 0;
-};
-
 // What a sender puts beside its descriptor: the receiver's token (proves the sender
 // read the receiver's record from this exchange) and who is sending.
 struct FdPayload {
@@ -62,29 +53,10 @@ std::string ms(std::chrono::milliseconds t) { return std::to_string(t.count()) +
 }  // namespace
 
 std::vector<RankFailure> gather_failures(Bootstrap& bootstrap, const std::optional<StepFailure>& mine) {
-  std::string message = mine ? mine->message.substr(0, kMaxMessageBytes) : std::string();
-  if (mine && message.empty()) message = "unknown error";
-  const OutcomeWire wire{mine ? static_cast<int32_t>(mine->step) : 0, static_cast<uint32_t>(message.size())};
-  const std::vector<OutcomeWire> outcomes = allgather_value(bootstrap, wire);
-
-  uint32_t longest = 0;
-  bool any_failed = false;
-  for (const OutcomeWire& o : outcomes) {
-    any_failed |= o.step != 0;
-    longest = std::max(longest, o.message_bytes);
-  }
-  if (!any_failed) return {};
-  // Every rank saw the same outcomes, so every rank takes this second round.
-  std::vector<std::byte> padded(longest);
-  std::memcpy(padded.data(), message.data(), message.size());
-  const std::vector<std::byte> all = bootstrap.allgather(padded);
   std::vector<RankFailure> failures;
-  for (int r = 0; r < bootstrap.size(); ++r) {
-    const OutcomeWire& o = outcomes[static_cast<std::size_t>(r)];
-    if (o.step == 0) continue;
-    const auto* text = reinterpret_cast<const char*>(all.data()) + static_cast<std::size_t>(r) * longest;
-    failures.push_back({r, static_cast<RegisteredBufferStep>(o.step), std::string(text, o.message_bytes)});
-  }
+  for (runtime::RankFailure& f :
+       runtime::gather_failures(bootstrap, mine ? static_cast<int32_t>(mine->step) : 0, mine ? mine->message : ""))
+    failures.push_back({f.rank, static_cast<RegisteredBufferStep>(f.code), std::move(f.message)});
   return failures;
 }
 

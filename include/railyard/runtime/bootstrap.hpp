@@ -61,6 +61,21 @@ std::vector<T> allgather_value(Bootstrap& bootstrap, const T& value) {
   return out;
 }
 
+// One failed rank's outcome of a step every rank takes (gather_failures).
+struct RankFailure {
+  int rank = -1;
+  int32_t code = 0;  // the caller's step code, never 0
+  std::string message;
+};
+
+// Collective: after a step that can fail on one rank alone, every rank passes its own
+// outcome (code 0: success; otherwise the caller's step code and a message) and gets
+// the failed ranks' outcomes in rank order, identical on every rank, so that all of
+// them throw the same error instead of leaving peers waiting in the next collective.
+// One 8-byte allgather when all succeeded, a second one carrying the messages
+// (each cut at 2048 bytes) otherwise.
+std::vector<RankFailure> gather_failures(Bootstrap& bootstrap, int32_t code, const std::string& message);
+
 // ---- in-process ---------------------------------------------------------------------
 // The shared state of a group of ranks that are threads of one process. Create it
 // once, then give each rank thread its bootstrap(rank).
