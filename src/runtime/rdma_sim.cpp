@@ -81,8 +81,7 @@ class SimNicDevice final : public RdmaDevice {
     return created;
   }
 
-  // Both ends call it; sim::Nic::connect joins both QPs at once, so the second call
-  // repeats the first.
+  // Each end connects its own QP, as on rdma-core.
   void connect(int queue_pair, const Endpoint& remote) override {
     if (queue_pair < 0 || queue_pair >= static_cast<int>(qpns_.size()))
       throw std::invalid_argument("railyard RDMA (" + port_.nic + "): connect: queue pair " +
@@ -97,7 +96,7 @@ class SimNicDevice final : public RdmaDevice {
     if (peer == nullptr)
       throw RdmaError("railyard RDMA (" + port_.nic + "): connect: the remote endpoint names device " +
                       std::to_string(remote.lid) + ", which has no simulated NIC open");
-    sim::Nic::connect(nic_, qpns_[static_cast<std::size_t>(queue_pair)], *peer, remote.qpn);
+    nic_.connect(qpns_[static_cast<std::size_t>(queue_pair)], *peer, remote.qpn);
   }
 
   sim::Nic& nic() { return nic_; }

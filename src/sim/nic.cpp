@@ -72,13 +72,16 @@ NicQueues Nic::create_qp(uint32_t log2_sq_wqebbs, uint32_t log2_ncqe) {
   return q;
 }
 
-void Nic::connect(Nic& a, uint32_t qpn_a, Nic& b, uint32_t qpn_b) {
-  Qp& qa = a.qp(qpn_a);
-  Qp& qb = b.qp(qpn_b);
-  qa.peer = &b;
-  qa.peer_qpn = qpn_b;
-  qb.peer = &a;
-  qb.peer_qpn = qpn_a;
+void Nic::connect(uint32_t qpn, Nic& peer, uint32_t peer_qpn) {
+  Qp& q = qp(qpn);
+  if (q.peer != nullptr)
+    throw std::invalid_argument("sim::Nic::connect: QP " + hex(qpn) + " of device " + std::to_string(device_) +
+                                " is already connected");
+  if (peer.qps_.find(peer_qpn) == peer.qps_.end())
+    throw std::invalid_argument("sim::Nic::connect: device " + std::to_string(peer.device_) + "'s NIC has no QP " +
+                                hex(peer_qpn));
+  q.peer = &peer;
+  q.peer_qpn = peer_qpn;
 }
 
 uint64_t Nic::bytes_sent_to(int device) const { return bytes_to_.at(static_cast<std::size_t>(device)); }

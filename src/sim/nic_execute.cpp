@@ -10,6 +10,21 @@ namespace railyard::sim {
 
 namespace mlx5 = transport::mlx5;
 
+namespace {
+std::string hex(uint64_t v) {
+  std::ostringstream os;
+  os << "0x" << std::hex << v;
+  return os.str();
+}
+}  // namespace
+
+// RC: the remote QP must be connected to this one, as this one is to it.
+bool Nic::connected_back(const Qp& q) const {
+  if (q.peer == nullptr) return false;
+  const auto it = q.peer->qps_.find(q.peer_qpn);
+  return it != q.peer->qps_.end() && it->second.peer == this && it->second.peer_qpn == q.queues.qpn;
+}
+
 bool Nic::in_region(const Nic& nic, uint32_t key, uint64_t addr, uint64_t length) const {
   auto it = nic.regions_.find(key);
   if (it == nic.regions_.end()) return false;
@@ -27,7 +42,7 @@ mlx5::Syndrome Nic::check_access(const Qp& q, const Request& r, uint64_t length)
   if (local_needed && !in_region(*this, w.local.lkey, w.local.addr, local_length)) return mlx5::Syndrome::LocalProt;
   if (w.ctrl.opcode != mlx5::Opcode::Nop) {
     const bool atomic = w.ctrl.opcode == mlx5::Opcode::AtomicFa || w.ctrl.opcode == mlx5::Opcode::AtomicCs;
-    if (q.peer == nullptr || !in_region(*q.peer, w.remote.rkey, w.remote.raddr, length) ||
+    if (!in_region(*q.peer, w.remote.rkey, w.remote.raddr, length) ||
         (atomic && w.remote.raddr % 8 != 0))
       return mlx5::Syndrome::RemoteAccess;
   }
@@ -43,8 +58,15 @@ void Nic::execute_packet(Qp& q) {
     q.pending.pop_front();
     return;
   }
-  if (packets_++ >= config_.link_down_after_packets) {
-    q.last_error = "WQE " + std::to_string(r.index) + ": link down, transport retries exceeded (syndrome 0x15)";
+  const bool link_down = packets_++ >= config_.link_down_after_packets;
+  if (link_down || !connected_back(q)) {
+    // No ACK comes back: from a dead link, or from a remote QP that is not this one's
+    // other end (RC packets to it are dropped).
+    q.last_error = "WQE " + std::to_string(r.index) + ": " +
+                   (link_down        ? std::string("link down")
+                    : q.peer == nullptr ? std::string("the QP is not connected")
+                                        : "the remote QP " + hex(q.peer_qpn) + " is not connected back to this one") +
+                   ", transport retries exceeded (syndrome 0x15)";
     q.state = QpState::Error;
     complete(q, r, mlx5::Syndrome::TransportRetryExc, true);
     q.pending.pop_front();

@@ -131,9 +131,11 @@ void run_ping_pong(uint64_t seed, sim::MemoryModel model, bool big_endian_atomic
                       .completion_interval = 3};
   config.nic.mtu_bytes = 256;
   config.nic.atomics_big_endian = big_endian_atomics;
-  config.signal_order = big_endian_atomics ? transport::SignalOrder::BigEndian : transport::SignalOrder::Native;
   config.fetch_scratch_offset = kScratch;
   Fabric f(config);
+  // The lanes read signals in the order connect_rail found the NICs use.
+  ASSERT_EQ(f.qp(0, 1).signal_order,
+            big_endian_atomics ? transport::SignalOrder::BigEndian : transport::SignalOrder::Native);
   const PingPong pp;
   launch_ranks(f, 2, [&](int r) { return ping_pong_kernel(f, r, pp, nullptr); });
   expect_logged(f, 0, 1, pp.rounds, pp.bytes);
@@ -143,7 +145,7 @@ void run_ping_pong(uint64_t seed, sim::MemoryModel model, bool big_endian_atomic
   EXPECT_EQ(f.nic(1).bytes_sent_to(0), static_cast<uint64_t>(pp.rounds) * (pp.bytes + 8));
   uint64_t raw;
   std::memcpy(&raw, f.buffer(1) + kSignal, sizeof(raw));
-  EXPECT_EQ(transport::signal_value(raw, config.signal_order), static_cast<uint64_t>(pp.rounds));
+  EXPECT_EQ(transport::signal_value(raw, f.qp(0, 1).signal_order), static_cast<uint64_t>(pp.rounds));
 }
 
 TEST(Mlx5Lane, PingPongAcrossDomains) {
@@ -236,15 +238,32 @@ TEST(Mlx5Lane, ManyPutsWrapTheSendQueueAndTheCqManyTimes) {
 // or past the end of the peer's region:
 // its quiet finds the error CQE and reports QP, WQE and syndrome, as a trap and in its
 // FailureRecord. Rank 1 runs nothing, so nothing waits on the failed rank.
-enum class Fault { BadRkey, BadLkey, RemoteOutOfRange };
+// Or through a QP of its own whose remote end is not connected back to it (RC packets
+// to it are dropped, no ACK comes: transport retries exceeded).
+enum class Fault { BadRkey, BadLkey, RemoteOutOfRange, NotConnectedBack };
 
 void expect_error_completion(Fault fault) {
   Fabric f(FabricConfig{.fetch_scratch_offset = kScratch});
   auto* record = static_cast<pipeline::FailureRecord*>(sim::malloc_host(sizeof(pipeline::FailureRecord)));
   *record = {};
   mlx5::QueuePair qp = f.qp(0, 1);
-  if (fault == Fault::BadRkey) f.remotes(0)[1].rkey ^= 0x5500;
+  // The remote table is in rank 0's GPU memory; the host holds the world between kernels.
+  if (fault == Fault::BadRkey) const_cast<mlx5::RemoteMemory*>(qp.remotes)[1].rkey ^= 0x5500;
   if (fault == Fault::BadLkey) qp.lkey ^= 0x5500;
+  if (fault == Fault::NotConnectedBack) {
+    const runtime::rdma::CreatedQueuePair mine = f.device(0).create_queue_pair({6, 6});
+    const runtime::rdma::CreatedQueuePair theirs = f.device(1).create_queue_pair({6, 6});
+    f.device(0).connect(mine.id, theirs.local);  // and rank 1 never connects theirs
+    const runtime::rdma::QueueAddresses& q = mine.queues;
+    qp.sq = q.sq;
+    qp.qpn = q.qpn;
+    qp.dbr = q.dbr;
+    qp.uar = q.uar;
+    qp.cq = static_cast<mlx5::Cqe*>(q.cq);
+    qp.cq_dbr = q.cq_dbr;
+    qp.state = static_cast<mlx5::LaneState*>(sim::malloc_device(0, sizeof(mlx5::LaneState), "lane state"));
+    *qp.state = {};
+  }
   // The last 64 bytes of the peer's buffer, and 64 beyond it.
   const uint64_t dst = fault == Fault::RemoteOutOfRange ? FabricConfig{}.buffer_bytes - 64 : kRecv;
   const std::string report = test::expect_sim_error(sim::ErrorKind::Trap, [&] {
@@ -255,7 +274,7 @@ void expect_error_completion(Fault fault) {
       lane.quiet();
     });
   });
-  const int syndrome = fault == Fault::BadLkey ? 0x04 : 0x13;
+  const int syndrome = fault == Fault::BadLkey ? 0x04 : fault == Fault::NotConnectedBack ? 0x15 : 0x13;
   const std::string expected = "mlx5 error completion: QP " + std::to_string(qp.qpn) + ", WQE 0, syndrome " +
                                std::to_string(syndrome);
   EXPECT_NE(report.find("rank 0 gave up the operation: " + expected), std::string::npos) << report;
@@ -283,6 +302,9 @@ void expect_error_completion(Fault fault) {
 TEST(Mlx5Lane, BadRkeyIsARemoteAccessErrorNamingQpWqeAndSyndrome) { expect_error_completion(Fault::BadRkey); }
 TEST(Mlx5Lane, BadLkeyIsALocalProtectionError) { expect_error_completion(Fault::BadLkey); }
 TEST(Mlx5Lane, PutBeyondThePeersRegionIsARemoteAccessError) { expect_error_completion(Fault::RemoteOutOfRange); }
+TEST(Mlx5Lane, QpWhoseRemoteEndIsNotConnectedBackRunsOutOfRetries) {
+  expect_error_completion(Fault::NotConnectedBack);
+}
 
 // ---- doorbells rung too early -----------------------------------------------------------------
 
@@ -363,7 +385,7 @@ std::function<void()> many_to_many_kernel(Fabric& f, int rank, int num_ranks, in
 
 void run_many_to_many(uint64_t seed, sim::MemoryModel model) {
   constexpr int kRanks = 4, kLaunches = 2;
-  FabricConfig config{.num_ranks = kRanks, .seed = seed, .memory_model = model, .log2_sq_wqebbs = 3,
+  FabricConfig config{.num_domains = kRanks, .seed = seed, .memory_model = model, .log2_sq_wqebbs = 3,
                       .log2_ncqe = 3, .completion_interval = 5};
   config.nic.mtu_bytes = 64;
   config.nic.stall_probability = 0.3;

@@ -11,7 +11,7 @@ namespace rdma = runtime::rdma;
 #define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)
 
 TEST(SimRdmaDevice, PortSaysWhatTheNicIsAndEndpointsNameTheDevice) {
-  Fabric fabric({.num_ranks = 2, .nic = {.mtu_bytes = 1024, .atomics_big_endian = true}});
+  Fabric fabric({.num_domains = 2, .nic = {.mtu_bytes = 1024, .atomics_big_endian = true}});
   const rdma::PortAttributes& port = fabric.device(1).port();
   EXPECT_EQ(port.nic, "sim_mlx5_1");
   EXPECT_TRUE(port.active);
@@ -25,7 +25,7 @@ TEST(SimRdmaDevice, PortSaysWhatTheNicIsAndEndpointsNameTheDevice) {
 }
 
 TEST(SimRdmaDevice, RefusesUnknownQueuePairsPeersAndASecondNicPerDevice) {
-  Fabric fabric({.num_ranks = 2});
+  Fabric fabric({.num_domains = 2});
   try {
     fabric.device(0).connect(99, {});
     ADD_FAILURE() << "expected std::invalid_argument";

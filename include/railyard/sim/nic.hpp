@@ -73,8 +73,10 @@ class Nic : public Agent {
   // memory (CQEs initialised to kCqeInitialOpOwn, records to 0) and returns them.
   NicQueues create_qp(uint32_t log2_sq_wqebbs, uint32_t log2_ncqe);
 
-  // Connects QP `qpn_a` of `a` and QP `qpn_b` of `b` (RC: each QP reaches one peer).
-  static void connect(Nic& a, uint32_t qpn_a, Nic& b, uint32_t qpn_b);
+  // Connects this NIC's QP `qpn` to QP `peer_qpn` of `peer` (RC: each QP reaches one
+  // peer). One end at a time, as each rank moves its own QP to RTR with its peer's
+  // endpoint: the peer's end is connected by the peer.
+  void connect(uint32_t qpn, Nic& peer, uint32_t peer_qpn);
 
   // RDMA payload bytes this NIC placed in `device`'s memory (WRITE bytes, 8 per atomic).
   uint64_t bytes_sent_to(int device) const;
@@ -119,6 +121,7 @@ class Nic : public Agent {
   void complete(Qp& q, const Request& r, transport::mlx5::Syndrome syndrome, bool error);
   void write_cqe(Qp& q, const transport::mlx5::CqeFields& fields);
   void fail(Qp& q, const std::string& what);
+  bool connected_back(const Qp& q) const;
   bool in_region(const Nic& nic, uint32_t key, uint64_t addr, uint64_t length) const;
 
   int device_;
