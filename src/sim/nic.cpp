@@ -166,8 +166,12 @@ bool Nic::fetch_wqes(Qp& q, uint32_t last_idx) {
     q.pending.push_back(std::move(r));
     if (last) break;
   }
-  // The record says how far the ring is filled (rdma-core qp.c): it must cover the rung WQE.
-  const uint32_t dbr = mlx5::from_be32(q.queues.dbr[mlx5::kDbrSendWord]) & mlx5::kWqeIndexMask;
+  // The record says how far the ring is filled (rdma-core qp.c): it must cover the rung
+  // WQE. Fault injection may show the NIC the record of the previous doorbell.
+  const uint32_t record = q.queues.dbr[mlx5::kDbrSendWord];
+  const uint32_t seen = q.doorbells++ >= config_.late_doorbell_record_from ? q.previous_record : record;
+  q.previous_record = record;
+  const uint32_t dbr = mlx5::from_be32(seen) & mlx5::kWqeIndexMask;
   if (((dbr - q.fetched) & mlx5::kWqeIndexMask) >= size) {
     fail(q, "doorbell record behind the doorbell: the record says " + std::to_string(dbr) + ", the doorbell rang up to " +
                 std::to_string(q.fetched & mlx5::kWqeIndexMask));

@@ -49,12 +49,73 @@ mlx5::Syndrome Nic::check_access(const Qp& q, const Request& r, uint64_t length)
   return mlx5::Syndrome{};
 }
 
-// One step of the QP's oldest request: a flush in the error state, one MTU of a WRITE,
-// or a whole atomic or NOP.
+namespace {
+bool is_write(const mlx5::ParsedWqe& w) { return w.ctrl.opcode == mlx5::Opcode::RdmaWrite; }
+uint64_t request_length(const mlx5::ParsedWqe& w) {
+  return w.is_inline ? w.inline_bytes : is_write(w) ? w.local.byte_count : sizeof(uint64_t);
+}
+}  // namespace
+
+// The checks before a request's first packet. A WQE overwritten between the doorbell
+// and its execution (the real NIC reads the ring lazily) is a send queue overrun, a
+// fault; a bad key or bound is an error completion, the QP then in error. False when
+// the request must not run.
+bool Nic::start(Qp& q, Request& r) {
+  if (r.checked) return true;
+  const std::vector<uint8_t> now = gather_wqe(q, r.index);
+  if (now.size() < r.bytes.size() || std::memcmp(now.data(), r.bytes.data(), r.bytes.size()) != 0) {
+    fail(q, "send queue overrun: WQE " + std::to_string(r.index) + " was overwritten before it completed");
+    return false;
+  }
+  const mlx5::Syndrome bad = check_access(q, r, request_length(r.wqe));
+  if (bad != mlx5::Syndrome{}) {
+    std::ostringstream os;
+    os << "WQE " << r.index << " failed, syndrome 0x" << std::hex << static_cast<int>(bad);
+    q.last_error = os.str();
+    q.state = QpState::Error;
+    // Errors complete in order: the requests before it are flushed, as the QP is in
+    // error before their completions are written (they were placed, or not: RC
+    // promises nothing of an errored QP's data).
+    while (&q.pending.front() != &r) {
+      complete(q, q.pending.front(), mlx5::Syndrome::WrFlush, true);
+      q.pending.pop_front();
+    }
+    complete(q, r, bad, true);
+    q.pending.pop_front();
+    return false;
+  }
+  r.checked = true;
+  return true;
+}
+
+// The request the next packet belongs to: the oldest, or with relaxed ordering any
+// WRITE of the leading run of WRITEs with bytes left to place.
+Nic::Request& Nic::pick(Qp& q) {
+  if (!config_.relaxed_ordering) return q.pending.front();
+  std::vector<Request*> open;
+  for (Request& r : q.pending) {
+    if (!is_write(r.wqe)) break;
+    if (!r.checked || r.done_bytes < request_length(r.wqe)) open.push_back(&r);
+  }
+  if (open.empty()) return q.pending.front();
+  return *open[std::uniform_int_distribution<std::size_t>(0, open.size() - 1)(rng_)];
+}
+
+// Completions in order: every fully placed WRITE at the front of the queue.
+void Nic::retire_placed_writes(Qp& q) {
+  while (!q.pending.empty() && is_write(q.pending.front().wqe) && q.pending.front().checked &&
+         q.pending.front().done_bytes == request_length(q.pending.front().wqe)) {
+    complete(q, q.pending.front(), mlx5::Syndrome{}, false);
+    q.pending.pop_front();
+  }
+}
+
+// One packet of one request of the QP: a flush in the error state, one MTU of a WRITE,
+// or a whole atomic or NOP (which run only as the oldest request).
 void Nic::execute_packet(Qp& q) {
-  Request& r = q.pending.front();
+  Request& front = q.pending.front();
   if (q.state == QpState::Error) {
-    complete(q, r, mlx5::Syndrome::WrFlush, true);
+    complete(q, front, mlx5::Syndrome::WrFlush, true);
     q.pending.pop_front();
     return;
   }
@@ -62,52 +123,32 @@ void Nic::execute_packet(Qp& q) {
   if (link_down || !connected_back(q)) {
     // No ACK comes back: from a dead link, or from a remote QP that is not this one's
     // other end (RC packets to it are dropped).
-    q.last_error = "WQE " + std::to_string(r.index) + ": " +
+    q.last_error = "WQE " + std::to_string(front.index) + ": " +
                    (link_down        ? std::string("link down")
                     : q.peer == nullptr ? std::string("the QP is not connected")
                                         : "the remote QP " + hex(q.peer_qpn) + " is not connected back to this one") +
                    ", transport retries exceeded (syndrome 0x15)";
     q.state = QpState::Error;
-    complete(q, r, mlx5::Syndrome::TransportRetryExc, true);
+    complete(q, front, mlx5::Syndrome::TransportRetryExc, true);
     q.pending.pop_front();
     return;
   }
-  if (r.done_bytes == 0) {
-    // A WQE overwritten between the doorbell and its execution (the real NIC reads the
-    // ring lazily): the send queue overran.
-    const std::vector<uint8_t> now = gather_wqe(q, r.index);
-    if (now.size() < r.bytes.size() || std::memcmp(now.data(), r.bytes.data(), r.bytes.size()) != 0)
-      return fail(q, "send queue overrun: WQE " + std::to_string(r.index) + " was overwritten before it completed");
-    const uint64_t length = r.wqe.is_inline ? r.wqe.inline_bytes
-                            : r.wqe.ctrl.opcode == mlx5::Opcode::RdmaWrite ? r.wqe.local.byte_count
-                                                                             : sizeof(uint64_t);
-    const mlx5::Syndrome bad = check_access(q, r, length);
-    if (bad != mlx5::Syndrome{}) {
-      std::ostringstream os;
-      os << "WQE " << r.index << " failed, syndrome 0x" << std::hex << static_cast<int>(bad);
-      q.last_error = os.str();
-      q.state = QpState::Error;
-      complete(q, r, bad, true);
-      q.pending.pop_front();
-      return;
-    }
-  }
-  bool done = true;
+  Request& r = pick(q);
+  if (!start(q, r)) return;
   switch (r.wqe.ctrl.opcode) {
-    case mlx5::Opcode::RdmaWrite: done = execute_write(q, r); break;
+    case mlx5::Opcode::RdmaWrite: execute_write(q, r); return retire_placed_writes(q);
     case mlx5::Opcode::AtomicFa:
     case mlx5::Opcode::AtomicCs: execute_atomic(q, r); break;
     case mlx5::Opcode::Nop: break;
     default: return fail(q, "WQE " + std::to_string(r.index) + ": opcode not modelled (WRITE_IMM needs a receive queue)");
   }
-  if (!done) return;
   complete(q, r, mlx5::Syndrome{}, false);
   q.pending.pop_front();
 }
 
-// One MTU-sized piece, in order: true once the last piece is placed.
-bool Nic::execute_write(Qp& q, Request& r) {
-  const uint32_t length = r.wqe.is_inline ? r.wqe.inline_bytes : r.wqe.local.byte_count;
+// One MTU-sized piece, in order within the WRITE.
+void Nic::execute_write(Qp& q, Request& r) {
+  const uint32_t length = static_cast<uint32_t>(request_length(r.wqe));
   const uint32_t piece = std::min(config_.mtu_bytes, length - r.done_bytes);
   auto* dst = reinterpret_cast<uint8_t*>(r.wqe.remote.raddr) + r.done_bytes;
   const uint8_t* src = r.wqe.is_inline ? r.bytes.data() + r.wqe.inline_offset + r.done_bytes
@@ -115,11 +156,6 @@ bool Nic::execute_write(Qp& q, Request& r) {
   if (piece > 0) std::memmove(dst, src, piece);
   r.done_bytes += piece;
   bytes_to_[static_cast<std::size_t>(q.peer->device_)] += piece;
-  if (piece == 0 || r.done_bytes == length) {
-    r.done_bytes = length;
-    return true;
-  }
-  return false;
 }
 
 // 8-byte fetch-and-add or compare-and-swap at the responder, in the NIC's atomic byte

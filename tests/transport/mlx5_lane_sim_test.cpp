@@ -200,10 +200,11 @@ std::function<void()> many_puts_kernel(Fabric& f, int rank, const ManyPuts& mp, 
   };
 }
 
-void run_many_puts(uint64_t seed, sim::MemoryModel model) {
+void run_many_puts(uint64_t seed, sim::MemoryModel model, bool relaxed_ordering) {
   FabricConfig config{.seed = seed, .memory_model = model, .log2_sq_wqebbs = 2, .log2_ncqe = 2,
                       .completion_interval = 3};
   config.nic.mtu_bytes = 48;  // every put is two packets
+  config.nic.relaxed_ordering = relaxed_ordering;
   config.fetch_scratch_offset = kScratch;
   Fabric f(config);
   const ManyPuts mp;
@@ -227,9 +228,61 @@ void run_many_puts(uint64_t seed, sim::MemoryModel model) {
 TEST(Mlx5Lane, ManyPutsWrapTheSendQueueAndTheCqManyTimes) {
   for (uint64_t seed : test::seeds(3)) {
     SCOPED_TRACE("seed " + std::to_string(seed));
-    run_many_puts(seed, sim::MemoryModel::SequentiallyConsistent);
-    run_many_puts(seed, sim::MemoryModel::Weak);
+    run_many_puts(seed, sim::MemoryModel::SequentiallyConsistent, false);
+    run_many_puts(seed, sim::MemoryModel::Weak, false);
+    // The WRITEs between two signals land in any order; each signal still follows them.
+    run_many_puts(seed, sim::MemoryModel::Weak, true);
   }
+}
+
+// ---- relaxed ordering: a WRITE is no flag ---------------------------------------------------------
+
+// Rank 0 puts 2 KB of data and then an 8-byte flag with a second WRITE, in one doorbell;
+// rank 1 polls the flag and then copies the data to its log. RC alone would place the
+// flag last; with relaxed ordering the flag's WRITE may land first, so a protocol that
+// uses a WRITE as its flag reads stale data. Returns the number of stale words seen.
+uint32_t stale_words_behind_a_write_flag(uint64_t seed, bool relaxed_ordering) {
+  constexpr uint32_t kDataBytes = 2048;
+  constexpr uint64_t kFlagSource = kSend + kDataBytes, kFlag = kRecv + kDataBytes;
+  FabricConfig config{.seed = seed, .fetch_scratch_offset = kScratch};
+  config.nic.mtu_bytes = 64;  // 32 pieces of data, then the flag
+  config.nic.relaxed_ordering = relaxed_ordering;
+  Fabric f(config);
+  launch_ranks(f, 2, [&](int r) -> std::function<void()> {
+    const mlx5::QueuePair qp = f.qp(r, 1 - r);
+    uint8_t* buf = f.buffer(r);
+    if (r == 0) {
+      return [=] {
+        mlx5::Lane lane(qp, policy_for(0, nullptr));
+        fill(buf + kSend, 0, 0, kDataBytes / 4);
+        if (arch::lane_idx() == 0) arch::st_global(reinterpret_cast<uint64_t*>(buf + kFlagSource), uint64_t{1});
+        __syncwarp();
+        lane.put(LocalRef{kSend}, RemoteRef{1, kRecv}, kDataBytes);
+        lane.put(LocalRef{kFlagSource}, RemoteRef{1, kFlag}, sizeof(uint64_t));
+        lane.quiet();
+      };
+    }
+    return [=] {
+      const auto* flag = reinterpret_cast<const uint64_t*>(buf + kFlag);
+      pipeline::timeout_while([&] { return arch::ld_acquire_sys(flag) == 0; }, {"the flag WRITE", 0, 1},
+                              policy_for(1, nullptr));
+      copy(buf + kLog, buf + kRecv, kDataBytes / 4);
+    };
+  });
+  uint32_t stale = 0;
+  const auto* log = reinterpret_cast<const uint32_t*>(f.buffer(1) + kLog);
+  for (uint32_t i = 0; i < kDataBytes / 4; ++i) stale += log[i] != payload_word(0, 0, i);
+  return stale;
+}
+
+TEST(Mlx5Lane, RelaxedOrderingLetsALaterWriteLandBeforeAnEarlierOne) {
+  uint32_t stale_relaxed = 0;
+  for (uint64_t seed : test::seeds(4)) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    EXPECT_EQ(stale_words_behind_a_write_flag(seed, false), 0u);  // RC order: the flag lands last
+    stale_relaxed += stale_words_behind_a_write_flag(seed, true);
+  }
+  EXPECT_GT(stale_relaxed, 0u) << "relaxed ordering never placed the flag before the data";
 }
 
 // ---- error completions ---------------------------------------------------------------------------
@@ -346,6 +399,42 @@ TEST(Mlx5Lane, NicReportsADoorbellRungBeforeTheWqeWasWritten) {
   EXPECT_NE(report.find("doorbell rung before the WQE was written: WQE 0 (index 0) expected at slot 0"),
             std::string::npos)
       << report;
+}
+
+// ---- a doorbell record that reaches the NIC late ---------------------------------------------------
+
+// From their third doorbell on, both NICs see the send record of the previous doorbell
+// (the record's store reached them late). The NIC refuses the doorbell with a report
+// naming the record and the doorbell, which ends that rank's kernel; its peer, waiting
+// for a round that never comes, times out with its own report. Nobody hangs.
+TEST(Mlx5Lane, LateDoorbellRecordEndsEveryRankWithAClearError) {
+  FabricConfig config{.log2_sq_wqebbs = 3, .log2_ncqe = 3, .completion_interval = 3};
+  config.nic.mtu_bytes = 256;
+  config.nic.late_doorbell_record_from = 2;
+  config.fetch_scratch_offset = kScratch;
+  Fabric f(config);
+  PingPong pp;
+  pp.timeout_cycles = uint64_t{1} << 24;
+  for (int r = 0; r < 2; ++r)
+    sim::launch(sim::default_stream(r), {1, 32, 0, "mlx5_lane_test"}, ping_pong_kernel(f, r, pp, nullptr));
+  std::vector<std::string> reports(2);
+  for (int r = 0; r < 2; ++r) {
+    try {
+      sim::device_synchronize(r);
+    } catch (const sim::Error& e) {
+      reports[static_cast<std::size_t>(r)] = e.what();
+    }
+  }
+  // Rank 0 rings first (round 0's send, then round 1's after the reply): its third
+  // doorbell, round 2's send, is the first refused.
+  EXPECT_NE(reports[0].find("doorbell record behind the doorbell: the record says 4, the doorbell rang up to 6"),
+            std::string::npos)
+      << reports[0];
+  EXPECT_NE(reports[0].find("simulated NIC of device 0, QP"), std::string::npos) << reports[0];
+  const bool refused = reports[1].find("doorbell record behind the doorbell") != std::string::npos;
+  const bool timed_out = reports[1].find("gave up after") != std::string::npos &&
+                         reports[1].find("ping-pong signal") != std::string::npos;
+  EXPECT_TRUE(refused || timed_out) << reports[1];
 }
 
 // ---- many to many, over several kernels -----------------------------------------------------------

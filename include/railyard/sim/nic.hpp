@@ -38,6 +38,17 @@ struct NicConfig {
   // link or the NIC's pipeline is busy), so that kernels see completions late and
   // QPs fall behind one another.
   double stall_probability = 0.0;
+  // Relaxed-ordering placement (memory registered with IBV_ACCESS_RELAXED_ORDERING,
+  // as IBGDA transports register it): the RDMA WRITEs of a QP before its next atomic
+  // are placed in any interleaving of their MTU-sized pieces (in order within one
+  // WRITE), so a later WRITE's bytes may land before an earlier one's. An atomic still
+  // waits for every earlier WRITE of its QP, and completions stay in order (a CQE
+  // covers its WQE and every earlier one).
+  bool relaxed_ordering = false;
+  // Fault injection: from this doorbell on (counted per QP, from 0) the NIC sees the
+  // doorbell record as it was at the previous doorbell, as if the record's store
+  // reached it late: the NIC refuses the doorbell ("record behind the doorbell").
+  uint64_t late_doorbell_record_from = UINT64_MAX;
   // Fault injection: after this many packets the link goes down. The request in hand
   // fails with syndrome 0x15 (transport retries exceeded, as when the retry budget
   // runs out on a real link) and, the QP being in error, every later one is flushed.
@@ -93,7 +104,8 @@ class Nic : public Agent {
     transport::mlx5::ParsedWqe wqe;
     uint32_t index = 0;  // the WQE's WQEBB index, never wrapped
     std::vector<uint8_t> bytes;  // the WQE as fetched (inline payloads)
-    uint32_t done_bytes = 0;
+    uint32_t done_bytes = 0;  // placed
+    bool checked = false;     // its first-packet checks passed
   };
   enum class QpState { ReadyToSend, Error };
   struct Qp {
@@ -102,6 +114,8 @@ class Nic : public Agent {
     uint32_t peer_qpn = 0;
     QpState state = QpState::ReadyToSend;
     uint64_t last_doorbell = 0;
+    uint64_t doorbells = 0;
+    uint32_t previous_record = 0;  // the send record at the last doorbell (BE32 as read)
     uint32_t fetched = 0;  // the next WQE's index (WQEBBs fetched)
     uint32_t completed = 0;
     uint32_t cqes_written = 0;
@@ -115,7 +129,10 @@ class Nic : public Agent {
   bool fetch_wqes(Qp& q, uint32_t last_idx);
   std::vector<uint8_t> gather_wqe(const Qp& q, uint32_t index) const;
   void execute_packet(Qp& q);
-  bool execute_write(Qp& q, Request& r);
+  bool start(Qp& q, Request& r);
+  Request& pick(Qp& q);
+  void retire_placed_writes(Qp& q);
+  void execute_write(Qp& q, Request& r);
   void execute_atomic(Qp& q, Request& r);
   transport::mlx5::Syndrome check_access(const Qp& q, const Request& r, uint64_t length) const;
   void complete(Qp& q, const Request& r, transport::mlx5::Syndrome syndrome, bool error);
