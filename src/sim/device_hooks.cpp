@@ -98,8 +98,10 @@ void check_alignment(const void* ptr, std::size_t align, const char* op, Loc loc
   if (align > 1 && reinterpret_cast<uintptr_t>(ptr) % align != 0) misaligned(ptr, align, op, loc);
 }
 
-// Global access check; returns the owner device (-1: pinned host) for accounting.
-int check_global_impl(const void* ptr, std::size_t bytes, std::size_t align, const char* op, Loc loc) {
+// Global access check; returns the allocation (its device, -1 pinned host, for
+// accounting; its simulated address for the timed L1).
+const detail::Allocation* check_global_impl(const void* ptr, std::size_t bytes, std::size_t align, const char* op,
+                                            Loc loc) {
   Engine& e = engine();
   const detail::Allocation* a = e.find(ptr);
   if (!a) outside_allocations(ptr, bytes, op, loc);
@@ -107,7 +109,7 @@ int check_global_impl(const void* ptr, std::size_t bytes, std::size_t align, con
   check_alignment(ptr, align, op, loc);
   const int dev = self()->block->kernel->device;
   if (a->device >= 0 && a->device != dev && !e.device(dev).peer[a->device]) no_peer_access(a, dev, op, loc);
-  return a->device;
+  return a;
 }
 
 void forget_polls(Fiber* f) { f->polls.clear(); }
@@ -308,10 +310,19 @@ void check_shared(const void* ptr, std::size_t bytes, std::size_t align, const c
   check_alignment(ptr, align, op, loc);
 }
 
+namespace {
+// Checks a global access; returns the owner device and the allocation's offset from
+// host to simulated addresses.
+std::pair<int, uintptr_t> check_global_at(const void* ptr, std::size_t bytes, std::size_t align, bool write,
+                                          const char* op, Loc loc) {
+  const detail::Allocation* a = check_global_impl(ptr, bytes, align, op, loc);
+  engine().count_traffic(current_device(), a->device, bytes, write);
+  return {a->device, a->sim_base - a->base};
+}
+}  // namespace
+
 int check_global(const void* ptr, std::size_t bytes, std::size_t align, bool write, const char* op, Loc loc) {
-  const int owner = check_global_impl(ptr, bytes, align, op, loc);
-  engine().count_traffic(current_device(), owner, bytes, write);
-  return owner;
+  return check_global_at(ptr, bytes, align, write, op, loc).first;
 }
 
 namespace {
@@ -322,28 +333,29 @@ constexpr int kSharedMemory = -2;
 // Generic addressing: shared if the address is in (or just past) this block's shared
 // memory and not in a global allocation. Returns the owner: kSharedMemory, or as
 // check_global.
-int check_generic(const void* ptr, std::size_t bytes, std::size_t align, bool write, const char* op, Loc loc) {
+std::pair<int, uintptr_t> check_generic(const void* ptr, std::size_t bytes, std::size_t align, bool write,
+                                        const char* op, Loc loc) {
   const Block* b = self()->block;
   if (in_smem(b, ptr, 1) || (near_smem(b, ptr) && !engine().find(ptr))) {
     check_shared(ptr, bytes, align, op, loc);
-    return kSharedMemory;
+    return {kSharedMemory, 0};
   }
-  return check_global(ptr, bytes, align, write, op, loc);
+  return check_global_at(ptr, bytes, align, write, op, loc);
 }
 
 // Checks the access, and records it for the async-proxy tracker (every load, store
-// and atomic is a generic-proxy access). Returns the owner, as check_generic.
-int check_tracked(const void* ptr, std::size_t bytes, bool write, const char* op, Loc loc) {
-  const int owner = check_generic(ptr, bytes, bytes, write, op, loc);
-  engine().proxy().generic(self(), ptr, bytes, write, owner == kSharedMemory, op, loc);
+// and atomic is a generic-proxy access). Returns the owner and offset, as check_generic.
+std::pair<int, uintptr_t> check_tracked(const void* ptr, std::size_t bytes, bool write, const char* op, Loc loc) {
+  const auto owner = check_generic(ptr, bytes, bytes, write, op, loc);
+  engine().proxy().generic(self(), ptr, bytes, write, owner.first == kSharedMemory, op, loc);
   return owner;
 }
 
 // Timed mode: where an access by f of memory of `owner` (as check_generic) goes.
-detail::Target target(const Fiber* f, int owner) {
+detail::Target target(const Fiber* f, std::pair<int, uintptr_t> owner) {
   using Kind = detail::Target::Kind;
-  if (owner == kSharedMemory) return {Kind::Shared, f->device};
-  return {owner == f->device ? Kind::Local : Kind::Remote, owner};
+  if (owner.first == kSharedMemory) return {Kind::Shared, f->device, 0};
+  return {owner.first == f->device ? Kind::Local : Kind::Remote, owner.first, owner.second};
 }
 
 bool is_release(const char* op) { return std::strstr(op, ".release") || std::strstr(op, "acq_rel"); }
@@ -356,7 +368,7 @@ void check_global_or_shared(const void* ptr, std::size_t bytes, std::size_t alig
 
 void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope scope, const char* op, Loc loc) {
   if (order == Order::Acquire && mutation::mutated(mutation::SiteKind::Acquire, loc)) order = Order::Relaxed;
-  const int owner = check_tracked(ptr, bytes, false, op, loc);
+  const auto owner = check_tracked(ptr, bytes, false, op, loc);
   Engine& e = engine();
   Fiber* f = self();
   e.catch_up();
@@ -394,7 +406,7 @@ void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope sco
 
 void store(void* ptr, const void* data, std::size_t bytes, Order order, Scope scope, const char* op, Loc loc) {
   if (order == Order::Release && mutation::mutated(mutation::SiteKind::Release, loc)) order = Order::Relaxed;
-  const int owner = check_tracked(ptr, bytes, true, op, loc);
+  const auto owner = check_tracked(ptr, bytes, true, op, loc);
   Engine& e = engine();
   if (e.timing().enabled() && order == Order::Release) e.timing().release(self(), static_cast<int>(scope));
   e.catch_up();
@@ -409,7 +421,7 @@ void store(void* ptr, const void* data, std::size_t bytes, Order order, Scope sc
 uint64_t atomic_rmw(void* ptr, std::size_t bytes, RmwFn fn, uint64_t a, uint64_t b, Scope scope, const char* op,
                     Loc loc) {
   if (bytes != 4 && bytes != 8) fail(ErrorKind::Misuse, std::string(op) + ": atomics take 4 or 8 bytes", loc);
-  const int owner = check_tracked(ptr, bytes, true, op, loc);
+  const auto owner = check_tracked(ptr, bytes, true, op, loc);
   Engine& e = engine();
   Fiber* f = self();
   if (e.timing().enabled() && is_release(op)) e.timing().release(f, static_cast<int>(scope));
@@ -615,7 +627,7 @@ void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_
   const char* op = "bulk_copy_g2s";
   check_bulk_size(bytes, op, loc);
   check_shared(smem_dst, bytes, 16, op, loc);
-  const int owner = check_global(gmem_src, bytes, 16, false, op, loc);
+  const auto owner = check_global_at(gmem_src, bytes, 16, false, op, loc);
   e.catch_up();
   Mbarrier* m = e.mbarrier(bar, loc, true);
   Fiber* f = self();
@@ -642,7 +654,7 @@ void bulk_copy_s2g(void* gmem_dst, const void* smem_src, uint32_t bytes, Loc loc
   const char* op = "bulk_copy_s2g";
   check_bulk_size(bytes, op, loc);
   check_shared(smem_src, bytes, 16, op, loc);
-  const int owner = check_global(gmem_dst, bytes, 16, true, op, loc);
+  const auto owner = check_global_at(gmem_dst, bytes, 16, true, op, loc);
   e.catch_up();
   Fiber* f = self();
   e.proxy().bulk_s2g(f, gmem_dst, smem_src, bytes, loc);

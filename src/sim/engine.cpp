@@ -475,6 +475,12 @@ void Engine::enable_peer(int dev, int peer) {
   devices_[dev].peer[peer] = true;
 }
 
+uintptr_t Engine::sim_base_for(int dev) {
+  if (dev < 0) return 0;  // pinned host memory: never the L1's (Local is device memory)
+  const uint64_t serial = devices_.at(dev).allocations++;
+  return (static_cast<uintptr_t>(dev) + 1) << 56 | (serial & 0xfffff) << 36;
+}
+
 void* Engine::allocate(int dev, std::size_t bytes, std::string label) {
   if (bytes == 0) return nullptr;
   // cudaMalloc returns 256-byte aligned memory; keep that, and round the size so the
@@ -484,7 +490,7 @@ void* Engine::allocate(int dev, std::size_t bytes, std::string label) {
   void* p = map_device_memory(rounded, mapped);
   if (!p) throw std::bad_alloc();
   const auto base = reinterpret_cast<uintptr_t>(p);
-  allocations_[base] = Allocation{base, bytes, dev, std::move(label), true, mapped};
+  allocations_[base] = Allocation{base, bytes, dev, std::move(label), true, mapped, sim_base_for(dev)};
   return p;
 }
 
@@ -515,7 +521,7 @@ void Engine::register_range(int dev, void* ptr, std::size_t bytes, std::string l
                                          hex(reinterpret_cast<void*>(prev.base)) + ", +" +
                                          std::to_string(prev.bytes) + ")");
   }
-  allocations_[base] = Allocation{base, bytes, dev, std::move(label), false};
+  allocations_[base] = Allocation{base, bytes, dev, std::move(label), false, 0, sim_base_for(dev)};
 }
 
 void Engine::unregister_range(void* ptr) {

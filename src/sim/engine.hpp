@@ -252,6 +252,7 @@ struct DeviceState {
   bool faulted = false;
   ErrorKind fault_kind = ErrorKind::Misuse;
   std::string fault_report;
+  uint64_t allocations = 0;  // made on this device (allocate and register_range)
 };
 
 struct Allocation {
@@ -261,6 +262,11 @@ struct Allocation {
   std::string label;
   bool owned = true;  // false: registered caller memory (register_memory), never freed here
   std::size_t mapped_bytes = 0;  // owned: the length of its mapping (0: from aligned_alloc)
+  // Where it would be on a GPU, independent of the host's heap: device memory numbered
+  // by allocation order on its device, each at a 64 GiB boundary (host memory: 0). The
+  // timed L1 indexes its sets by it, so that timed figures do not move with the host
+  // process's layout.
+  uintptr_t sim_base = 0;
 };
 
 // A host thread waiting in the simulator for a condition the engine can satisfy.
@@ -347,6 +353,7 @@ class Engine {
   void register_range(int device, void* ptr, std::size_t bytes, std::string label);
   void unregister_range(void* ptr);
   const Allocation* find(const void* ptr) const;
+  uintptr_t sim_base_for(int device);  // the next Allocation::sim_base of `device`
   const Allocation* nearest_below(const void* ptr) const;
   int new_stream(int device);
   int new_event(int device);

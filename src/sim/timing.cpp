@@ -109,9 +109,9 @@ void Timing::wait_for_stores(Fiber* f, bool remote) {
   f->clock_ns = std::max({f->clock_ns, f->local_stores_done_ns, remote ? f->remote_stores_done_ns : 0.0});
 }
 
-bool Timing::l1_hit(Fiber* f, const void* ptr) {
+bool Timing::l1_hit(Fiber* f, uintptr_t sim_address) {
   std::vector<uintptr_t>& l1 = sm_of(f).l1;
-  const uintptr_t line = reinterpret_cast<uintptr_t>(ptr) / kLineBytes + 1;
+  const uintptr_t line = sim_address / kLineBytes + 1;
   uintptr_t& set = l1[line % l1.size()];
   const bool hit = set == line;
   set = line;
@@ -134,7 +134,8 @@ void Timing::load(Fiber* f, Target where, const void* ptr, std::size_t bytes, bo
   double done;
   if (where.kind == Target::Kind::Shared) {
     done = through_smem(f, t, bytes, 1);
-  } else if (where.kind == Target::Kind::Local && !strong && l1_hit(f, ptr)) {
+  } else if (where.kind == Target::Kind::Local && !strong &&
+             l1_hit(f, reinterpret_cast<uintptr_t>(ptr) + where.sim_offset)) {
     done = t + m.l1_latency_cycles / m.sm_clock_ghz;
   } else {
     const bool remote = where.kind == Target::Kind::Remote;

@@ -43,6 +43,7 @@ struct Target {
   enum class Kind : uint8_t { Shared, Local, Remote };
   Kind kind = Kind::Local;
   int owner = 0;
+  uintptr_t sim_offset = 0;  // host address + sim_offset: the address on a GPU (Allocation::sim_base)
 };
 
 class Timing {
@@ -106,7 +107,7 @@ class Timing {
   // devices too) are visible.
   static void wait_for_stores(Fiber* f, bool remote);
   // Whether the thread's SM holds ptr's line in L1, which it fills on a miss.
-  bool l1_hit(Fiber* f, const void* ptr);
+  bool l1_hit(Fiber* f, uintptr_t sim_address);
   static void empty_l1(Sm& sm);
   Sm& sm_of(const Fiber* f);  // the SM the thread's block runs on
   // When the last strong store to `ptr` becomes visible (0: none in flight).

@@ -149,6 +149,31 @@ TEST_P(Timed, AnAcquireEmptiesL1) {
                            "plain load + acquire load ns over lines that fit in L1");
 }
 
+// The L1's sets come from the address a GPU would give (each allocation at a large
+// aligned boundary), not from the host's heap: two allocations whose first lines
+// point at each other share a set, so every hop misses, wherever the host put them
+// (a host allocation of a different size between the two moves the second one on
+// the host; before 2026-11-26 the sets came from host addresses and such a gap turned
+// the misses into hits).
+TEST_P(Timed, TheL1SetsDoNotDependOnTheHostLayout) {
+  for (std::size_t gap : {std::size_t{4096}, std::size_t{12288}, std::size_t{69632}, std::size_t{135168}}) {
+    SCOPED_TRACE("host gap " + std::to_string(gap));
+    start(1);
+    DeviceArray<uint64_t> a(0, 16, "a");
+    void* host_gap = sim::malloc_host(gap);
+    DeviceArray<uint64_t> b(0, 16, "b");
+    a[0] = reinterpret_cast<uint64_t>(b.ptr);
+    b[0] = reinterpret_cast<uint64_t>(a.ptr);
+    DeviceArray<uint64_t> out(0, 2, "out");
+    constexpr int kHops = 200;
+    launch<calibration::PointerChase<false>>(0, 1, 1, {a.ptr, nullptr, kHops, out.ptr});
+    sim::device_synchronize(0);
+    const double ns = static_cast<double>(out[0]) / model().sm_clock_ghz / kHops;
+    expect_within_10_percent(ns, model().global_latency_ns, "a hop between two lines of one set");
+    sim::free(host_gap);
+  }
+}
+
 TEST_P(Timed, PointerChaseOverNvlinkReproducesTheRemoteLoadLatency) {
   start(2);
   expect_within_10_percent(chase_ns_per_hop(1, 100), model().remote_load_ns, "peer load ns");
