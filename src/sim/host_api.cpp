@@ -376,6 +376,26 @@ void agent_fault(int device, ErrorKind kind, const std::string& report) {
   engine().agent_fault(device, kind, report);
 }
 
+void agent_write(const std::string& agent, const void* ptr, std::size_t bytes, AgentOrder order, const char* op,
+                 std::source_location loc) {
+  detail::WeakMemory& weak = engine().weak();
+  if (weak.enabled())
+    weak.agent_write(agent, ptr, bytes, order == AgentOrder::Plain ? device::Order::Plain : device::Order::Release,
+                     op, loc);
+}
+
+uint64_t doorbell_release(const void* ptr) { return engine().weak().doorbell_release(ptr); }
+
+bool agent_read(int device, const std::string& agent, const void* ptr, std::size_t bytes, uint64_t released,
+                const char* op, std::source_location loc) {
+  detail::WeakMemory& weak = engine().weak();
+  if (!weak.enabled()) return true;
+  const std::string report = weak.agent_read(agent, ptr, bytes, released, op, loc);
+  if (report.empty()) return true;
+  engine().agent_fault(device, ErrorKind::DataRace, report);
+  return false;
+}
+
 void register_doorbell(void* ptr, std::size_t bytes) {
   Engine& e = engine();
   auto lock = e.acquire();

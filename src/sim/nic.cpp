@@ -1,10 +1,10 @@
 // Railyard simulator: the simulated mlx5 NIC (include/railyard/sim/nic.hpp).
 //
 // The NIC reads and writes simulated memory directly, as the engine's agents do (the
-// host view of a simulated allocation is its memory). Its writes are not recorded by
-// the weak memory mode (docs/simulator.md, "Weak memory": agents are unseen), so a
-// kernel's strong loads of a CQE or a signal never race with them, and its plain loads
-// of the payload are checked against the last kernel write of those bytes only.
+// host view of a simulated allocation is its memory), and tells the weak memory mode
+// what it did (sim::agent_write, agent_read): payload as plain writes, atomics and CQE
+// owner words as system-scope releases, and its reads checked against what the
+// doorbell that asked for them released (docs/simulator.md, "The simulated NIC").
 #include "railyard/sim/nic.hpp"
 
 #include <cstring>
@@ -27,7 +27,7 @@ std::string hex(uint64_t v) {
 }  // namespace
 
 Nic::Nic(int device, NicConfig config)
-    : device_(device), config_(config), rng_(config.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(device)) {
+    : device_(device), name_("the simulated NIC of device " + std::to_string(device)), config_(config), rng_(config.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(device)) {
   if (config_.mtu_bytes == 0) throw std::invalid_argument("sim::Nic: mtu_bytes must be positive");
   if (!(config_.stall_probability >= 0 && config_.stall_probability < 1))
     throw std::invalid_argument("sim::Nic: stall_probability must be in [0, 1)");
@@ -124,7 +124,7 @@ bool Nic::take_doorbell(Qp& q) {
     fail(q, "the doorbell names QPN " + hex(qpn) + " on QP " + hex(q.queues.qpn) + "'s UAR");
     return true;
   }
-  fetch_wqes(q, (opmod_idx_opcode >> 8) & mlx5::kWqeIndexMask);
+  fetch_wqes(q, (opmod_idx_opcode >> 8) & mlx5::kWqeIndexMask, doorbell_release(q.queues.uar));
   return true;
 }
 
@@ -132,7 +132,7 @@ bool Nic::take_doorbell(Qp& q) {
 // expected position is the NIC's own count: a ctrl segment there that carries another
 // index is a WQE not written yet (or left from the ring's previous lap), i.e. the
 // doorbell was rung before the WQE was written.
-bool Nic::fetch_wqes(Qp& q, uint32_t last_idx) {
+bool Nic::fetch_wqes(Qp& q, uint32_t last_idx, uint64_t released) {
   const uint32_t size = 1u << q.queues.log2_sq_wqebbs;
   const uint32_t ahead = (last_idx - q.fetched) & mlx5::kWqeIndexMask;
   if (ahead >= size) {
@@ -143,7 +143,12 @@ bool Nic::fetch_wqes(Qp& q, uint32_t last_idx) {
   for (;;) {
     Request r;
     r.index = q.fetched;
+    r.released = released;
     r.bytes = gather_wqe(q, q.fetched);
+    for (uint32_t i = 0; i < r.bytes.size() / mlx5::kWqeBasicBlockBytes; ++i) {
+      const uint8_t* bb = q.queues.sq + (((q.fetched + i) & (size - 1)) << mlx5::kWqeBasicBlockShift);
+      if (!reads_released(q, bb, mlx5::kWqeBasicBlockBytes, released, "a WQE")) return false;
+    }
     const mlx5::WqeParse parse = mlx5::parse_wqe(r.bytes.data(), static_cast<uint32_t>(r.bytes.size()));
     const uint32_t slot = q.fetched & (size - 1);
     if (parse.wqe.ctrl.wqe_idx != (q.fetched & mlx5::kWqeIndexMask)) {
@@ -192,6 +197,16 @@ std::vector<uint8_t> Nic::gather_wqe(const Qp& q, uint32_t index) const {
   for (uint32_t i = 0; i < count; ++i)
     std::memcpy(bytes.data() + i * mlx5::kWqeBasicBlockBytes, bb(index + i), mlx5::kWqeBasicBlockBytes);
   return bytes;
+}
+
+// Weak mode: the bytes a doorbell asked for must have been released by it. A DataRace
+// ends the device's work (sim::agent_read) and this QP's.
+bool Nic::reads_released(Qp& q, const void* ptr, std::size_t bytes, uint64_t released, const char* what) {
+  if (agent_read(device_, name_, ptr, bytes, released, what)) return true;
+  q.last_error = std::string("read ") + what + " a kernel wrote after the doorbell";
+  q.dead = true;
+  q.state = QpState::Error;
+  return false;
 }
 
 void Nic::fail(Qp& q, const std::string& what) {

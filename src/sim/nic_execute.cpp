@@ -1,6 +1,7 @@
 // Railyard simulator: the simulated NIC's execution of fetched WQEs and its
 // completions (include/railyard/sim/nic.hpp; fetching and doorbells are in nic.cpp).
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <sstream>
 
@@ -50,6 +51,8 @@ mlx5::Syndrome Nic::check_access(const Qp& q, const Request& r, uint64_t length)
 }
 
 namespace {
+// The 8 bytes the lane polls: QPN, wqe_counter, signature and op_own.
+constexpr std::size_t kCqeOwnerWordOffset = offsetof(mlx5::Cqe, sop_drop_qpn);
 bool is_write(const mlx5::ParsedWqe& w) { return w.ctrl.opcode == mlx5::Opcode::RdmaWrite; }
 uint64_t request_length(const mlx5::ParsedWqe& w) {
   return w.is_inline ? w.inline_bytes : is_write(w) ? w.local.byte_count : sizeof(uint64_t);
@@ -153,7 +156,9 @@ void Nic::execute_write(Qp& q, Request& r) {
   auto* dst = reinterpret_cast<uint8_t*>(r.wqe.remote.raddr) + r.done_bytes;
   const uint8_t* src = r.wqe.is_inline ? r.bytes.data() + r.wqe.inline_offset + r.done_bytes
                                        : reinterpret_cast<const uint8_t*>(r.wqe.local.addr) + r.done_bytes;
+  if (!r.wqe.is_inline && !reads_released(q, src, piece, r.released, "the source of an RDMA WRITE")) return;
   if (piece > 0) std::memmove(dst, src, piece);
+  agent_write(name_, dst, piece, AgentOrder::Plain, "an RDMA WRITE");
   r.done_bytes += piece;
   bytes_to_[static_cast<std::size_t>(q.peer->device_)] += piece;
 }
@@ -173,7 +178,11 @@ void Nic::execute_atomic(Qp& q, Request& r) {
   }
   const uint64_t out = config_.atomics_big_endian ? mlx5::to_be64(next) : next;
   std::memcpy(target, &out, sizeof(out));
+  // The atomic follows every earlier WRITE of its QP: it publishes them.
+  agent_write(name_, target, sizeof(out), AgentOrder::Release, "an RDMA atomic");
   std::memcpy(reinterpret_cast<void*>(r.wqe.local.addr), &raw, sizeof(raw));
+  agent_write(name_, reinterpret_cast<void*>(r.wqe.local.addr), sizeof(raw), AgentOrder::Plain,
+              "an RDMA atomic's old value");
   bytes_to_[static_cast<std::size_t>(q.peer->device_)] += sizeof(uint64_t);
 }
 
@@ -210,6 +219,11 @@ void Nic::write_cqe(Qp& q, const mlx5::CqeFields& fields) {
   // op_own last, as the NIC makes a CQE valid only once it is whole.
   std::memcpy(slot, &cqe, sizeof(cqe) - 1);
   slot[sizeof(cqe) - 1] = cqe.op_own;
+  // Software reads the rest of a CQE only after its owner word and a fence (rdma-core's
+  // get_sw_cqe, then udma_from_device_barrier): the owner word publishes the rest.
+  agent_write(name_, slot, kCqeOwnerWordOffset, AgentOrder::Plain, "a CQE");
+  agent_write(name_, slot + kCqeOwnerWordOffset, sizeof(cqe) - kCqeOwnerWordOffset, AgentOrder::Release,
+              "a CQE's owner word (bytes 56-63)");
   ++q.cqes_written;
 }
 

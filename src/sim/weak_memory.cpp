@@ -74,6 +74,7 @@ void WeakMemory::reset(bool enabled) {
   now_ = 0;
   forget();
   doorbells_.clear();
+  agents_.clear();
 }
 
 void WeakMemory::forget() {
@@ -95,6 +96,7 @@ void WeakMemory::start_thread(Fiber* f) {
 
 // "thread (x,y,z) of block (x,y,z) of kernel 'name' on device d".
 std::string WeakMemory::thread_name(uint64_t id) const {
+  if ((id & kAgent) != 0) return agents_.at(static_cast<std::size_t>(id & ~kAgent));
   auto it = kernels_.find(id >> 32);
   if (it == kernels_.end()) return "a thread of an earlier kernel";
   const KernelInfo& k = it->second;
@@ -225,7 +227,7 @@ void WeakMemory::load(Fiber* f, const void* ptr, std::size_t bytes, Order order,
 
 void WeakMemory::store(Fiber* f, const void* ptr, std::size_t bytes, Order order, Scope scope, const char* op,
                        Loc loc) {
-  if (!doorbells_.empty()) check_doorbell(f, ptr, bytes, order, scope, op, loc);
+  if (!doorbells_.empty()) ring_doorbell(f, ptr, bytes, order, scope, op, loc);
   const WeakThread& w = f->weak;
   const uint64_t known = w.knowledge();  // what precedes the store in its thread
   write(f, ptr, bytes, order != Order::Plain, op, loc);
@@ -306,24 +308,74 @@ void WeakMemory::bulk_waited(Fiber* f) { f->weak.lastwrite = std::max(f->weak.la
 // ---- doorbells -------------------------------------------------------------------------------------
 void WeakMemory::add_doorbell(const void* ptr, std::size_t bytes) {
   const auto a = reinterpret_cast<uintptr_t>(ptr);
-  doorbells_[a] = a + bytes;
+  doorbells_[a] = Doorbell{a + bytes, 0};
 }
 
 void WeakMemory::remove_doorbell(const void* ptr) { doorbells_.erase(reinterpret_cast<uintptr_t>(ptr)); }
 
+uint64_t WeakMemory::doorbell_release(const void* ptr) const {
+  const auto a = reinterpret_cast<uintptr_t>(ptr);
+  auto it = doorbells_.upper_bound(a);
+  if (it == doorbells_.begin() || std::prev(it)->second.end <= a) return 0;
+  return std::prev(it)->second.released;
+}
+
 // Ringing a doorbell hands the thread's writes to a device outside the GPU's memory
-// model: they must be released to the system first.
-void WeakMemory::check_doorbell(const Fiber* f, const void* ptr, std::size_t bytes, Order order, Scope scope,
-                                const char* op, Loc loc) const {
+// model: they must be released to the system first. What it released is what the
+// device may then read (agent_read).
+void WeakMemory::ring_doorbell(const Fiber* f, const void* ptr, std::size_t bytes, Order order, Scope scope,
+                               const char* op, Loc loc) {
   const auto a = reinterpret_cast<uintptr_t>(ptr);
   auto it = doorbells_.upper_bound(a + bytes - 1);
-  if (it == doorbells_.begin() || std::prev(it)->second <= a) return;
+  if (it == doorbells_.begin() || std::prev(it)->second.end <= a) return;
   const WeakThread& w = f->weak;
-  if (w.lastwrite <= w.released[2] || (order == Order::Release && scope == Scope::System)) return;
-  report("doorbell: " + std::string(op) + " at " + format_loc(loc) + " rings a doorbell while this thread's " +
-             w.lastwrite_op + " at " + format_loc(w.lastwrite_loc) +
-             " is not released to the system (no st.release.sys, or fence.acq_rel.sys / fence.sc.sys after it)",
-         loc);
+  const bool release_store = order == Order::Release && scope == Scope::System;
+  if (w.lastwrite > w.released[2] && !release_store)
+    report("doorbell: " + std::string(op) + " at " + format_loc(loc) + " rings a doorbell while this thread's " +
+               w.lastwrite_op + " at " + format_loc(w.lastwrite_loc) +
+               " is not released to the system (no st.release.sys, or fence.acq_rel.sys / fence.sc.sys after it)",
+           loc);
+  std::prev(it)->second.released = release_store ? w.knowledge() : w.released[2];
+}
+
+// ---- agents ----------------------------------------------------------------------------------------
+uint64_t WeakMemory::agent_id(const std::string& agent) {
+  auto it = std::find(agents_.begin(), agents_.end(), agent);
+  if (it == agents_.end()) it = agents_.insert(agents_.end(), agent);
+  return kAgent | static_cast<uint64_t>(it - agents_.begin());
+}
+
+void WeakMemory::agent_write(const std::string& agent, const void* ptr, std::size_t bytes, Order order,
+                             const char* op, Loc loc) {
+  const uint64_t id = agent_id(agent);
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  const auto [first, last] = words(addr, bytes);
+  const uint64_t t = tick();
+  if (order == Order::Plain) {
+    words_.assign(first, last, WordRecord{Access{t, id, op, loc}, Access{}});
+    sync_.erase(addr);
+    return;
+  }
+  // Outside every device (device -1): only a system-scope acquire orders it. It
+  // publishes every write before it, the agent's own included.
+  words_.erase(first, last);
+  sync_[addr] = SyncRecord{t, id, id, -1, Scope::System, {t, t, t}, op, loc};
+}
+
+std::string WeakMemory::agent_read(const std::string& agent, const void* ptr, std::size_t bytes, uint64_t released,
+                                   const char* op, Loc loc) {
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  const auto [first, last] = words(addr, bytes);
+  std::string message;
+  words_.for_each(first, last, [&](uintptr_t, uintptr_t, const WordRecord& r) {
+    if (!message.empty() || r.write.time <= released || (r.write.thread & kAgent) != 0) return;
+    message = "data race: " + agent + " reads [" + hex(addr) + ", +" + std::to_string(bytes) + ") for " + op +
+              " (" + format_loc(loc) + "), bytes that " + thread_name(r.write.thread) + " wrote with " + r.write.op +
+              " at " + format_loc(r.write.loc) +
+              " after the doorbell that asked for them: the ringing thread's system-scope release did not cover "
+              "that write (a write after the doorbell, or another thread's write not ordered before its fence)";
+  });
+  return message;
 }
 
 }  // namespace railyard::sim::detail

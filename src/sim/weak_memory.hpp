@@ -22,6 +22,7 @@
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "railyard/sim/device.hpp"
 #include "range_map.hpp"
@@ -148,6 +149,20 @@ class WeakMemory {
 
   void add_doorbell(const void* ptr, std::size_t bytes);
   void remove_doorbell(const void* ptr);
+  // What the last store to the doorbell covering `ptr` released to the system: the
+  // writes a device outside the GPU that it rang may read (0: none yet).
+  uint64_t doorbell_release(const void* ptr) const;
+
+  // Agents (a simulated NIC) access memory outside every kernel, as a thread outside
+  // every device named `agent`. A Plain write places payload; a Release write is a
+  // strong store that publishes everything written before it to a reader that acquires
+  // it at system scope (a NIC's atomic after the WRITEs it follows, a CQE's owner word
+  // after the rest of the CQE).
+  void agent_write(const std::string& agent, const void* ptr, std::size_t bytes, Order order, const char* op, Loc loc);
+  // An agent's read of bytes a kernel wrote, asked for by a doorbell that released
+  // `released`: the report (empty if none) when a kernel thread wrote them later.
+  std::string agent_read(const std::string& agent, const void* ptr, std::size_t bytes, uint64_t released,
+                         const char* op, Loc loc);
 
   // RAILYARD_SIM_MEMORY_MODEL=weak|sc, if set, overrides the configured model.
   static MemoryModel from_environment(MemoryModel configured);
@@ -168,8 +183,8 @@ class WeakMemory {
   void check_overwrite(const Fiber* f, uint64_t known, const WordRecord& r, uintptr_t addr, std::size_t bytes,
                        const char* op, Loc loc) const;
   void observe(Fiber* f, const SyncRecord& r, Order order, Scope scope, const char* op, Loc loc) const;
-  void check_doorbell(const Fiber* f, const void* ptr, std::size_t bytes, Order order, Scope scope,
-                      const char* op, Loc loc) const;
+  void ring_doorbell(const Fiber* f, const void* ptr, std::size_t bytes, Order order, Scope scope, const char* op,
+                     Loc loc);
   std::string thread_name(uint64_t id) const;
   // fn(words) with the records that hold address `addr` as `f` sees it: its block's
   // dense shared-memory records, or global memory's ranges.
@@ -181,7 +196,15 @@ class WeakMemory {
   RangeMap<WordRecord> words_;                        // global memory, by address / kWordBytes
   std::unordered_map<uintptr_t, SyncRecord> sync_;    // by address
   std::unordered_map<uint64_t, KernelInfo> kernels_;  // by launch id
-  std::map<uintptr_t, uintptr_t> doorbells_;          // start -> end
+  struct Doorbell {
+    uintptr_t end = 0;
+    uint64_t released = 0;  // what its last store released to the system
+  };
+  std::map<uintptr_t, Doorbell> doorbells_;            // by start
+  // Agents' thread ids are kAgent | index into agents_ (their names).
+  static constexpr uint64_t kAgent = uint64_t{1} << 63;
+  std::vector<std::string> agents_;
+  uint64_t agent_id(const std::string& agent);
 };
 
 }  // namespace railyard::sim::detail

@@ -106,6 +106,7 @@ class Nic : public Agent {
     std::vector<uint8_t> bytes;  // the WQE as fetched (inline payloads)
     uint32_t done_bytes = 0;  // placed
     bool checked = false;     // its first-packet checks passed
+    uint64_t released = 0;    // what its doorbell released (weak mode: sim::doorbell_release)
   };
   enum class QpState { ReadyToSend, Error };
   struct Qp {
@@ -126,7 +127,8 @@ class Nic : public Agent {
 
   Qp& qp(uint32_t qpn);
   bool take_doorbell(Qp& q);
-  bool fetch_wqes(Qp& q, uint32_t last_idx);
+  bool fetch_wqes(Qp& q, uint32_t last_idx, uint64_t released);
+  bool reads_released(Qp& q, const void* ptr, std::size_t bytes, uint64_t released, const char* what);
   std::vector<uint8_t> gather_wqe(const Qp& q, uint32_t index) const;
   void execute_packet(Qp& q);
   bool start(Qp& q, Request& r);
@@ -142,6 +144,7 @@ class Nic : public Agent {
   bool in_region(const Nic& nic, uint32_t key, uint64_t addr, uint64_t length) const;
 
   int device_;
+  std::string name_;  // "the simulated NIC of device d", for weak-mode reports
   NicConfig config_;
   std::mt19937_64 rng_;
   std::map<uint32_t, Region> regions_;  // by key

@@ -232,6 +232,25 @@ void add_agent(Agent* agent);  // not owned; removed by reset()
 // NIC would not execute (a doorbell rung before the WQE was written).
 void agent_fault(int device, ErrorKind kind, const std::string& report);
 
+// Called from an agent's step() only. In the weak memory mode an agent's accesses are
+// checked like a thread's, as a thread outside every device called `agent` (no-ops in
+// the sequentially consistent mode):
+//  - agent_write records bytes the agent placed in simulated memory. Plain: payload,
+//    which a kernel may read only once it knows the write (an acquire of something
+//    published after it). Release: a strong store (a NIC's atomic, a CQE's owner word)
+//    that publishes everything written before it to a thread that acquires it with a
+//    system-scope load or fence; a narrower acquire is a scope fault.
+//  - doorbell_release: what the last store to the doorbell at `ptr` released to the
+//    system (register_doorbell); agent_read then checks the bytes the doorbell asked
+//    for against it: a kernel write the release did not cover ends `device`'s work
+//    with a DataRace (as agent_fault does) and agent_read returns false.
+enum class AgentOrder { Plain, Release };
+void agent_write(const std::string& agent, const void* ptr, std::size_t bytes, AgentOrder order, const char* op,
+                 std::source_location loc = std::source_location::current());
+uint64_t doorbell_release(const void* ptr);
+bool agent_read(int device, const std::string& agent, const void* ptr, std::size_t bytes, uint64_t released,
+                const char* op, std::source_location loc = std::source_location::current());
+
 // Marks [ptr, ptr + bytes) as an MMIO doorbell (a NIC's, say): in weak memory mode, a
 // kernel store to it while the storing thread has writes not released to the system
 // (no st.release.sys as the store itself, no fence.acq_rel.sys or fence.sc.sys since
