@@ -441,6 +441,7 @@ void Engine::reset(const Config& config) {
   quiescent_ = false;
   traffic_write_.clear();
   traffic_read_.clear();
+  traffic_nic_.clear();
   proxy_.reset();
   weak_.reset(config_.memory_model == MemoryModel::Weak);
   timing_.reset(config_.timed);
@@ -464,6 +465,7 @@ int Engine::add_device(const DeviceProps& props) {
   const std::size_t n = devices_.size();
   traffic_write_.assign(n * (n + 1), 0);
   traffic_read_.assign(n * (n + 1), 0);
+  traffic_nic_.assign(n * n, 0);
   return id;
 }
 
@@ -600,12 +602,18 @@ Traffic Engine::traffic() const {
   t.num_devices = device_count();
   t.write_bytes = traffic_write_;
   t.read_bytes = traffic_read_;
+  t.nic_bytes = traffic_nic_;
   return t;
 }
 
 void Engine::reset_traffic() {
   std::fill(traffic_write_.begin(), traffic_write_.end(), 0);
   std::fill(traffic_read_.begin(), traffic_read_.end(), 0);
+  std::fill(traffic_nic_.begin(), traffic_nic_.end(), 0);
+}
+
+void Engine::count_nic_bytes(int from, int to, std::size_t bytes) {
+  traffic_nic_.at(static_cast<std::size_t>(from) * devices_.size() + static_cast<std::size_t>(to)) += bytes;
 }
 
 void Engine::count_traffic(int dev, int owner, std::size_t bytes, bool write) {

@@ -392,6 +392,7 @@ class Engine {
   void progress() { ++epoch_; }
   [[noreturn]] void fault(ErrorKind kind, const std::string& message, Loc loc);
   void count_traffic(int device, int owner, std::size_t bytes, bool write);
+  void count_nic_bytes(int from, int to, std::size_t bytes);
   void issue_async(const AsyncOp& op);
   uint64_t clock() const { return stats_.virtual_cycles; }
   uint64_t read_clock() {  // clock64(): a fiber that reads the clock may be timing a wait
@@ -509,6 +510,7 @@ class Engine {
   bool admission_dirty_ = false;
   bool quiescent_ = false;
   std::vector<uint64_t> traffic_write_, traffic_read_;
+  std::vector<uint64_t> traffic_nic_;  // [from * devices + to]
   ProxyTracker proxy_;
   WeakMemory weak_;
   Timing timing_;

@@ -384,6 +384,8 @@ void agent_write(const std::string& agent, const void* ptr, std::size_t bytes, A
                      op, loc);
 }
 
+void agent_count_bytes(int from, int to, std::size_t bytes) { engine().count_nic_bytes(from, to, bytes); }
+
 uint64_t doorbell_release(const void* ptr) { return engine().weak().doorbell_release(ptr); }
 
 bool agent_read(int device, const std::string& agent, const void* ptr, std::size_t bytes, uint64_t released,

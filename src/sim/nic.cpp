@@ -31,7 +31,6 @@ Nic::Nic(int device, NicConfig config)
   if (config_.mtu_bytes == 0) throw std::invalid_argument("sim::Nic: mtu_bytes must be positive");
   if (!(config_.stall_probability >= 0 && config_.stall_probability < 1))
     throw std::invalid_argument("sim::Nic: stall_probability must be in [0, 1)");
-  bytes_to_.assign(static_cast<std::size_t>(device_count()), 0);
   add_agent(this);
 }
 
@@ -84,7 +83,6 @@ void Nic::connect(uint32_t qpn, Nic& peer, uint32_t peer_qpn) {
   q.peer_qpn = peer_qpn;
 }
 
-uint64_t Nic::bytes_sent_to(int device) const { return bytes_to_.at(static_cast<std::size_t>(device)); }
 
 Nic::Qp& Nic::qp(uint32_t qpn) {
   auto it = qps_.find(qpn);

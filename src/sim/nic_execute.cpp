@@ -160,7 +160,7 @@ void Nic::execute_write(Qp& q, Request& r) {
   if (piece > 0) std::memmove(dst, src, piece);
   agent_write(name_, dst, piece, AgentOrder::Plain, "an RDMA WRITE");
   r.done_bytes += piece;
-  bytes_to_[static_cast<std::size_t>(q.peer->device_)] += piece;
+  agent_count_bytes(device_, q.peer->device_, piece);
 }
 
 // 8-byte fetch-and-add or compare-and-swap at the responder, in the NIC's atomic byte
@@ -183,7 +183,7 @@ void Nic::execute_atomic(Qp& q, Request& r) {
   std::memcpy(reinterpret_cast<void*>(r.wqe.local.addr), &raw, sizeof(raw));
   agent_write(name_, reinterpret_cast<void*>(r.wqe.local.addr), sizeof(raw), AgentOrder::Plain,
               "an RDMA atomic's old value");
-  bytes_to_[static_cast<std::size_t>(q.peer->device_)] += sizeof(uint64_t);
+  agent_count_bytes(device_, q.peer->device_, sizeof(uint64_t));
 }
 
 // A CQE for a signalled WQE, and for every error (errors and flushes always complete,

@@ -141,8 +141,11 @@ void run_ping_pong(uint64_t seed, sim::MemoryModel model, bool big_endian_atomic
   expect_logged(f, 0, 1, pp.rounds, pp.bytes);
   expect_logged(f, 1, 0, pp.rounds, pp.bytes);
   // Payload plus the 8-byte atomic of each round, each way.
-  EXPECT_EQ(f.nic(0).bytes_sent_to(1), static_cast<uint64_t>(pp.rounds) * (pp.bytes + 8));
-  EXPECT_EQ(f.nic(1).bytes_sent_to(0), static_cast<uint64_t>(pp.rounds) * (pp.bytes + 8));
+  EXPECT_EQ(sim::traffic().nic_sent(0, 1), static_cast<uint64_t>(pp.rounds) * (pp.bytes + 8));
+  EXPECT_EQ(sim::traffic().nic_sent(1, 0), static_cast<uint64_t>(pp.rounds) * (pp.bytes + 8));
+  EXPECT_EQ(sim::traffic().nic_sent(0, 0), 0u);  // a NIC places nothing in its own device
+  sim::reset_traffic();
+  EXPECT_EQ(sim::traffic().nic_sent(0, 1), 0u);
   uint64_t raw;
   std::memcpy(&raw, f.buffer(1) + kSignal, sizeof(raw));
   EXPECT_EQ(transport::signal_value(raw, f.qp(0, 1).signal_order), static_cast<uint64_t>(pp.rounds));
@@ -216,7 +219,7 @@ void run_many_puts(uint64_t seed, sim::MemoryModel model, bool relaxed_ordering)
     for (uint32_t i = 0; i < mp.put_bytes / 4 * static_cast<uint32_t>(mp.num_puts); ++i)
       ASSERT_EQ(got[i], payload_word(from, 0, i)) << "rank " << rank << " word " << i;
     const int signals = mp.num_puts / 4;
-    EXPECT_EQ(f.nic(from).bytes_sent_to(rank), static_cast<uint64_t>(mp.num_puts) * mp.put_bytes + 8u * signals);
+    EXPECT_EQ(sim::traffic().nic_sent(from, rank), static_cast<uint64_t>(mp.num_puts) * mp.put_bytes + 8u * signals);
     // The rings wrapped: 300 WQEs through 4 slots, their CQEs through 4.
     const mlx5::LaneState* state = f.qp(from, rank).state;
     EXPECT_EQ(state->pi, static_cast<uint32_t>(mp.num_puts + signals));
@@ -348,7 +351,7 @@ void expect_error_completion(Fault fault) {
   EXPECT_EQ(second.syndrome, mlx5::Syndrome::WrFlush);
   EXPECT_EQ(second.wqe_counter, 1);
   EXPECT_EQ(second.qpn, qp.qpn);
-  EXPECT_EQ(f.nic(0).bytes_sent_to(1), 0u);
+  EXPECT_EQ(sim::traffic().nic_sent(0, 1), 0u);
   EXPECT_NE(f.nic(0).describe().find("ERROR"), std::string::npos) << f.nic(0).describe();
 }
 
@@ -483,6 +486,7 @@ void run_many_to_many(uint64_t seed, sim::MemoryModel model) {
   for (int launch = 0; launch < kLaunches; ++launch) {
     launch_ranks(f, kRanks, [&](int r) { return many_to_many_kernel(f, r, kRanks, launch); }, kRanks);
   }
+  const sim::Traffic traffic = sim::traffic();
   for (int dst = 0; dst < kRanks; ++dst) {
     for (int src = 0; src < kRanks; ++src) {
       if (src == dst) continue;
@@ -490,7 +494,7 @@ void run_many_to_many(uint64_t seed, sim::MemoryModel model) {
                                                           static_cast<uint64_t>(src) * kPairPuts * kPairBytes);
       for (uint32_t i = 0; i < kPairPuts * kPairBytes / 4; ++i)
         ASSERT_EQ(got[i], payload_word(src, dst + 16 * (kLaunches - 1), i)) << src << " -> " << dst << " word " << i;
-      EXPECT_EQ(f.nic(src).bytes_sent_to(dst), static_cast<uint64_t>(kLaunches) * kPairPuts * (kPairBytes + 8))
+      EXPECT_EQ(traffic.nic_sent(src, dst), static_cast<uint64_t>(kLaunches) * kPairPuts * (kPairBytes + 8))
           << src << " -> " << dst;
       EXPECT_EQ(f.qp(src, dst).state->pi, static_cast<uint32_t>(kLaunches * kPairPuts * 2));
     }

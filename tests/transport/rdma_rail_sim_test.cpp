@@ -113,12 +113,13 @@ void launch_all(Fabric& f, int launch) {
 
 void expect_rail_traffic(Fabric& f, int launches) {
   const int n = f.num_ranks();
+  const sim::Traffic traffic = sim::traffic();
   for (int dst = 0; dst < n; ++dst) {
     const rdma::RailConnections& c = f.connections(dst);
     for (int src = 0; src < n; ++src) {
       const bool rail = c.peer_index(src) >= 0;
       const uint64_t expected = rail ? static_cast<uint64_t>(launches) * kLanes * kPuts * (kBytes + 8) : 0;
-      ASSERT_EQ(f.nic(src).bytes_sent_to(dst), expected) << src << " -> " << dst;
+      ASSERT_EQ(traffic.nic_sent(src, dst), expected) << src << " -> " << dst;
       if (!rail) continue;
       const int src_domain = c.topology.domain_of(src);
       for (int l = 0; l < kLanes; ++l) {

@@ -89,8 +89,6 @@ class Nic : public Agent {
   // endpoint: the peer's end is connected by the peer.
   void connect(uint32_t qpn, Nic& peer, uint32_t peer_qpn);
 
-  // RDMA payload bytes this NIC placed in `device`'s memory (WRITE bytes, 8 per atomic).
-  uint64_t bytes_sent_to(int device) const;
 
   bool step() override;
   std::string describe() const override;
@@ -149,7 +147,6 @@ class Nic : public Agent {
   std::mt19937_64 rng_;
   std::map<uint32_t, Region> regions_;  // by key
   std::map<uint32_t, Qp> qps_;          // by QPN
-  std::vector<uint64_t> bytes_to_;      // by destination device
   uint32_t next_key_ = 0x100;
   uint64_t packets_ = 0;  // packets executed, for link_down_after_packets
 };

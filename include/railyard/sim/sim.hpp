@@ -245,6 +245,9 @@ void agent_fault(int device, ErrorKind kind, const std::string& report);
 //    for against it: a kernel write the release did not cover ends `device`'s work
 //    with a DataRace (as agent_fault does) and agent_read returns false.
 enum class AgentOrder { Plain, Release };
+// Called from an agent's step() only: `bytes` an agent of device `from` (its NIC)
+// placed in memory of device `to`, counted in traffic().nic_bytes (both modes).
+void agent_count_bytes(int from, int to, std::size_t bytes);
 void agent_write(const std::string& agent, const void* ptr, std::size_t bytes, AgentOrder order, const char* op,
                  std::source_location loc = std::source_location::current());
 uint64_t doorbell_release(const void* ptr);
@@ -270,6 +273,12 @@ struct Traffic {
   }
   uint64_t read(int device, int owner) const {
     return read_bytes[static_cast<std::size_t>(device) * (num_devices + 1) + (owner + 1)];
+  }
+  // Bytes agents (the simulated NICs) placed: a NIC of device `from` in memory of
+  // device `to` (RDMA payload, 8 per atomic; agent_count_bytes).
+  std::vector<uint64_t> nic_bytes;  // [from * num_devices + to]
+  uint64_t nic_sent(int from, int to) const {
+    return nic_bytes[static_cast<std::size_t>(from) * num_devices + static_cast<std::size_t>(to)];
   }
 };
 Traffic traffic();
