@@ -149,13 +149,22 @@ void Nic::execute_packet(Qp& q) {
   q.pending.pop_front();
 }
 
-// One MTU-sized piece, in order within the WRITE.
+// One MTU-sized piece: the next one, or with relaxed ordering any piece not placed yet.
 void Nic::execute_write(Qp& q, Request& r) {
   const uint32_t length = static_cast<uint32_t>(request_length(r.wqe));
-  const uint32_t piece = std::min(config_.mtu_bytes, length - r.done_bytes);
-  auto* dst = reinterpret_cast<uint8_t*>(r.wqe.remote.raddr) + r.done_bytes;
-  const uint8_t* src = r.wqe.is_inline ? r.bytes.data() + r.wqe.inline_offset + r.done_bytes
-                                       : reinterpret_cast<const uint8_t*>(r.wqe.local.addr) + r.done_bytes;
+  uint32_t at = r.done_bytes;
+  if (config_.relaxed_ordering && length > config_.mtu_bytes) {
+    if (r.unplaced.empty() && r.done_bytes == 0)
+      for (uint32_t p = 0; p < (length + config_.mtu_bytes - 1) / config_.mtu_bytes; ++p) r.unplaced.push_back(p);
+    const std::size_t pick = std::uniform_int_distribution<std::size_t>(0, r.unplaced.size() - 1)(rng_);
+    at = r.unplaced[pick] * config_.mtu_bytes;
+    r.unplaced[pick] = r.unplaced.back();
+    r.unplaced.pop_back();
+  }
+  const uint32_t piece = std::min(config_.mtu_bytes, length - at);
+  auto* dst = reinterpret_cast<uint8_t*>(r.wqe.remote.raddr) + at;
+  const uint8_t* src = r.wqe.is_inline ? r.bytes.data() + r.wqe.inline_offset + at
+                                       : reinterpret_cast<const uint8_t*>(r.wqe.local.addr) + at;
   if (!r.wqe.is_inline && !reads_released(q, src, piece, r.released, "the source of an RDMA WRITE")) return;
   if (piece > 0) std::memmove(dst, src, piece);
   agent_write(name_, dst, piece, AgentOrder::Plain, "an RDMA WRITE");

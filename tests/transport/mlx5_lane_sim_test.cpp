@@ -240,11 +240,13 @@ TEST(Mlx5Lane, ManyPutsWrapTheSendQueueAndTheCqManyTimes) {
 
 // ---- relaxed ordering: a WRITE is no flag ---------------------------------------------------------
 
-// Rank 0 puts 2 KB of data and then an 8-byte flag with a second WRITE, in one doorbell;
-// rank 1 polls the flag and then copies the data to its log. RC alone would place the
-// flag last; with relaxed ordering the flag's WRITE may land first, so a protocol that
-// uses a WRITE as its flag reads stale data. Returns the number of stale words seen.
-uint32_t stale_words_behind_a_write_flag(uint64_t seed, bool relaxed_ordering) {
+// Rank 0 puts 2 KB of data and then an 8-byte flag, with a second WRITE in one
+// doorbell or as the last bytes of the same WRITE; rank 1 polls the flag and then
+// copies the data to its log. RC alone would place the flag last; with relaxed
+// ordering the flag's WRITE, or the WRITE's last piece, may land first, so a protocol
+// that uses written bytes as its flag reads stale data. Returns the stale words seen.
+enum class FlagIn { SecondWrite, LastBytesOfTheWrite };
+uint32_t stale_words_behind_a_write_flag(uint64_t seed, bool relaxed_ordering, FlagIn flag_in) {
   constexpr uint32_t kDataBytes = 2048;
   constexpr uint64_t kFlagSource = kSend + kDataBytes, kFlag = kRecv + kDataBytes;
   FabricConfig config{.seed = seed, .fetch_scratch_offset = kScratch};
@@ -260,8 +262,12 @@ uint32_t stale_words_behind_a_write_flag(uint64_t seed, bool relaxed_ordering) {
         fill(buf + kSend, 0, 0, kDataBytes / 4);
         if (arch::lane_idx() == 0) arch::st_global(reinterpret_cast<uint64_t*>(buf + kFlagSource), uint64_t{1});
         __syncwarp();
-        lane.put(LocalRef{kSend}, RemoteRef{1, kRecv}, kDataBytes);
-        lane.put(LocalRef{kFlagSource}, RemoteRef{1, kFlag}, sizeof(uint64_t));
+        if (flag_in == FlagIn::SecondWrite) {
+          lane.put(LocalRef{kSend}, RemoteRef{1, kRecv}, kDataBytes);
+          lane.put(LocalRef{kFlagSource}, RemoteRef{1, kFlag}, sizeof(uint64_t));
+        } else {
+          lane.put(LocalRef{kSend}, RemoteRef{1, kRecv}, kDataBytes + sizeof(uint64_t));
+        }
         lane.quiet();
       };
     }
@@ -279,13 +285,16 @@ uint32_t stale_words_behind_a_write_flag(uint64_t seed, bool relaxed_ordering) {
 }
 
 TEST(Mlx5Lane, RelaxedOrderingLetsALaterWriteLandBeforeAnEarlierOne) {
-  uint32_t stale_relaxed = 0;
-  for (uint64_t seed : test::seeds(4)) {
-    SCOPED_TRACE("seed " + std::to_string(seed));
-    EXPECT_EQ(stale_words_behind_a_write_flag(seed, false), 0u);  // RC order: the flag lands last
-    stale_relaxed += stale_words_behind_a_write_flag(seed, true);
+  for (FlagIn flag_in : {FlagIn::SecondWrite, FlagIn::LastBytesOfTheWrite}) {
+    SCOPED_TRACE(flag_in == FlagIn::SecondWrite ? "flag in a second WRITE" : "flag in the WRITE's last bytes");
+    uint32_t stale_relaxed = 0;
+    for (uint64_t seed : test::seeds(4)) {
+      SCOPED_TRACE("seed " + std::to_string(seed));
+      EXPECT_EQ(stale_words_behind_a_write_flag(seed, false, flag_in), 0u);  // RC order: the flag lands last
+      stale_relaxed += stale_words_behind_a_write_flag(seed, true, flag_in);
+    }
+    EXPECT_GT(stale_relaxed, 0u) << "relaxed ordering never placed the flag before the data";
   }
-  EXPECT_GT(stale_relaxed, 0u) << "relaxed ordering never placed the flag before the data";
 }
 
 // ---- error completions ---------------------------------------------------------------------------

@@ -40,8 +40,8 @@ struct NicConfig {
   double stall_probability = 0.0;
   // Relaxed-ordering placement (memory registered with IBV_ACCESS_RELAXED_ORDERING,
   // as IBGDA transports register it): the RDMA WRITEs of a QP before its next atomic
-  // are placed in any interleaving of their MTU-sized pieces (in order within one
-  // WRITE), so a later WRITE's bytes may land before an earlier one's. An atomic still
+  // are placed in any interleaving of their MTU-sized pieces, and the pieces of one
+  // WRITE in any order, so a later byte may land before an earlier one. An atomic still
   // waits for every earlier WRITE of its QP, and completions stay in order (a CQE
   // covers its WQE and every earlier one).
   bool relaxed_ordering = false;
@@ -103,6 +103,9 @@ class Nic : public Agent {
     uint32_t index = 0;  // the WQE's WQEBB index, never wrapped
     std::vector<uint8_t> bytes;  // the WQE as fetched (inline payloads)
     uint32_t done_bytes = 0;  // placed
+    // Relaxed ordering: the MTU-sized pieces not placed yet (their indices), in the
+    // order they are drawn from; empty until the first piece.
+    std::vector<uint32_t> unplaced;
     bool checked = false;     // its first-packet checks passed
     uint64_t released = 0;    // what its doorbell released (weak mode: sim::doorbell_release)
   };
