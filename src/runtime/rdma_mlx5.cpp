@@ -122,6 +122,16 @@ class Mlx5Device final : public RdmaDevice {
     return {mr->lkey, mr->rkey};
   }
 
+  void deregister_memory(const MemoryKeys& keys) override {
+    const auto it = std::find_if(mrs_.begin(), mrs_.end(), [&](ibv_mr* mr) { return mr->lkey == keys.lkey; });
+    if (it == mrs_.end())
+      throw RdmaError("railyard RDMA (" + port_.nic + "): deregister_memory: lkey " + std::to_string(keys.lkey) +
+                      " is not a registration of this NIC");
+    ibv_mr* mr = *it;
+    mrs_.erase(it);
+    checked_rc(ibv_dereg_mr(mr), port_.nic, "ibv_dereg_mr");
+  }
+
   CreatedQueuePair create_queue_pair(const QueuePairRequest& request) override;
   void connect(int queue_pair, const Endpoint& remote) override;
 

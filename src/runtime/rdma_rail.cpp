@@ -2,6 +2,7 @@
 // (include/railyard/runtime/rdma_rail.hpp).
 #include "railyard/runtime/rdma_rail.hpp"
 
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <sstream>
@@ -12,12 +13,11 @@
 namespace railyard::runtime::rdma {
 namespace {
 
-enum class Step : int32_t { Arguments = 1, Register, CreateQueuePairs, Connect };
+enum class Step : int32_t { Arguments = 1, CreateQueuePairs, Connect };
 
 const char* step_name(int32_t step) {
   switch (static_cast<Step>(step)) {
     case Step::Arguments: return "arguments";
-    case Step::Register: return "register_memory";
     case Step::CreateQueuePairs: return "create_queue_pair";
     case Step::Connect: return "connect";
   }
@@ -67,7 +67,7 @@ struct RankInfo {
   uint32_t log2_ncqe = 0;
 };
 
-void check_arguments(const Bootstrap& bootstrap, const Topology& topology, const void* region, std::size_t bytes,
+void check_arguments(const Bootstrap& bootstrap, const Topology& topology, const RailRegion& region,
                      const RailOptions& options) {
   if (topology.num_ranks != bootstrap.size())
     throw std::invalid_argument("topology.num_ranks = " + std::to_string(topology.num_ranks) +
@@ -79,9 +79,10 @@ void check_arguments(const Bootstrap& bootstrap, const Topology& topology, const
   if (options.lanes_per_peer < 1)
     throw std::invalid_argument("options.lanes_per_peer = " + std::to_string(options.lanes_per_peer) +
                                 "; expected >= 1");
-  if (region == nullptr || bytes == 0)
-    throw std::invalid_argument("region = " + std::string(region ? "non-null" : "null") + ", region_bytes = " +
-                                std::to_string(bytes) + "; expected a registered buffer of at least one byte");
+  if (region.base == nullptr || region.bytes == 0)
+    throw std::invalid_argument("region.base = " + std::string(region.base ? "non-null" : "null") +
+                                ", region.bytes = " + std::to_string(region.bytes) +
+                                "; expected a registered buffer of at least one byte");
 }
 
 // The first rank whose `field` differs from rank 0's, as an error; empty if all agree.
@@ -119,23 +120,52 @@ std::vector<int> rail_peers(const Topology& topology, int rank) {
   return peers;
 }
 
+std::string RdmaRegistrar::name() const { return "RDMA (" + nic_.port().nic + ")"; }
+
+void RdmaRegistrar::register_memory(const RegisteredRegion& region) {
+  if (region_.base != nullptr)
+    throw RdmaError("railyard RdmaRegistrar (" + nic_.port().nic +
+                    "): a region is registered already; expected one registered buffer per registrar");
+  const MemoryKeys keys = nic_.register_memory(region.ptr, region.bytes);
+  region_ = {region.ptr, region.bytes, keys};
+}
+
+void RdmaRegistrar::deregister_memory(const RegisteredRegion&) noexcept {
+  if (region_.base == nullptr) return;
+  try {
+    nic_.deregister_memory(region_.keys);
+  } catch (const std::exception& e) {
+    // Must not throw (an error path may be running); the memory is freed next anyway.
+    std::fprintf(stderr, "railyard RdmaRegistrar (%s): deregistering the registered buffer failed: %s\n",
+                 nic_.port().nic.c_str(), e.what());
+  }
+  region_ = {};
+}
+
+RailRegion RdmaRegistrar::region() const {
+  if (region_.base == nullptr)
+    throw RdmaError("railyard RdmaRegistrar (" + nic_.port().nic +
+                    "): nothing registered; pass it in RegisteredBufferOptions::registrars first");
+  return region_;
+}
+
 int RailConnections::peer_index(int peer) const {
   for (std::size_t i = 0; i < peers.size(); ++i)
     if (peers[i] == peer) return static_cast<int>(i);
   return -1;
 }
 
-RailConnections connect_rail(RdmaDevice& nic, Bootstrap& bootstrap, const Topology& topology, void* region,
-                             std::size_t region_bytes, const RailOptions& options) {
+RailConnections connect_rail(RdmaDevice& nic, Bootstrap& bootstrap, const Topology& topology, const RailRegion& region,
+                             const RailOptions& options) {
   Rounds rounds(bootstrap);
   RailConnections c;
   c.topology = topology;
   c.rank = bootstrap.rank();
   c.lanes_per_peer = options.lanes_per_peer;
-  rounds.run(Step::Arguments, [&] { check_arguments(bootstrap, topology, region, region_bytes, options); });
+  rounds.run(Step::Arguments, [&] { check_arguments(bootstrap, topology, region, options); });
 
   c.peers = rail_peers(topology, c.rank);
-  rounds.run(Step::Register, [&] { c.keys = nic.register_memory(region, region_bytes); });
+  c.keys = region.keys;
   // Endpoint of lane l towards the rail peer in domain d at [d * lanes + l]; this
   // rank's own domain stays empty.
   const int lanes = options.lanes_per_peer;
@@ -153,7 +183,7 @@ RailConnections connect_rail(RdmaDevice& nic, Bootstrap& bootstrap, const Topolo
   });
 
   RankInfo info;
-  info.base = reinterpret_cast<uint64_t>(region);
+  info.base = reinterpret_cast<uint64_t>(region.base);
   info.rkey = c.keys.rkey;
   info.atomic_order = static_cast<uint8_t>(nic.port().atomic_order);
   info.num_ranks = topology.num_ranks;

@@ -60,6 +60,14 @@ class SimNicDevice final : public RdmaDevice {
     return {key, key};
   }
 
+  void deregister_memory(const MemoryKeys& keys) override {
+    try {
+      nic_.deregister_memory(keys.lkey);
+    } catch (const std::invalid_argument& e) {
+      throw RdmaError("railyard RDMA (" + port_.nic + "): deregister_memory: " + e.what());
+    }
+  }
+
   CreatedQueuePair create_queue_pair(const QueuePairRequest& request) override {
     const sim::NicQueues q = nic_.create_qp(request.log2_sq_wqebbs, request.log2_ncqe);
     CreatedQueuePair created;

@@ -45,6 +45,12 @@ uint32_t Nic::register_memory(void* base, std::size_t bytes) {
   return key;
 }
 
+void Nic::deregister_memory(uint32_t key) {
+  if (regions_.erase(key) == 0)
+    throw std::invalid_argument("sim::Nic::deregister_memory: key " + hex(key) + " is not registered on device " +
+                                std::to_string(device_));
+}
+
 NicQueues Nic::create_qp(uint32_t log2_sq_wqebbs, uint32_t log2_ncqe) {
   if (log2_sq_wqebbs < 1 || log2_sq_wqebbs > 15 || log2_ncqe < 1 || log2_ncqe > 22)
     throw std::invalid_argument("sim::Nic::create_qp: queue sizes out of range");

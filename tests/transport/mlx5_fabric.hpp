@@ -1,11 +1,13 @@
 // Test fixture for the mlx5 lane over the simulated NIC: ranks on simulated GPUs in
 // NVLink domains (a kernel cannot touch another domain's memory, so only the NIC moves
 // bytes between them), one NIC per GPU and a registered buffer per rank. Each rank
-// thread (sim::run_ranks) opens its NIC through the runtime's RdmaDevice
-// (runtime/rdma_sim.hpp) and connects its rail with runtime::rdma::connect_rail over
-// the simulator's bootstrap, as a rank does on a ConnectX NIC: `lanes_per_peer` RC
-// queue pairs towards the rank of its local index in every other domain, described by
-// the transport::mlx5::QueuePair a kernel's lane is built from.
+// thread (sim::run_ranks) does what a rank does on a ConnectX NIC: opens its NIC
+// through the runtime's RdmaDevice (runtime/rdma_sim.hpp), creates its
+// runtime::RegisteredBuffer with an RdmaRegistrar (the NIC registers the buffer once
+// it is zeroed, and deregisters it before it is freed), and connects its rail with
+// runtime::rdma::connect_rail over the simulator's bootstrap: `lanes_per_peer` RC queue
+// pairs towards the rank of its local index in every other domain, described by the
+// transport::mlx5::QueuePair a kernel's lane is built from.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +17,9 @@
 #include <vector>
 
 #include "railyard/runtime/bootstrap.hpp"
+#include "railyard/runtime/config.hpp"
+#include "railyard/runtime/device_api.hpp"
+#include "railyard/runtime/registered_buffer.hpp"
 #include "railyard/runtime/rdma_rail_mlx5.hpp"
 #include "railyard/runtime/rdma_sim.hpp"
 #include "railyard/runtime/sim_bootstrap.hpp"
@@ -55,27 +60,38 @@ class Fabric {
     }
     const runtime::Topology topology = runtime::make_topology(n_, config.ranks_per_domain);
     nics_.resize(static_cast<std::size_t>(n_));
+    registrars_.resize(static_cast<std::size_t>(n_));
     buffers_.resize(static_cast<std::size_t>(n_));
     connections_.resize(static_cast<std::size_t>(n_));
     qps_.assign(static_cast<std::size_t>(n_ * n_ * config.lanes_per_peer), {});
-    auto group = runtime::make_sim_group(n_);
+    group_ = runtime::make_sim_group(n_);
+    bootstraps_.resize(static_cast<std::size_t>(n_));
     sim::run_ranks(n_, [&](int r) {
-      const std::unique_ptr<runtime::Bootstrap> bootstrap = group->bootstrap(r);
+      const auto i = static_cast<std::size_t>(r);
+      bootstraps_[i] = group_->bootstrap(r);
+      runtime::Bootstrap* bootstrap = bootstraps_[i].get();
+      runtime::gpu::set_current(r);
       sim::NicConfig nic = config.nic;
       nic.seed = config.seed;
-      nics_[static_cast<std::size_t>(r)] = runtime::rdma::open_sim_nic(r, nic);
-      uint8_t* buffer = static_cast<uint8_t*>(sim::malloc_device(r, config.buffer_bytes, "registered buffer"));
-      std::memset(buffer, 0, config.buffer_bytes);
-      buffers_[static_cast<std::size_t>(r)] = buffer;
+      nics_[i] = runtime::rdma::open_sim_nic(r, nic);
+      registrars_[i] = std::make_shared<runtime::rdma::RdmaRegistrar>(*nics_[i]);
+      runtime::RegisteredBufferOptions options;
+      options.topology = topology;
+      options.registrars = {registrars_[i]};
+      const std::size_t bytes = config.buffer_bytes;
+      buffers_[i] = std::make_unique<runtime::RegisteredBuffer>(
+          buffer_config(), [bytes](const runtime::BufferConfig&) { return bytes; }, *bootstrap, options);
       const runtime::rdma::RailConnections c = runtime::rdma::connect_rail(
-          device(r), *bootstrap, topology, buffer, config.buffer_bytes,
+          device(r), *bootstrap, topology, registrars_[i]->region(),
           {.queues = {config.log2_sq_wqebbs, config.log2_ncqe}, .lanes_per_peer = config.lanes_per_peer});
       connections_[static_cast<std::size_t>(r)] = c;
       make_lanes(r, c);
     });
   }
-  // The NICs are agents the engine holds until the next reset: reset first.
   // A test that failed may leave work behind: wait for it (its waits are bounded).
+  // Then the buffers, together (their release is collective; their registrars
+  // deregister them from the NICs), then the NICs, agents the engine holds until the
+  // next reset: reset first.
   ~Fabric() {
     for (int r = 0; r < n_; ++r) {
       try {
@@ -83,6 +99,7 @@ class Fabric {
       } catch (const sim::Error&) {
       }
     }
+    sim::run_ranks(n_, [&](int r) { buffers_[static_cast<std::size_t>(r)].reset(); });
     sim::reset();
     nics_.clear();
   }
@@ -91,13 +108,26 @@ class Fabric {
   transport::mlx5::QueuePair& qp(int rank, int peer, int lane = 0) {
     return qps_[static_cast<std::size_t>((rank * n_ + peer) * config_.lanes_per_peer + lane)];
   }
-  uint8_t* buffer(int rank) { return buffers_[static_cast<std::size_t>(rank)]; }
+  uint8_t* buffer(int rank) { return buffers_[static_cast<std::size_t>(rank)]->local_ptr(); }
   runtime::rdma::RdmaDevice& device(int rank) { return *nics_[static_cast<std::size_t>(rank)]; }
   sim::Nic& nic(int rank) { return runtime::rdma::sim_nic_of(device(rank)); }
   const runtime::rdma::RailConnections& connections(int rank) { return connections_[static_cast<std::size_t>(rank)]; }
   int num_ranks() const { return n_; }
 
  private:
+  // A small group config: the registered buffer checks that every rank agrees on it.
+  runtime::BufferConfig buffer_config() const {
+    runtime::BufferConfig c;
+    c.hidden = 256;
+    c.max_tokens_per_rank = 32;
+    c.num_ranks = n_;
+    c.num_experts = 2 * n_;
+    c.experts_per_rank = 2;
+    c.ranks_per_domain = config_.ranks_per_domain;
+    c.max_top_k = c.num_experts < 4 ? c.num_experts : 4;
+    return c;
+  }
+
   // The remote table and the lane states in the rank's GPU memory, and its QueuePairs.
   void make_lanes(int rank, const runtime::rdma::RailConnections& c) {
     const std::vector<transport::mlx5::RemoteMemory> table = runtime::rdma::mlx5_remote_table(c);
@@ -119,8 +149,11 @@ class Fabric {
 
   FabricConfig config_;
   int n_;
+  std::shared_ptr<runtime::InProcessGroup> group_;
+  std::vector<std::unique_ptr<runtime::Bootstrap>> bootstraps_;  // the buffers' release is collective
   std::vector<std::unique_ptr<runtime::rdma::RdmaDevice>> nics_;
-  std::vector<uint8_t*> buffers_;
+  std::vector<std::shared_ptr<runtime::rdma::RdmaRegistrar>> registrars_;
+  std::vector<std::unique_ptr<runtime::RegisteredBuffer>> buffers_;
   std::vector<runtime::rdma::RailConnections> connections_;
   std::vector<transport::mlx5::QueuePair> qps_;
 };

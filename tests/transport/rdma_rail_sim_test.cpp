@@ -180,15 +180,14 @@ INSTANTIATE_TEST_SUITE_P(DomainsByRanksPerDomain, RailMatrix,
 // ---- refusals ----------------------------------------------------------------------------------
 
 struct RankSetup {
-  void* region = nullptr;        // default: a fresh buffer on the rank's device
-  std::size_t bytes = 4096;
+  bool null_region = false;  // pass an empty region instead of a registered one
   int ranks_per_domain = 1;
   rdma::RailOptions options{};
   bool big_endian_atomics = false;
 };
 
 // Every rank's error from connect_rail ("" if it returned), over `n` simulated GPUs in
-// domains of `domain_size`, with each rank's own arguments.
+// domains of `domain_size`, each with a region its NIC registered and its own arguments.
 std::vector<std::string> connect_errors(int n, int domain_size, const std::function<RankSetup(int rank)>& setup) {
   sim::reset();
   for (int r = 0; r < n; ++r) {
@@ -201,12 +200,17 @@ std::vector<std::string> connect_errors(int n, int domain_size, const std::funct
   auto group = runtime::make_sim_group(n);
   sim::run_ranks(n, [&](int r) {
     auto bootstrap = group->bootstrap(r);
-    RankSetup s = setup(r);
-    nics[static_cast<std::size_t>(r)] = rdma::open_sim_nic(r, {.atomics_big_endian = s.big_endian_atomics});
-    if (s.region == nullptr) s.region = sim::malloc_device(r, 4096, "region");
+    const RankSetup s = setup(r);
+    rdma::RdmaDevice& nic = *(nics[static_cast<std::size_t>(r)] =
+                                  rdma::open_sim_nic(r, {.atomics_big_endian = s.big_endian_atomics}));
+    rdma::RailRegion region;
+    if (!s.null_region) {
+      region.base = sim::malloc_device(r, 4096, "region");
+      region.bytes = 4096;
+      region.keys = nic.register_memory(region.base, region.bytes);
+    }
     try {
-      rdma::connect_rail(*nics[static_cast<std::size_t>(r)], *bootstrap, runtime::make_topology(n, s.ranks_per_domain),
-                         s.region, s.bytes, s.options);
+      rdma::connect_rail(nic, *bootstrap, runtime::make_topology(n, s.ranks_per_domain), region, s.options);
     } catch (const rdma::RdmaError& e) {
       errors[static_cast<std::size_t>(r)] = e.what();
     }
@@ -223,20 +227,90 @@ void expect_everywhere(const std::vector<std::string>& errors, const std::string
 }
 
 TEST(RdmaRail, ANullRegionOnOneRankFailsEveryRankNamingIt) {
-  const auto errors = connect_errors(4, 2, [](int r) {
-    return RankSetup{.region = r == 3 ? reinterpret_cast<void*>(1) : nullptr, .bytes = r == 3 ? std::size_t{0} : std::size_t{4096},
-                     .ranks_per_domain = 2};
-  });
+  const auto errors =
+      connect_errors(4, 2, [](int r) { return RankSetup{.null_region = r == 3, .ranks_per_domain = 2}; });
   expect_everywhere(errors, "step arguments failed on rank 3");
-  expect_everywhere(errors, "region_bytes = 0; expected a registered buffer of at least one byte");
+  expect_everywhere(errors, "region.bytes = 0; expected a registered buffer of at least one byte");
   EXPECT_HAS(errors[0], "(seen by rank 0)");
 }
 
-TEST(RdmaRail, MemoryTheNicCannotRegisterFailsEveryRank) {
-  static uint8_t host_memory[4096];  // rank 1's "registered buffer" is not device memory
-  const auto errors = connect_errors(2, 1, [](int r) { return RankSetup{.region = r == 1 ? host_memory : nullptr}; });
-  expect_everywhere(errors, "step register_memory failed on rank 1");
-  expect_everywhere(errors, "not memory of device 1");
+// ---- the registered buffer's registration (RdmaRegistrar) -----------------------------------------
+
+runtime::BufferConfig two_rank_config() {
+  runtime::BufferConfig c;
+  c.hidden = 256;
+  c.max_tokens_per_rank = 8;
+  c.num_ranks = 2;
+  c.num_experts = 4;
+  c.experts_per_rank = 2;
+  c.ranks_per_domain = 1;
+  c.max_top_k = 2;
+  return c;
+}
+
+// Two ranks in two domains create their registered buffers with an RdmaRegistrar
+// each; `registrar_nic(r)` is the rank whose NIC rank r's registrar uses.
+template <class Body>
+void with_registered_buffers(const std::function<int(int)>& registrar_nic, Body&& body) {
+  sim::reset();
+  for (int r = 0; r < 2; ++r) {
+    sim::DeviceProps props = sim::h100_props();
+    props.nvlink_domain = r;
+    sim::add_device(props);
+  }
+  std::vector<std::unique_ptr<rdma::RdmaDevice>> nics(2);
+  for (int r = 0; r < 2; ++r) nics[static_cast<std::size_t>(r)] = rdma::open_sim_nic(r);
+  auto group = runtime::make_sim_group(2);
+  sim::run_ranks(2, [&](int r) {
+    auto bootstrap = group->bootstrap(r);
+    runtime::gpu::set_current(r);
+    auto registrar = std::make_shared<rdma::RdmaRegistrar>(*nics[static_cast<std::size_t>(registrar_nic(r))]);
+    runtime::RegisteredBufferOptions options;
+    options.topology = runtime::make_topology(2, 1);
+    options.registrars = {registrar};
+    body(r, *bootstrap, *registrar, *nics[static_cast<std::size_t>(r)], options);
+  });
+  sim::reset();
+}
+
+TEST(RdmaRail, RegistrarRegistersTheBufferForConnectRailAndDeregistersItBeforeTheFree) {
+  std::vector<rdma::MemoryKeys> keys(2);
+  with_registered_buffers([](int r) { return r; }, [&](int r, runtime::Bootstrap& bootstrap,
+                                                       rdma::RdmaRegistrar& registrar, rdma::RdmaDevice& nic,
+                                                       const runtime::RegisteredBufferOptions& options) {
+    EXPECT_THROW(registrar.region(), rdma::RdmaError);  // nothing registered yet
+    {
+      runtime::RegisteredBuffer buffer(two_rank_config(), [](const runtime::BufferConfig&) { return 8192; },
+                                       bootstrap, options);
+      const rdma::RailRegion region = registrar.region();
+      EXPECT_EQ(region.base, buffer.local_ptr());
+      EXPECT_EQ(region.bytes, 8192u);
+      keys[static_cast<std::size_t>(r)] = region.keys;
+      const rdma::RailConnections c = rdma::connect_rail(nic, bootstrap, runtime::make_topology(2, 1), region);
+      EXPECT_EQ(c.remotes[static_cast<std::size_t>(1 - r)].rkey != 0, true);
+      bootstrap.barrier();  // both ranks read the other's keys before either buffer goes
+    }
+    // Deregistered with the buffer: the key is gone from the NIC.
+    EXPECT_THROW(registrar.region(), rdma::RdmaError);
+    EXPECT_THROW(nic.deregister_memory(keys[static_cast<std::size_t>(r)]), rdma::RdmaError);
+  });
+}
+
+TEST(RdmaRail, MemoryTheNicCannotRegisterFailsTheBufferOnEveryRank) {
+  // Rank 1's registrar uses rank 0's NIC, which cannot register rank 1's memory.
+  std::vector<std::string> errors(2);
+  with_registered_buffers([](int) { return 0; }, [&](int r, runtime::Bootstrap& bootstrap,
+                                                      rdma::RdmaRegistrar&, rdma::RdmaDevice&,
+                                                      const runtime::RegisteredBufferOptions& options) {
+    try {
+      runtime::RegisteredBuffer buffer(two_rank_config(), [](const runtime::BufferConfig&) { return 8192; },
+                                       bootstrap, options);
+    } catch (const runtime::RegisteredBufferError& e) {
+      errors[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
+  expect_everywhere(errors, "register_memory");
+  expect_everywhere(errors, "not memory of device 0");
 }
 
 TEST(RdmaRail, DisagreementsAreNamedOnEveryRank) {

@@ -106,8 +106,11 @@ class RdmaDevice {
   virtual ~RdmaDevice() = default;
   virtual const PortAttributes& port() const = 0;
   // Registers device memory [ptr, ptr + bytes) for local writes, remote writes and
-  // remote atomics. The registration lives as long as the device.
+  // remote atomics, until deregister_memory(keys) or the device's end.
   virtual MemoryKeys register_memory(void* ptr, std::size_t bytes) = 0;
+  // Ends a registration (before its memory is freed). RdmaError for keys this device
+  // did not give.
+  virtual void deregister_memory(const MemoryKeys& keys) = 0;
   virtual CreatedQueuePair create_queue_pair(const QueuePairRequest& request) = 0;
   // RESET -> INIT -> RTR -> RTS against `remote`'s endpoint.
   virtual void connect(int queue_pair, const Endpoint& remote) = 0;

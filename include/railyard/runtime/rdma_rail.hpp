@@ -5,9 +5,10 @@
 // per domain), each through the NIC nearest its GPU (nic_selection.hpp). Everything
 // else crosses NVLink first (docs/design-internode.md). connect_rail is the collective
 // that sets this up over the existing Bootstrap, the same calls on a ConnectX NIC
-// (rdma.hpp's open_mlx5) and on the simulator's (rdma_sim.hpp):
-//   1. register this rank's region (its registered buffer) with the NIC and create
-//      `lanes_per_peer` RC queue pairs towards each rail peer;
+// (rdma.hpp's open_mlx5) and on the simulator's (rdma_sim.hpp), for a region (the
+// registered buffer) already registered with the NIC, by an RdmaRegistrar in the
+// registered buffer's creation or by the caller:
+//   1. create `lanes_per_peer` RC queue pairs towards each rail peer;
 //   2. allgather every rank's region (base, rkey), atomic order, lane count and
 //      endpoints; check that the group agrees;
 //   3. connect each queue pair to its peer's matching one (lane l of rank a towards b
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "railyard/runtime/rdma.hpp"
+#include "railyard/runtime/registered_buffer.hpp"
 #include "railyard/runtime/topology.hpp"
 
 namespace railyard::runtime {
@@ -35,6 +37,32 @@ struct RailOptions {
   // Queue pairs per rail peer: one per block that drives RDMA to that peer (the
   // transport contract's lane is per (block, remote peer)).
   int lanes_per_peer = 1;
+};
+
+// This rank's region, registered with its NIC.
+struct RailRegion {
+  void* base = nullptr;
+  std::size_t bytes = 0;
+  MemoryKeys keys;
+};
+
+// The registered buffer's registration with this rank's NIC, as one of its memory
+// registrars (RegisteredBufferOptions::registrars): registered once the buffer is
+// zeroed and before its handles are exported (an error then fails the buffer's
+// creation on every rank, step register_memory), deregistered before the memory is
+// freed. The NIC must outlive the buffer.
+class RdmaRegistrar final : public MemoryRegistrar {
+ public:
+  explicit RdmaRegistrar(RdmaDevice& nic) : nic_(nic) {}
+  std::string name() const override;
+  void register_memory(const RegisteredRegion& region) override;
+  void deregister_memory(const RegisteredRegion& region) noexcept override;
+  // The registered region, for connect_rail. RdmaError while nothing is registered.
+  RailRegion region() const;
+
+ private:
+  RdmaDevice& nic_;
+  RailRegion region_;
 };
 
 // A registered region as a remote NIC reaches it.
@@ -68,8 +96,8 @@ struct RailConnections {
 std::vector<int> rail_peers(const Topology& topology, int rank);
 
 // Collective over `bootstrap` (every rank, with the same topology, options and a
-// region of its own). `region` is this rank's registered buffer, device memory.
-RailConnections connect_rail(RdmaDevice& nic, Bootstrap& bootstrap, const Topology& topology, void* region,
-                             std::size_t region_bytes, const RailOptions& options = {});
+// region of its own, registered with `nic`).
+RailConnections connect_rail(RdmaDevice& nic, Bootstrap& bootstrap, const Topology& topology, const RailRegion& region,
+                             const RailOptions& options = {});
 
 }  // namespace railyard::runtime::rdma

@@ -86,9 +86,10 @@ struct RegisteredRegion {
 // zeroed and before its handle is exported; destruction (and any creation failure
 // after it) calls deregister_memory in reverse order before the memory is freed. An
 // exception from register_memory fails creation on every rank (step RegisterMemory).
-// The RDMA transport will add one (ibv_reg_dmabuf_mr on the buffer's dma-buf fd, or
-// nvidia-peermem's ibv_reg_mr) and exchange the remote keys over the bootstrap after
-// creation; within one NVLink domain the list stays empty.
+// The RDMA transport's is runtime::rdma::RdmaRegistrar (rdma_rail.hpp: the NIC
+// registers the buffer by dma-buf, or nvidia-peermem's ibv_reg_mr); connect_rail then
+// exchanges the remote keys over the bootstrap. Within one NVLink domain the list
+// stays empty.
 class MemoryRegistrar {
  public:
   virtual ~MemoryRegistrar() = default;

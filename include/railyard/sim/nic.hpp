@@ -79,6 +79,8 @@ class Nic : public Agent {
   // Registers [base, base + bytes) of this device's memory for local and remote
   // access; returns its key (lkey and rkey alike).
   uint32_t register_memory(void* base, std::size_t bytes);
+  // Ends a registration: later requests naming the key fail their key check.
+  void deregister_memory(uint32_t key);
 
   // Allocates a QP's send queue, doorbell record, UAR word and CQ in this device's
   // memory (CQEs initialised to kCqeInitialOpOwn, records to 0) and returns them.
