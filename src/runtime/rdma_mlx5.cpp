@@ -100,18 +100,15 @@ class Mlx5Device final : public RdmaDevice {
 
   const PortAttributes& port() const override { return port_; }
 
-  MemoryKeys register_memory(void* ptr, std::size_t bytes) override {
+  MemoryKeys register_memory(void* ptr, std::size_t bytes, int dmabuf_fd) override {
     const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                        IBV_ACCESS_REMOTE_ATOMIC;
-    // dma-buf first (no kernel module needed); nvidia-peermem's ibv_reg_mr otherwise.
-    std::string dmabuf_problem;
+    // The dma-buf first (no kernel module needed); nvidia-peermem's ibv_reg_mr otherwise.
+    std::string dmabuf_problem = "none given";
     ibv_mr* mr = nullptr;
-    try {
-      const UniqueFd fd = gpu::export_dmabuf(ptr, bytes);
-      mr = ibv_reg_dmabuf_mr(pd_, 0, bytes, reinterpret_cast<uint64_t>(ptr), fd.get(), access);
+    if (dmabuf_fd >= 0) {
+      mr = ibv_reg_dmabuf_mr(pd_, 0, bytes, reinterpret_cast<uint64_t>(ptr), dmabuf_fd, access);
       if (mr == nullptr) dmabuf_problem = std::string("ibv_reg_dmabuf_mr: ") + std::strerror(errno);
-    } catch (const std::exception& e) {
-      dmabuf_problem = e.what();
     }
     if (mr == nullptr) mr = ibv_reg_mr(pd_, ptr, bytes, access);
     if (mr == nullptr)

@@ -126,7 +126,13 @@ void RdmaRegistrar::register_memory(const RegisteredRegion& region) {
   if (region_.base != nullptr)
     throw RdmaError("railyard RdmaRegistrar (" + nic_.port().nic +
                     "): a region is registered already; expected one registered buffer per registrar");
-  const MemoryKeys keys = nic_.register_memory(region.ptr, region.bytes);
+  MemoryKeys keys;
+  try {
+    keys = nic_.register_memory(region.ptr, region.bytes, region.dmabuf_fd);
+  } catch (const RdmaError& e) {
+    if (region.dmabuf_fd >= 0) throw;
+    throw RdmaError(std::string(e.what()) + "; the buffer has no dma-buf: " + region.dmabuf_problem);
+  }
   region_ = {region.ptr, region.bytes, keys};
 }
 

@@ -55,7 +55,8 @@ class SimNicDevice final : public RdmaDevice {
 
   const PortAttributes& port() const override { return port_; }
 
-  MemoryKeys register_memory(void* ptr, std::size_t bytes) override {
+  // The simulator has no dma-buf: its NIC takes the pointer.
+  MemoryKeys register_memory(void* ptr, std::size_t bytes, int /*dmabuf_fd*/) override {
     const uint32_t key = nic_.register_memory(ptr, bytes);
     return {key, key};
   }

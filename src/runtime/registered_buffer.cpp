@@ -115,10 +115,13 @@ struct RegisteredBuffer::State {
   std::vector<PeerMapping> mappings;  // by domain rank; this rank's slot stays empty
   std::vector<uint8_t*> domain_ptrs;  // by domain rank
   std::vector<std::shared_ptr<MemoryRegistrar>> registered;  // those that succeeded, in order
+  UniqueFd dmabuf;  // exported for the registrars, if the driver can
+  std::string dmabuf_problem;
 
   RegisteredRegion region() const {
     return RegisteredRegion{.ptr = own.ptr, .bytes = own.bytes, .mapped_bytes = own.mapped_bytes,
-                            .device = own.device, .rank = rank};
+                            .device = own.device, .rank = rank, .dmabuf_fd = dmabuf.get(),
+                            .dmabuf_problem = dmabuf_problem};
   }
 
   // Releases what this rank holds. `barrier_first`: peers may map this rank's memory,
@@ -273,6 +276,13 @@ RegisteredBuffer::RegisteredBuffer(const BufferConfig& config, const RequiredByt
     gpu::stream_destroy(stream);
   });
   local_step(RegisteredBufferStep::RegisterMemory, [&] {
+    if (!options.registrars.empty()) {
+      try {
+        s.dmabuf = gpu::export_dmabuf(s.own.ptr, s.own.mapped_bytes);
+      } catch (const std::exception& e) {
+        s.dmabuf_problem = e.what();  // the registrars fall back (nvidia-peermem)
+      }
+    }
     for (const std::shared_ptr<MemoryRegistrar>& registrar : options.registrars) {
       try {
         registrar->register_memory(s.region());

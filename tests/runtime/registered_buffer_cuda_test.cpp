@@ -10,6 +10,9 @@
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdio>
 
 #include <cstdio>
 #include <mutex>
@@ -105,6 +108,40 @@ TEST(CudaRegisteredBuffer, PeersWriteEveryBufferThroughPeerPtr) {
     gpu::stream_destroy(stream);
     boot.barrier();
   });
+}
+
+// The registrars are offered a dma-buf of the buffer (what ibv_reg_dmabuf_mr takes),
+// or told why the driver gave none.
+TEST(CudaRegisteredBuffer, RegistrarsAreOfferedADmabufOrTheReason) {
+  if (const std::string reason = no_device_reason(); !reason.empty()) GTEST_SKIP() << reason;
+  struct Seen final : MemoryRegistrar {
+    std::string name() const override { return "dma-buf"; }
+    void register_memory(const RegisteredRegion& region) override {
+      struct stat st {};
+      valid = region.dmabuf_fd >= 0 && fstat(region.dmabuf_fd, &st) == 0;
+      fd = region.dmabuf_fd;
+      problem = region.dmabuf_problem;
+    }
+    void deregister_memory(const RegisteredRegion&) noexcept override {}
+    int fd = -2;
+    bool valid = false;
+    std::string problem;
+  };
+  auto seen = std::make_shared<Seen>();
+  on_threads(1, [&](int rank, Bootstrap& boot) {
+    gpu::set_current(rank);
+    RegisteredBufferOptions options;
+    options.registrars = {seen};
+    RegisteredBuffer buffer(config_for(1), test_bytes, boot, options);
+  });
+  if (seen->fd >= 0) {
+    EXPECT_TRUE(seen->valid) << "descriptor " << seen->fd << " is not open";
+  } else {
+    EXPECT_EQ(seen->fd, -1);
+    EXPECT_FALSE(seen->problem.empty());
+  }
+  std::printf("dma-buf of the registered buffer: %s\n",
+              seen->fd >= 0 ? "exported" : ("none: " + seen->problem).c_str());
 }
 
 }  // namespace

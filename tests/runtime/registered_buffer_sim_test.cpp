@@ -434,6 +434,35 @@ TEST(RegisteredBufferRegistrars, RegisteredAfterZeroFillAndDeregisteredBeforeFre
   EXPECT_EQ(sim::live_allocation_count(), 0u);
 }
 
+// A registrar is offered the buffer's dma-buf, or told why there is none: the
+// simulator has no dma-buf (a GPU test checks the descriptor where the driver has one).
+class DmabufRegistrar final : public MemoryRegistrar {
+ public:
+  std::string name() const override { return "dma-buf"; }
+  void register_memory(const RegisteredRegion& region) override {
+    fd = region.dmabuf_fd;
+    problem = region.dmabuf_problem;
+  }
+  void deregister_memory(const RegisteredRegion&) noexcept override {}
+  int fd = 0;
+  std::string problem;
+};
+
+TEST(RegisteredBufferRegistrars, RegistrarsAreOfferedTheDmabufOrToldWhyThereIsNone) {
+  reset_sim(1);
+  auto group = make_group(1);
+  auto registrar = std::make_shared<DmabufRegistrar>();
+  sim::run_ranks(1, [&](int rank) {
+    gpu::set_current(rank);
+    RegisteredBufferOptions options;
+    options.registrars = {registrar};
+    auto boot = group->bootstrap(rank);
+    RegisteredBuffer buffer(small_config(1), test_bytes, *boot, options);
+  });
+  EXPECT_EQ(registrar->fd, -1);
+  EXPECT_NE(registrar->problem.find("the simulator has no dma-buf"), std::string::npos) << registrar->problem;
+}
+
 TEST(RegisteredBufferRegistrars, RegistrationFailureOnOneRankUndoesTheOthers) {
   reset_sim(2);
   auto group = make_group(2);

@@ -207,7 +207,7 @@ std::vector<std::string> connect_errors(int n, int domain_size, const std::funct
     if (!s.null_region) {
       region.base = sim::malloc_device(r, 4096, "region");
       region.bytes = 4096;
-      region.keys = nic.register_memory(region.base, region.bytes);
+      region.keys = nic.register_memory(region.base, region.bytes, -1);
     }
     try {
       rdma::connect_rail(nic, *bootstrap, runtime::make_topology(n, s.ranks_per_domain), region, s.options);

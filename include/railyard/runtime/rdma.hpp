@@ -106,8 +106,10 @@ class RdmaDevice {
   virtual ~RdmaDevice() = default;
   virtual const PortAttributes& port() const = 0;
   // Registers device memory [ptr, ptr + bytes) for local writes, remote writes and
-  // remote atomics, until deregister_memory(keys) or the device's end.
-  virtual MemoryKeys register_memory(void* ptr, std::size_t bytes) = 0;
+  // remote atomics, until deregister_memory(keys) or the device's end: through
+  // `dmabuf_fd`, a dma-buf starting at ptr (RegisteredRegion::dmabuf_fd), where it is
+  // >= 0, else through the pointer (nvidia-peermem).
+  virtual MemoryKeys register_memory(void* ptr, std::size_t bytes, int dmabuf_fd) = 0;
   // Ends a registration (before its memory is freed). RdmaError for keys this device
   // did not give.
   virtual void deregister_memory(const MemoryKeys& keys) = 0;

@@ -79,6 +79,12 @@ struct RegisteredRegion {
   std::size_t mapped_bytes = 0;  // bytes rounded up to the allocation granularity
   int device = -1;
   int rank = -1;  // in the bootstrap group
+  // A dma-buf of [ptr, ptr + mapped_bytes), what ibv_reg_dmabuf_mr registers, exported
+  // when the buffer has registrars and the driver can (CUDA 11.7+ with a dma-buf capable
+  // kernel; never in the simulator); -1 otherwise, with the reason in dmabuf_problem.
+  // Owned by the buffer: a registrar that needs it beyond register_memory dups it.
+  int dmabuf_fd = -1;
+  std::string dmabuf_problem;
 };
 
 // *** Multi-node: where RDMA memory registration of the registered buffer goes. ***
