@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -447,6 +448,44 @@ TEST(Mlx5Lane, LateDoorbellRecordEndsEveryRankWithAClearError) {
   const bool timed_out = reports[1].find("gave up after") != std::string::npos &&
                          reports[1].find("ping-pong signal") != std::string::npos;
   EXPECT_TRUE(refused || timed_out) << reports[1];
+}
+
+// ---- hang reports -----------------------------------------------------------------------------------
+
+// Rank 1 waits, without a bound, for a signal rank 0 never sends (rank 0 only puts):
+// the engine finds nothing that can progress and its hang report describes every QP
+// of every NIC (state, indices, WQEs in flight, CQEs, last error).
+TEST(Mlx5Lane, HangReportDescribesEveryQueuePair) {
+  FabricConfig config{.fetch_scratch_offset = kScratch};
+  Fabric f(config);
+  const mlx5::QueuePair qp = f.qp(0, 1);
+  uint8_t* buf1 = f.buffer(1);
+  sim::launch(sim::default_stream(0), {1, 32, 0, "mlx5_lane_test"}, [=] {
+    mlx5::Lane lane(qp, policy_for(0, nullptr));
+    lane.put(LocalRef{kSend}, RemoteRef{1, kRecv}, 256);
+    lane.quiet();
+  });
+  sim::launch(sim::default_stream(1), {1, 32, 0, "mlx5_lane_test"}, [=] {
+    const auto* signal = reinterpret_cast<const uint64_t*>(buf1 + kSignal);
+    while (arch::ld_acquire_sys(signal) == 0) {
+    }
+  });
+  std::string report;
+  try {
+    sim::device_synchronize(0);
+    sim::device_synchronize(1);
+  } catch (const sim::Error& e) {
+    EXPECT_EQ(e.kind(), sim::ErrorKind::Hang);
+    report = e.what();
+  }
+  for (int d = 0; d < 2; ++d)
+    EXPECT_NE(report.find("simulated NIC of device " + std::to_string(d) + ":\n  QP 0x"), std::string::npos)
+        << report;
+  // Rank 0's QP: its one WRITE fetched and completed, its CQE written.
+  std::ostringstream qp0;
+  qp0 << "QP 0x" << std::hex << qp.qpn << std::dec
+      << " -> device 1, RTS, fetched (pi) 1, completed (ci) 1, in flight 0, CQEs written 1, last error: none";
+  EXPECT_NE(report.find(qp0.str()), std::string::npos) << report;
 }
 
 // ---- many to many, over several kernels -----------------------------------------------------------
