@@ -15,16 +15,11 @@ namespace railyard::sim {
 
 namespace mlx5 = transport::mlx5;
 
-namespace {
-
-std::string hex(uint64_t v) {
+std::string Nic::hex(uint64_t v) {
   std::ostringstream os;
   os << "0x" << std::hex << v;
   return os.str();
 }
-
-
-}  // namespace
 
 Nic::Nic(int device, NicConfig config)
     : device_(device), name_("the simulated NIC of device " + std::to_string(device)), config_(config), rng_(config.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(device)) {

@@ -11,13 +11,6 @@ namespace railyard::sim {
 
 namespace mlx5 = transport::mlx5;
 
-namespace {
-std::string hex(uint64_t v) {
-  std::ostringstream os;
-  os << "0x" << std::hex << v;
-  return os.str();
-}
-}  // namespace
 
 // RC: the remote QP must be connected to this one, as this one is to it.
 bool Nic::connected_back(const Qp& q) const {

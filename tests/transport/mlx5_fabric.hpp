@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -157,5 +159,31 @@ class Fabric {
   std::vector<runtime::rdma::RailConnections> connections_;
   std::vector<transport::mlx5::QueuePair> qps_;
 };
+
+// Launches kernel(r) on every rank's default stream, blocks(r) blocks (1 if not given)
+// of `threads` threads, and waits for every rank (one rank's fault leaves the others to
+// time out with their own reports). Each rank's report, "" for a rank that ran through.
+inline std::vector<std::string> run_kernels(Fabric& f, const std::function<std::function<void()>(int)>& kernel,
+                                            unsigned threads = 32, const std::function<unsigned(int)>& blocks = {}) {
+  const int n = f.num_ranks();
+  for (int r = 0; r < n; ++r)
+    sim::launch(sim::default_stream(r), {blocks ? blocks(r) : 1u, threads, 0, "transport_test"}, kernel(r));
+  std::vector<std::string> reports(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    try {
+      sim::device_synchronize(r);
+    } catch (const sim::Error& e) {
+      reports[static_cast<std::size_t>(r)] = e.what();
+    }
+  }
+  return reports;
+}
+
+// run_kernels, then the first rank's report, if any, as a sim::Error.
+inline void run_kernels_or_throw(Fabric& f, const std::function<std::function<void()>(int)>& kernel,
+                                 const std::function<unsigned(int)>& blocks = {}) {
+  for (const std::string& report : run_kernels(f, kernel, 32, blocks))
+    if (!report.empty()) throw sim::Error(sim::ErrorKind::Trap, report);
+}
 
 }  // namespace railyard::test

@@ -102,23 +102,6 @@ std::function<void()> ping_pong_kernel(Fabric& f, int rank, const PingPong& pp, 
   };
 }
 
-void launch_ranks(Fabric& f, int num_ranks, const std::function<std::function<void()>(int)>& kernel,
-                  unsigned num_blocks = 1) {
-  for (int r = 0; r < num_ranks; ++r)
-    sim::launch(sim::default_stream(r), {num_blocks, 32, 0, "mlx5_lane_test"}, kernel(r));
-  // Every rank is waited for (one rank's fault leaves the others to time out), then
-  // the first error is rethrown.
-  std::exception_ptr first;
-  for (int r = 0; r < num_ranks; ++r) {
-    try {
-      sim::device_synchronize(r);
-    } catch (const sim::Error&) {
-      if (!first) first = std::current_exception();
-    }
-  }
-  if (first) std::rethrow_exception(first);
-}
-
 void expect_logged(Fabric& f, int rank, int from, int rounds, uint32_t bytes) {
   for (int round = 0; round < rounds; ++round) {
     const auto* log = reinterpret_cast<const uint32_t*>(f.buffer(rank) + kLog + static_cast<uint64_t>(round) * bytes);
@@ -138,7 +121,7 @@ void run_ping_pong(uint64_t seed, sim::MemoryModel model, bool big_endian_atomic
   ASSERT_EQ(f.qp(0, 1).signal_order,
             big_endian_atomics ? transport::SignalOrder::BigEndian : transport::SignalOrder::Native);
   const PingPong pp;
-  launch_ranks(f, 2, [&](int r) { return ping_pong_kernel(f, r, pp, nullptr); });
+  test::run_kernels_or_throw(f, [&](int r) { return ping_pong_kernel(f, r, pp, nullptr); });
   expect_logged(f, 0, 1, pp.rounds, pp.bytes);
   expect_logged(f, 1, 0, pp.rounds, pp.bytes);
   // Payload plus the 8-byte atomic of each round, each way.
@@ -213,7 +196,7 @@ void run_many_puts(uint64_t seed, sim::MemoryModel model, bool relaxed_ordering)
   Fabric f(config);
   const ManyPuts mp;
   static_assert(kSend + 240 * 64 <= kManyDst, "the source area ends below the destination area");
-  launch_ranks(f, 2, [&](int r) { return many_puts_kernel(f, r, mp, nullptr); });
+  test::run_kernels_or_throw(f, [&](int r) { return many_puts_kernel(f, r, mp, nullptr); });
   for (int rank = 0; rank < 2; ++rank) {
     const int from = 1 - rank;
     const auto* got = reinterpret_cast<const uint32_t*>(f.buffer(rank) + kManyDst);
@@ -254,7 +237,7 @@ uint32_t stale_words_behind_a_write_flag(uint64_t seed, bool relaxed_ordering, F
   config.nic.mtu_bytes = 64;  // 32 pieces of data, then the flag
   config.nic.relaxed_ordering = relaxed_ordering;
   Fabric f(config);
-  launch_ranks(f, 2, [&](int r) -> std::function<void()> {
+  test::run_kernels_or_throw(f, [&](int r) -> std::function<void()> {
     const mlx5::QueuePair qp = f.qp(r, 1 - r);
     uint8_t* buf = f.buffer(r);
     if (r == 0) {
@@ -428,16 +411,8 @@ TEST(Mlx5Lane, LateDoorbellRecordEndsEveryRankWithAClearError) {
   Fabric f(config);
   PingPong pp;
   pp.timeout_cycles = uint64_t{1} << 24;
-  for (int r = 0; r < 2; ++r)
-    sim::launch(sim::default_stream(r), {1, 32, 0, "mlx5_lane_test"}, ping_pong_kernel(f, r, pp, nullptr));
-  std::vector<std::string> reports(2);
-  for (int r = 0; r < 2; ++r) {
-    try {
-      sim::device_synchronize(r);
-    } catch (const sim::Error& e) {
-      reports[static_cast<std::size_t>(r)] = e.what();
-    }
-  }
+  const std::vector<std::string> reports =
+      test::run_kernels(f, [&](int r) { return ping_pong_kernel(f, r, pp, nullptr); });
   // Rank 0 rings first (round 0's send, then round 1's after the reply): its third
   // doorbell, round 2's send, is the first refused.
   EXPECT_NE(reports[0].find("doorbell record behind the doorbell: the record says 4, the doorbell rang up to 6"),
@@ -532,7 +507,8 @@ void run_many_to_many(uint64_t seed, sim::MemoryModel model) {
   config.fetch_scratch_offset = kScratch;
   Fabric f(config);
   for (int launch = 0; launch < kLaunches; ++launch) {
-    launch_ranks(f, kRanks, [&](int r) { return many_to_many_kernel(f, r, kRanks, launch); }, kRanks);
+    test::run_kernels_or_throw(f, [&](int r) { return many_to_many_kernel(f, r, kRanks, launch); },
+                               [](int) { return unsigned{kRanks}; });
   }
   const sim::Traffic traffic = sim::traffic();
   for (int dst = 0; dst < kRanks; ++dst) {
@@ -576,7 +552,7 @@ TEST(Mlx5Lane, LinkDownEndsEveryRankWithAClearError) {
     records.push_back(static_cast<pipeline::FailureRecord*>(sim::malloc_host(sizeof(pipeline::FailureRecord))));
     *records.back() = {};
   }
-  EXPECT_THROW(launch_ranks(f, 2, [&](int r) { return ping_pong_kernel(f, r, pp, records[static_cast<std::size_t>(r)]); }),
+  EXPECT_THROW(test::run_kernels_or_throw(f, [&](int r) { return ping_pong_kernel(f, r, pp, records[static_cast<std::size_t>(r)]); }),
                sim::Error);
   EXPECT_EQ(records[0]->kind, static_cast<uint32_t>(pipeline::FailureKind::Aborted));
   EXPECT_EQ(records[0]->reason, static_cast<int32_t>(pipeline::AbortReason::TransportError));

@@ -32,21 +32,6 @@ constexpr uint32_t kBytes = 512;
 
 pipeline::WaitPolicy policy(int rank) { return pipeline::WaitPolicy(uint64_t{1} << 24, nullptr, rank); }
 
-// Launches kernel(r) for both ranks and returns each rank's report ("" if it passed).
-std::vector<std::string> run_pair(Fabric& f, const std::function<std::function<void()>(int)>& kernel,
-                                  unsigned threads = 32) {
-  for (int r = 0; r < 2; ++r) sim::launch(sim::default_stream(r), {1, threads, 0, "nic_weak_test"}, kernel(r));
-  std::vector<std::string> reports(2);
-  for (int r = 0; r < 2; ++r) {
-    try {
-      sim::device_synchronize(r);
-    } catch (const sim::Error& e) {
-      reports[static_cast<std::size_t>(r)] = e.what();
-    }
-  }
-  return reports;
-}
-
 FabricConfig weak_config(uint64_t seed) {
   FabricConfig config{.seed = seed, .memory_model = sim::MemoryModel::Weak, .fetch_scratch_offset = kScratch};
   config.nic.mtu_bytes = 128;
@@ -64,7 +49,7 @@ enum class Poll { Acquire, RelaxedOnly, AcquireGpu };
 
 std::vector<std::string> receive_after(Poll poll, uint64_t seed) {
   Fabric f(weak_config(seed));
-  return run_pair(f, [&](int r) -> std::function<void()> {
+  return run_kernels(f, [&](int r) -> std::function<void()> {
     const mlx5::QueuePair qp = f.qp(r, 1 - r);
     uint8_t* buf = f.buffer(r);
     if (r == 0) {
@@ -124,7 +109,7 @@ TEST(NicWeakMemory, SignalAcquiredAtGpuScopeIsAReportedScopeFault) {
 // without the fence between them.
 std::string read_cqe(bool fence) {
   Fabric f(weak_config(1));
-  return run_pair(f, [&](int r) -> std::function<void()> {
+  return run_kernels(f, [&](int r) -> std::function<void()> {
     if (r == 1) return [] {};
     const mlx5::QueuePair qp = f.qp(0, 1);
     uint8_t* buf = f.buffer(0);
@@ -162,7 +147,7 @@ std::string rewrite_source(bool before_quiet, uint64_t seed) {
   config.nic.mtu_bytes = 64;
   config.nic.stall_probability = 0.5;
   Fabric f(config);
-  return run_pair(f, [&](int r) -> std::function<void()> {
+  return run_kernels(f, [&](int r) -> std::function<void()> {
     if (r == 1) return [] {};
     const mlx5::QueuePair qp = f.qp(0, 1);
     uint8_t* buf = f.buffer(0);
@@ -188,7 +173,7 @@ TEST(NicWeakMemory, SourceRewrittenBeforeQuietIsAReportedRaceOfTheNic) {
     const std::string bad = rewrite_source(true, seed);
     EXPECT_NE(bad.find("data race: the simulated NIC of device 0 reads"), std::string::npos) << bad;
     EXPECT_NE(bad.find("for the source of an RDMA WRITE"), std::string::npos) << bad;
-    EXPECT_NE(bad.find("of block (0,0,0) of kernel 'nic_weak_test' on device 0 wrote with st.global"),
+    EXPECT_NE(bad.find("of block (0,0,0) of kernel 'transport_test' on device 0 wrote with st.global"),
               std::string::npos)
         << bad;
     EXPECT_NE(bad.find("mlx5_weak_sim_test.cpp"), std::string::npos) << bad;

@@ -95,20 +95,8 @@ std::function<void()> rail_kernel(Fabric& f, int rank, int launch) {
 }
 
 void launch_all(Fabric& f, int launch) {
-  const int n = f.num_ranks();
-  for (int r = 0; r < n; ++r) {
-    const unsigned blocks = static_cast<unsigned>(f.connections(r).peers.size() * kLanes);
-    sim::launch(sim::default_stream(r), {blocks, 32, 0, "rail_test"}, rail_kernel(f, r, launch));
-  }
-  std::exception_ptr first;
-  for (int r = 0; r < n; ++r) {
-    try {
-      sim::device_synchronize(r);
-    } catch (const sim::Error&) {
-      if (!first) first = std::current_exception();
-    }
-  }
-  if (first) std::rethrow_exception(first);
+  run_kernels_or_throw(f, [&](int r) { return rail_kernel(f, r, launch); },
+                       [&](int r) { return static_cast<unsigned>(f.connections(r).peers.size() * kLanes); });
 }
 
 void expect_rail_traffic(Fabric& f, int launches) {

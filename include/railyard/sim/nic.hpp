@@ -128,6 +128,7 @@ class Nic : public Agent {
     bool dead = false;  // the device faulted on this QP's behalf: nothing more runs
   };
 
+  static std::string hex(uint64_t v);  // "0x..." for reports
   Qp& qp(uint32_t qpn);
   bool take_doorbell(Qp& q);
   bool fetch_wqes(Qp& q, uint32_t last_idx, uint64_t released);
