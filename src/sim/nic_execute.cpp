@@ -159,8 +159,10 @@ void Nic::execute_write(Qp& q, Request& r) {
   const uint8_t* src = r.wqe.is_inline ? r.bytes.data() + r.wqe.inline_offset + at
                                        : reinterpret_cast<const uint8_t*>(r.wqe.local.addr) + at;
   if (!r.wqe.is_inline && !reads_released(q, src, piece, r.released, "the source of an RDMA WRITE")) return;
-  if (piece > 0) std::memmove(dst, src, piece);
-  agent_write(name_, dst, piece, AgentOrder::Plain, "an RDMA WRITE");
+  if (piece > 0) {
+    std::memmove(dst, src, piece);
+    agent_write(name_, dst, piece, AgentOrder::Plain, "an RDMA WRITE");
+  }
   r.done_bytes += piece;
   agent_count_bytes(device_, q.peer->device_, piece);
 }
