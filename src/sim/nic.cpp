@@ -22,7 +22,10 @@ std::string Nic::hex(uint64_t v) {
 }
 
 Nic::Nic(int device, NicConfig config)
-    : device_(device), name_("the simulated NIC of device " + std::to_string(device)), config_(config), rng_(config.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(device)) {
+    : device_(device),
+      name_("the simulated NIC of device " + std::to_string(device)),
+      config_(config),
+      rng_(config.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(device)) {
   if (config_.mtu_bytes == 0) throw std::invalid_argument("sim::Nic: mtu_bytes must be positive");
   if (!(config_.stall_probability >= 0 && config_.stall_probability < 1))
     throw std::invalid_argument("sim::Nic: stall_probability must be in [0, 1)");
@@ -83,7 +86,6 @@ void Nic::connect(uint32_t qpn, Nic& peer, uint32_t peer_qpn) {
   q.peer = &peer;
   q.peer_qpn = peer_qpn;
 }
-
 
 Nic::Qp& Nic::qp(uint32_t qpn) {
   auto it = qps_.find(qpn);

@@ -11,7 +11,6 @@ namespace railyard::sim {
 
 namespace mlx5 = transport::mlx5;
 
-
 // RC: the remote QP must be connected to this one, as this one is to it.
 bool Nic::connected_back(const Qp& q) const {
   if (q.peer == nullptr) return false;

@@ -313,11 +313,16 @@ void WeakMemory::add_doorbell(const void* ptr, std::size_t bytes) {
 
 void WeakMemory::remove_doorbell(const void* ptr) { doorbells_.erase(reinterpret_cast<uintptr_t>(ptr)); }
 
-uint64_t WeakMemory::doorbell_release(const void* ptr) const {
+WeakMemory::Doorbell* WeakMemory::find_doorbell(const void* ptr, std::size_t bytes) {
   const auto a = reinterpret_cast<uintptr_t>(ptr);
-  auto it = doorbells_.upper_bound(a);
-  if (it == doorbells_.begin() || std::prev(it)->second.end <= a) return 0;
-  return std::prev(it)->second.released;
+  auto it = doorbells_.upper_bound(a + bytes - 1);
+  if (it == doorbells_.begin() || std::prev(it)->second.end <= a) return nullptr;
+  return &std::prev(it)->second;
+}
+
+uint64_t WeakMemory::doorbell_release(const void* ptr) {
+  const Doorbell* d = find_doorbell(ptr, 1);
+  return d != nullptr ? d->released : 0;
 }
 
 // Ringing a doorbell hands the thread's writes to a device outside the GPU's memory
@@ -325,9 +330,8 @@ uint64_t WeakMemory::doorbell_release(const void* ptr) const {
 // device may then read (agent_read).
 void WeakMemory::ring_doorbell(const Fiber* f, const void* ptr, std::size_t bytes, Order order, Scope scope,
                                const char* op, Loc loc) {
-  const auto a = reinterpret_cast<uintptr_t>(ptr);
-  auto it = doorbells_.upper_bound(a + bytes - 1);
-  if (it == doorbells_.begin() || std::prev(it)->second.end <= a) return;
+  Doorbell* d = find_doorbell(ptr, bytes);
+  if (d == nullptr) return;
   const WeakThread& w = f->weak;
   const bool release_store = order == Order::Release && scope == Scope::System;
   if (w.lastwrite > w.released[2] && !release_store)
@@ -335,7 +339,7 @@ void WeakMemory::ring_doorbell(const Fiber* f, const void* ptr, std::size_t byte
                w.lastwrite_op + " at " + format_loc(w.lastwrite_loc) +
                " is not released to the system (no st.release.sys, or fence.acq_rel.sys / fence.sc.sys after it)",
            loc);
-  std::prev(it)->second.released = release_store ? w.knowledge() : w.released[2];
+  d->released = release_store ? w.knowledge() : w.released[2];
 }
 
 // ---- agents ----------------------------------------------------------------------------------------

@@ -151,7 +151,7 @@ class WeakMemory {
   void remove_doorbell(const void* ptr);
   // What the last store to the doorbell covering `ptr` released to the system: the
   // writes a device outside the GPU that it rang may read (0: none yet).
-  uint64_t doorbell_release(const void* ptr) const;
+  uint64_t doorbell_release(const void* ptr);
 
   // Agents (a simulated NIC) access memory outside every kernel, as a thread outside
   // every device named `agent`. A Plain write places payload; a Release write is a
@@ -201,6 +201,8 @@ class WeakMemory {
     uint64_t released = 0;  // what its last store released to the system
   };
   std::map<uintptr_t, Doorbell> doorbells_;            // by start
+  // The doorbell overlapping [ptr, ptr + bytes), if any.
+  Doorbell* find_doorbell(const void* ptr, std::size_t bytes);
   // Agents' thread ids are kAgent | index into agents_ (their names).
   static constexpr uint64_t kAgent = uint64_t{1} << 63;
   std::vector<std::string> agents_;

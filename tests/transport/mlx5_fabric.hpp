@@ -31,6 +31,20 @@
 
 namespace railyard::test {
 
+// A small group config for the registered buffer (which checks that every rank agrees
+// on it): n ranks in domains of ranks_per_domain.
+inline runtime::BufferConfig small_buffer_config(int n, int ranks_per_domain) {
+  runtime::BufferConfig c;
+  c.hidden = 256;
+  c.max_tokens_per_rank = 32;
+  c.num_ranks = n;
+  c.num_experts = 2 * n;
+  c.experts_per_rank = 2;
+  c.ranks_per_domain = ranks_per_domain;
+  c.max_top_k = c.num_experts < 4 ? c.num_experts : 4;
+  return c;
+}
+
 struct FabricConfig {
   int num_domains = 2;
   int ranks_per_domain = 1;
@@ -82,7 +96,7 @@ class Fabric {
       options.registrars = {registrars_[i]};
       const std::size_t bytes = config.buffer_bytes;
       buffers_[i] = std::make_unique<runtime::RegisteredBuffer>(
-          buffer_config(), [bytes](const runtime::BufferConfig&) { return bytes; }, *bootstrap, options);
+          small_buffer_config(n_, config.ranks_per_domain), [bytes](const runtime::BufferConfig&) { return bytes; }, *bootstrap, options);
       const runtime::rdma::RailConnections c = runtime::rdma::connect_rail(
           device(r), *bootstrap, topology, registrars_[i]->region(),
           {.queues = {config.log2_sq_wqebbs, config.log2_ncqe}, .lanes_per_peer = config.lanes_per_peer});
@@ -117,19 +131,6 @@ class Fabric {
   int num_ranks() const { return n_; }
 
  private:
-  // A small group config: the registered buffer checks that every rank agrees on it.
-  runtime::BufferConfig buffer_config() const {
-    runtime::BufferConfig c;
-    c.hidden = 256;
-    c.max_tokens_per_rank = 32;
-    c.num_ranks = n_;
-    c.num_experts = 2 * n_;
-    c.experts_per_rank = 2;
-    c.ranks_per_domain = config_.ranks_per_domain;
-    c.max_top_k = c.num_experts < 4 ? c.num_experts : 4;
-    return c;
-  }
-
   // The remote table and the lane states in the rank's GPU memory, and its QueuePairs.
   void make_lanes(int rank, const runtime::rdma::RailConnections& c) {
     const std::vector<transport::mlx5::RemoteMemory> table = runtime::rdma::mlx5_remote_table(c);

@@ -403,14 +403,20 @@ TEST(Mlx5Lane, NicReportsADoorbellRungBeforeTheWqeWasWritten) {
 // (the record's store reached them late). The NIC refuses the doorbell with a report
 // naming the record and the doorbell, which ends that rank's kernel; its peer, waiting
 // for a round that never comes, times out with its own report. Nobody hangs.
-TEST(Mlx5Lane, LateDoorbellRecordEndsEveryRankWithAClearError) {
+// The fault-injection ping-pongs: small rings, 256-byte pieces, short waits.
+FabricConfig fault_config() {
   FabricConfig config{.log2_sq_wqebbs = 3, .log2_ncqe = 3, .completion_interval = 3};
   config.nic.mtu_bytes = 256;
-  config.nic.late_doorbell_record_from = 2;
   config.fetch_scratch_offset = kScratch;
+  return config;
+}
+constexpr PingPong kFaultPingPong{.timeout_cycles = uint64_t{1} << 24};
+
+TEST(Mlx5Lane, LateDoorbellRecordEndsEveryRankWithAClearError) {
+  FabricConfig config = fault_config();
+  config.nic.late_doorbell_record_from = 2;
   Fabric f(config);
-  PingPong pp;
-  pp.timeout_cycles = uint64_t{1} << 24;
+  const PingPong pp = kFaultPingPong;
   const std::vector<std::string> reports =
       test::run_kernels(f, [&](int r) { return ping_pong_kernel(f, r, pp, nullptr); });
   // Rank 0 rings first (round 0's send, then round 1's after the reply): its third
@@ -540,13 +546,10 @@ TEST(Mlx5Lane, ManyToManyAcrossFourDomainsOverTwoKernelsWithNicDelays) {
 // reports it; rank 1, waiting for that round, times out with its own report. Every
 // rank ends with a clear error, none hangs.
 TEST(Mlx5Lane, LinkDownEndsEveryRankWithAClearError) {
-  FabricConfig config{.log2_sq_wqebbs = 3, .log2_ncqe = 3, .completion_interval = 3};
-  config.nic.mtu_bytes = 256;
+  FabricConfig config = fault_config();
   config.nic.link_down_after_packets = 5;
-  config.fetch_scratch_offset = kScratch;
   Fabric f(config);
-  PingPong pp;
-  pp.timeout_cycles = uint64_t{1} << 24;
+  const PingPong pp = kFaultPingPong;
   std::vector<pipeline::FailureRecord*> records;
   for (int r = 0; r < 2; ++r) {
     records.push_back(static_cast<pipeline::FailureRecord*>(sim::malloc_host(sizeof(pipeline::FailureRecord))));

@@ -32,6 +32,15 @@ constexpr uint32_t kBytes = 512;
 
 pipeline::WaitPolicy policy(int rank) { return pipeline::WaitPolicy(uint64_t{1} << 24, nullptr, rank); }
 
+// Rank 0 runs kernel(its lane towards rank 1, its buffer), rank 1 nothing; rank 0's report.
+std::string run_rank0(Fabric& f,
+                      const std::function<std::function<void()>(const mlx5::QueuePair&, uint8_t*)>& kernel) {
+  return run_kernels(f, [&](int r) -> std::function<void()> {
+    if (r == 1) return [] {};
+    return kernel(f.qp(0, 1), f.buffer(0));
+  })[0];
+}
+
 FabricConfig weak_config(uint64_t seed) {
   FabricConfig config{.seed = seed, .memory_model = sim::MemoryModel::Weak, .fetch_scratch_offset = kScratch};
   config.nic.mtu_bytes = 128;
@@ -109,10 +118,7 @@ TEST(NicWeakMemory, SignalAcquiredAtGpuScopeIsAReportedScopeFault) {
 // without the fence between them.
 std::string read_cqe(bool fence) {
   Fabric f(weak_config(1));
-  return run_kernels(f, [&](int r) -> std::function<void()> {
-    if (r == 1) return [] {};
-    const mlx5::QueuePair qp = f.qp(0, 1);
-    uint8_t* buf = f.buffer(0);
+  return run_rank0(f, [&](const mlx5::QueuePair& qp, uint8_t* buf) -> std::function<void()> {
     return [=] {
       mlx5::Lane lane(qp, policy(0));
       fill_words(buf + kSend, kBytes / 4);
@@ -126,7 +132,7 @@ std::string read_cqe(bool fence) {
       const uint8_t syndrome = arch::ld_global(reinterpret_cast<const uint8_t*>(qp.cq) + 55);
       if (syndrome != 0) __trap();
     };
-  })[0];
+  });
 }
 
 TEST(NicWeakMemory, CqeReadPastItsOwnerWordWithoutAFenceIsAReportedRace) {
@@ -147,10 +153,7 @@ std::string rewrite_source(bool before_quiet, uint64_t seed) {
   config.nic.mtu_bytes = 64;
   config.nic.stall_probability = 0.5;
   Fabric f(config);
-  return run_kernels(f, [&](int r) -> std::function<void()> {
-    if (r == 1) return [] {};
-    const mlx5::QueuePair qp = f.qp(0, 1);
-    uint8_t* buf = f.buffer(0);
+  return run_rank0(f, [&](const mlx5::QueuePair& qp, uint8_t* buf) -> std::function<void()> {
     return [=] {
       mlx5::Lane lane(qp, policy(0));
       fill_words(buf + kSend, kBig / 4);
@@ -163,7 +166,7 @@ std::string rewrite_source(bool before_quiet, uint64_t seed) {
       __syncwarp();
       lane.quiet();
     };
-  })[0];
+  });
 }
 
 TEST(NicWeakMemory, SourceRewrittenBeforeQuietIsAReportedRaceOfTheNic) {

@@ -224,18 +224,6 @@ TEST(RdmaRail, ANullRegionOnOneRankFailsEveryRankNamingIt) {
 
 // ---- the registered buffer's registration (RdmaRegistrar) -----------------------------------------
 
-runtime::BufferConfig two_rank_config() {
-  runtime::BufferConfig c;
-  c.hidden = 256;
-  c.max_tokens_per_rank = 8;
-  c.num_ranks = 2;
-  c.num_experts = 4;
-  c.experts_per_rank = 2;
-  c.ranks_per_domain = 1;
-  c.max_top_k = 2;
-  return c;
-}
-
 // Two ranks in two domains create their registered buffers with an RdmaRegistrar
 // each; `registrar_nic(r)` is the rank whose NIC rank r's registrar uses.
 template <class Body>
@@ -268,7 +256,7 @@ TEST(RdmaRail, RegistrarRegistersTheBufferForConnectRailAndDeregistersItBeforeTh
                                                        const runtime::RegisteredBufferOptions& options) {
     EXPECT_THROW(registrar.region(), rdma::RdmaError);  // nothing registered yet
     {
-      runtime::RegisteredBuffer buffer(two_rank_config(), [](const runtime::BufferConfig&) { return 8192; },
+      runtime::RegisteredBuffer buffer(small_buffer_config(2, 1), [](const runtime::BufferConfig&) { return 8192; },
                                        bootstrap, options);
       const rdma::RailRegion region = registrar.region();
       EXPECT_EQ(region.base, buffer.local_ptr());
@@ -291,7 +279,7 @@ TEST(RdmaRail, MemoryTheNicCannotRegisterFailsTheBufferOnEveryRank) {
                                                       rdma::RdmaRegistrar&, rdma::RdmaDevice&,
                                                       const runtime::RegisteredBufferOptions& options) {
     try {
-      runtime::RegisteredBuffer buffer(two_rank_config(), [](const runtime::BufferConfig&) { return 8192; },
+      runtime::RegisteredBuffer buffer(small_buffer_config(2, 1), [](const runtime::BufferConfig&) { return 8192; },
                                        bootstrap, options);
     } catch (const runtime::RegisteredBufferError& e) {
       errors[static_cast<std::size_t>(r)] = e.what();

@@ -85,9 +85,12 @@ struct RailConnections {
   // queues[i * lanes_per_peer + l]: lane l towards peers[i], connected.
   std::vector<QueueAddresses> queues;
 
-  const QueueAddresses& lane(int peer_index, int lane_index) const {
-    return queues.at(static_cast<std::size_t>(peer_index * lanes_per_peer + lane_index));
+  // Where lane `lane_index` towards peers[peer_index] is in `queues` (and in anything
+  // kept per lane in the same order).
+  std::size_t lane_slot(int peer_index, int lane_index) const {
+    return static_cast<std::size_t>(peer_index * lanes_per_peer + lane_index);
   }
+  const QueueAddresses& lane(int peer_index, int lane_index) const { return queues.at(lane_slot(peer_index, lane_index)); }
   // The index of `rank` in peers; -1 when it is not a rail peer.
   int peer_index(int rank) const;
 };

@@ -52,7 +52,7 @@ inline transport::mlx5::QueuePair mlx5_queue_pair(const RailConnections& c, int 
   qp.completion_interval = m.completion_interval;
   qp.signal_order = c.atomic_order == AtomicOrder::BigEndian ? transport::SignalOrder::BigEndian
                                                               : transport::SignalOrder::Native;
-  qp.state = m.states + peer_index * c.lanes_per_peer + lane;
+  qp.state = m.states + c.lane_slot(peer_index, lane);
   return qp;
 }
 
