@@ -65,6 +65,21 @@ if(RAILYARD_BUILD_TESTS)
   include(GoogleTest)
 endif()
 
+# The Linux kernel's mlx5_ifc.h, the reference the mlx5 firmware command layouts are
+# tested against (scripts/setup.sh unpacks it from Debian's linux-headers-*-common).
+if(DEFINED ENV{RAILYARD_MLX5_IFC})
+  set(_railyard_ifc_hint $ENV{RAILYARD_MLX5_IFC}/include)
+else()
+  set(_railyard_ifc_hint $ENV{HOME}/.cache/railyard/mlx5-ifc/include)
+endif()
+find_path(RAILYARD_MLX5_IFC_INCLUDE linux/mlx5/mlx5_ifc.h PATHS ${_railyard_ifc_hint} NO_DEFAULT_PATH)
+if(RAILYARD_MLX5_IFC_INCLUDE)
+  message(STATUS "railyard: the kernel's mlx5_ifc.h found (${RAILYARD_MLX5_IFC_INCLUDE}); mlx5 command layouts tested")
+else()
+  message(STATUS "railyard: the kernel's mlx5_ifc.h not found (run scripts/setup.sh); the mlx5 command layout "
+                 "test is left out")
+endif()
+
 find_path(RAILYARD_IBVERBS_INCLUDE infiniband/mlx5dv.h)
 find_library(RAILYARD_IBVERBS_LIBRARY ibverbs)
 find_library(RAILYARD_MLX5_LIBRARY mlx5)

@@ -83,6 +83,36 @@ else
   echo "setup: no nvcc: the CUDA flavour will be disabled (simulator flavour only)"
 fi
 
+# The Linux kernel's include/linux/mlx5/mlx5_ifc.h: the independent reference that the
+# mlx5 firmware command layouts (src/runtime/mlx5_prm.hpp) are tested against. Debian
+# ships it only inside linux-headers-<version>-common, which is downloaded and unpacked
+# (two headers, nothing installed) into RAILYARD_MLX5_IFC (CMake looks there). The 6.12
+# series is preferred: the test names the reserved bits of that layout.
+ifc=${RAILYARD_MLX5_IFC:-$HOME/.cache/railyard/mlx5-ifc}
+if [[ -f $ifc/include/linux/mlx5/mlx5_ifc.h ]]; then
+  echo "setup: mlx5_ifc.h present ($ifc)"
+else
+  newest_headers() {
+    apt-cache search --names-only '^linux-headers-[0-9.]+.*-common$' 2>/dev/null | awk '{print $1}' |
+      sort -V | { grep '^linux-headers-6\.12\.' || true; } | tail -1
+  }
+  pkg=$(newest_headers)
+  if [[ -z $pkg ]]; then
+    "${sudo_cmd[@]}" apt-get update -q >/dev/null
+    pkg=$(newest_headers)
+  fi
+  [[ -n $pkg ]] || { echo "setup: no linux-headers-6.12.*-common package in apt's lists (for mlx5_ifc.h)"; exit 1; }
+  echo "setup: unpacking mlx5_ifc.h from $pkg into $ifc"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && apt-get download -q "$pkg" >/dev/null 2>&1 &&
+    dpkg-deb --fsys-tarfile ./*.deb | tar -x --wildcards '*/include/linux/mlx5/mlx5_ifc*.h') ||
+    { rm -rf "$tmp"; echo "setup: could not download or unpack $pkg"; exit 1; }
+  mkdir -p "$ifc/include/linux/mlx5"
+  cp "$tmp"/usr/src/*/include/linux/mlx5/mlx5_ifc*.h "$ifc/include/linux/mlx5/"
+  echo "$pkg" >"$ifc/PACKAGE"
+  rm -rf "$tmp"
+fi
+
 # Python: a virtual environment with PyTorch and what the Python package, its tests and
 # the benchmarks use, kept outside the clone (RAILYARD_VENV) so that it is made once
 # per machine. PyPI's torch wheel carries its CUDA libraries (about 3 GB); without a GPU
