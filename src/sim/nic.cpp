@@ -53,8 +53,7 @@ NicQueues Nic::create_qp(uint32_t log2_sq_wqebbs, uint32_t log2_ncqe) {
   if (log2_sq_wqebbs < 1 || log2_sq_wqebbs > 15 || log2_ncqe < 1 || log2_ncqe > 22)
     throw std::invalid_argument("sim::Nic::create_qp: queue sizes out of range");
   NicQueues q;
-  q.qpn = static_cast<uint32_t>(device_ + 1) << 8 | static_cast<uint32_t>(qps_.size());
-  const std::string name = "nic qp " + hex(q.qpn);
+  const std::string name = "nic qp " + std::to_string(qps_.size());
   q.log2_sq_wqebbs = log2_sq_wqebbs;
   q.sq = static_cast<uint8_t*>(malloc_device(device_, mlx5::kWqeBasicBlockBytes << log2_sq_wqebbs, name + " sq"));
   q.dbr = static_cast<uint32_t*>(malloc_device(device_, 2 * sizeof(uint32_t), name + " dbr"));
@@ -70,6 +69,15 @@ NicQueues Nic::create_qp(uint32_t log2_sq_wqebbs, uint32_t log2_ncqe) {
     std::memset(&q.cq[i], 0, sizeof(mlx5::Cqe));
     q.cq[i].op_own = mlx5::kCqeInitialOpOwn;
   }
+  return adopt_qp(q);
+}
+
+NicQueues Nic::adopt_qp(NicQueues q) {
+  if (q.log2_sq_wqebbs < 1 || q.log2_sq_wqebbs > 15 || q.log2_ncqe < 1 || q.log2_ncqe > 22)
+    throw std::invalid_argument("sim::Nic::adopt_qp: queue sizes out of range");
+  if (!q.sq || !q.dbr || !q.uar || !q.cq || !q.cq_dbr)
+    throw std::invalid_argument("sim::Nic::adopt_qp: a queue or record without memory");
+  q.qpn = static_cast<uint32_t>(device_ + 1) << 8 | static_cast<uint32_t>(qps_.size());
   register_doorbell(q.uar, sizeof(uint64_t));
   qps_[q.qpn].queues = q;
   return q;

@@ -82,6 +82,33 @@ class Fabric {
     qps_.assign(static_cast<std::size_t>(n_ * n_ * config.lanes_per_peer), {});
     group_ = runtime::make_sim_group(n_);
     bootstraps_.resize(static_cast<std::size_t>(n_));
+    try {
+      open(config, topology);
+    } catch (...) {
+      try {
+        release();  // collectively, or the buffers' destructors would wait for one another
+      } catch (const std::exception&) {
+        // The first failure is the one to report.
+      }
+      throw;
+    }
+  }
+  // A test that failed may leave work behind: wait for it (its waits are bounded).
+  // Then the buffers, together (their release is collective; their registrars
+  // deregister them from the NICs), then the NICs, agents the engine holds until the
+  // next reset: reset first.
+  ~Fabric() {
+    for (int r = 0; r < n_; ++r) {
+      try {
+        sim::device_synchronize(r);
+      } catch (const sim::Error&) {
+      }
+    }
+    release();
+  }
+
+ private:
+  void open(const FabricConfig& config, const runtime::Topology& topology) {
     sim::run_ranks(n_, [&](int r) {
       const auto i = static_cast<std::size_t>(r);
       bootstraps_[i] = group_->bootstrap(r);
@@ -104,21 +131,13 @@ class Fabric {
       make_lanes(r, c);
     });
   }
-  // A test that failed may leave work behind: wait for it (its waits are bounded).
-  // Then the buffers, together (their release is collective; their registrars
-  // deregister them from the NICs), then the NICs, agents the engine holds until the
-  // next reset: reset first.
-  ~Fabric() {
-    for (int r = 0; r < n_; ++r) {
-      try {
-        sim::device_synchronize(r);
-      } catch (const sim::Error&) {
-      }
-    }
+  void release() {
     sim::run_ranks(n_, [&](int r) { buffers_[static_cast<std::size_t>(r)].reset(); });
     sim::reset();
     nics_.clear();
   }
+
+ public:
 
   // Lane `lane` of rank `rank` towards `peer` (a rank of its rail in another domain).
   transport::mlx5::QueuePair& qp(int rank, int peer, int lane = 0) {

@@ -34,7 +34,7 @@ TEST(SimRdmaDevice, RefusesUnknownQueuePairsPeersAndASecondNicPerDevice) {
   }
   const rdma::CreatedQueuePair q = fabric.device(0).create_queue_pair({2, 2});
   try {
-    fabric.device(0).connect(q.id, {.qpn = 1, .lid = 7});
+    fabric.device(0).connect(q.id, {.qpn = 1, .lid = 7, .link_layer = 1});
     ADD_FAILURE() << "expected RdmaError";
   } catch (const rdma::RdmaError& e) {
     EXPECT_HAS(e.what(), "names device 7, which has no simulated NIC open");

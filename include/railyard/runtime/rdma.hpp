@@ -44,8 +44,15 @@ struct PortAttributes {
   AtomicOrder atomic_order = AtomicOrder::Native;
 };
 
+// Where a queue pair's send queue, completion queue and doorbell records live: in the
+// GPU's memory (the lane's WQE writes and CQE polls stay on the GPU; the NIC reads
+// them over PCIe), or in pinned host memory (the GPU writes and polls over PCIe). The
+// NIC registers either through DEVX user memory.
+enum class QueueLocation : uint8_t { Device = 0, Host = 1 };
+
 struct OpenOptions {
   int port = 1;
+  QueueLocation queue_memory = QueueLocation::Device;
   // -1: InfiniBand uses GID 0; Ethernet (RoCE) the first RoCE v2 GID of an IPv4
   // address. Otherwise that index.
   int gid_index = -1;
@@ -54,8 +61,8 @@ struct OpenOptions {
   AtomicOrder atomic_order = AtomicOrder::Native;
   uint8_t traffic_class = 0;
   uint8_t service_level = 0;
-  uint8_t timeout = 14;    // local ACK timeout, 4.096 us x 2^timeout
-  uint8_t retry_count = 7;
+  uint8_t timeout = 14;    // local ACK timeout, 4.096 us x 2^timeout (<= 31)
+  uint8_t retry_count = 7;  // <= 7
 };
 
 // One end of an RC connection, as its peer needs it (allgathered over the Bootstrap:

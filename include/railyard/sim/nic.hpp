@@ -85,6 +85,11 @@ class Nic : public Agent {
   // Allocates a QP's send queue, doorbell record, UAR word and CQ in this device's
   // memory (CQEs initialised to kCqeInitialOpOwn, records to 0) and returns them.
   NicQueues create_qp(uint32_t log2_sq_wqebbs, uint32_t log2_ncqe);
+  // Takes a queue pair whose queues the caller laid out in this device's memory (as
+  // CREATE_QP over DEVX user memory does) and returns it with its QPN: from here on the
+  // NIC reads the send queue and doorbell record, takes doorbells at `uar` and writes
+  // CQEs. It initialises nothing: the CQEs must already read as not written.
+  NicQueues adopt_qp(NicQueues queues);
 
   // Connects this NIC's QP `qpn` to QP `peer_qpn` of `peer` (RC: each QP reaches one
   // peer). One end at a time, as each rank moves its own QP to RTR with its peer's
