@@ -117,9 +117,9 @@ class SimNicDevice final : public RdmaDevice, public DevxFirmware {
     const auto opcode = static_cast<uint32_t>(in.get(prm::fields::opcode));
     Object o;
     if (opcode == prm::kOpCreateCq) {
-      o = create_cq(command, in);
+      o = create_cq(command, in, out);
     } else if (opcode == prm::kOpCreateQp) {
-      o = create_qp(command, in);
+      o = create_qp(command, in, out);
     } else {
       refuse(command, out, "opcode 0x" + hex(opcode) + " is not a CREATE this firmware knows");
     }
@@ -214,69 +214,64 @@ class SimNicDevice final : public RdmaDevice, public DevxFirmware {
     throw RdmaError("railyard RDMA (" + port_.nic + "): " + command + " refused by the simulated firmware: " + why +
                     " (status 0x3)");
   }
-  [[noreturn]] void refuse_create(const char* command, const std::string& why) {
-    prm::Mailbox out(prm::kCommandOutBytes);
-    refuse(command, out, why);
-  }
-
   // `bytes` at `offset` of user memory `id`, page-aligned and inside it.
-  uint8_t* in_umem(const char* command, const char* what, uint64_t id, uint64_t offset, std::size_t bytes,
+  uint8_t* in_umem(const char* command, prm::Mailbox& out, const char* what, uint64_t id, uint64_t offset, std::size_t bytes,
                    bool page_aligned) {
     if (id == 0 || id > umems_.size() || !umems_[id - 1].live)
-      refuse_create(command, std::string(what) + ": umem " + std::to_string(id) + " is not registered");
+      refuse(command, out, std::string(what) + ": umem " + std::to_string(id) + " is not registered");
     const Umem& u = umems_[id - 1];
     if (page_aligned && offset % kPageBytes != 0)
-      refuse_create(command, std::string(what) + " at offset " + std::to_string(offset) + " is not page-aligned");
+      refuse(command, out, std::string(what) + " at offset " + std::to_string(offset) + " is not page-aligned");
     if (offset + bytes > u.bytes)
-      refuse_create(command, std::string(what) + ": " + std::to_string(bytes) + " bytes at offset " +
+      refuse(command, out, std::string(what) + ": " + std::to_string(bytes) + " bytes at offset " +
                                  std::to_string(offset) + " end past umem " + std::to_string(id) + "'s " +
                                  std::to_string(u.bytes));
     return u.base + offset;
   }
 
-  Object create_cq(const char* command, const prm::Mailbox& in) {
+  Object create_cq(const char* command, const prm::Mailbox& in, prm::Mailbox& out) {
     using namespace prm::fields;
     auto cqc = [&](prm::Field f) { return in.get(prm::at(kCqContext, f)); };
-    if (cqc(cqc::cqe_sz) != prm::kCqeSize64) refuse_create(command, "CQEs are not 64 bytes");
-    if (cqc(cqc::c_eqn) != kEqn) refuse_create(command, "event queue " + std::to_string(cqc(cqc::c_eqn)) + " does not exist");
-    if (cqc(cqc::uar_page) == 0 || cqc(cqc::uar_page) > uars_.size()) refuse_create(command, "no such UAR page");
-    if (cqc(cqc::log_page_size) != 0) refuse_create(command, "user memory pages are 4 KiB here");
+    if (cqc(cqc::cqe_sz) != prm::kCqeSize64) refuse(command, out, "CQEs are not 64 bytes");
+    if (cqc(cqc::c_eqn) != kEqn) refuse(command, out, "event queue " + std::to_string(cqc(cqc::c_eqn)) + " does not exist");
+    if (cqc(cqc::uar_page) == 0 || cqc(cqc::uar_page) > uars_.size()) refuse(command, out, "no such UAR page");
+    if (cqc(cqc::log_page_size) != 0) refuse(command, out, "user memory pages are 4 KiB here");
     if (cqc(cqc::dbr_umem_valid) != 1 || in.get(cq_umem_valid) != 1)
-      refuse_create(command, "the CQ and its record are not in user memory");
+      refuse(command, out, "the CQ and its record are not in user memory");
     Object o;
     o.log2_ncqe = static_cast<uint32_t>(cqc(cqc::log_cq_size));
     const std::size_t ring = sizeof(transport::mlx5::Cqe) << o.log2_ncqe;
     o.cq = reinterpret_cast<transport::mlx5::Cqe*>(
-        in_umem(command, "the CQ", in.get(cq_umem_id), in.get(cq_umem_offset), ring, true));
+        in_umem(command, out, "the CQ", in.get(cq_umem_id), in.get(cq_umem_offset), ring, true));
     o.cq_dbr = reinterpret_cast<uint32_t*>(
-        in_umem(command, "the CQ's record", cqc(cqc::dbr_umem_id), cqc(cqc::dbr_addr), 8, false));
+        in_umem(command, out, "the CQ's record", cqc(cqc::dbr_umem_id), cqc(cqc::dbr_addr), 8, false));
     o.number = 0x100 + static_cast<uint32_t>(objects_.size());
     return o;
   }
 
-  Object create_qp(const char* command, const prm::Mailbox& in) {
+  Object create_qp(const char* command, const prm::Mailbox& in, prm::Mailbox& out) {
     using namespace prm::fields;
     const Field2 c{in};
-    if (c.get(qpc::st) != prm::kQpcStRc) refuse_create(command, "not an RC queue pair");
-    if (c.get(qpc::pm_state) != prm::kQpcPmStateMigrated) refuse_create(command, "path migration state is not MIGRATED");
-    if (c.get(qpc::pd) != kPd) refuse_create(command, "protection domain " + std::to_string(c.get(qpc::pd)) + " does not exist");
-    if (c.get(qpc::rq_type) != prm::kRqTypeZeroLength) refuse_create(command, "a receive queue is asked for");
-    if (c.get(qpc::log_page_size) != 0) refuse_create(command, "user memory pages are 4 KiB here");
+    if (c.get(qpc::st) != prm::kQpcStRc) refuse(command, out, "not an RC queue pair");
+    if (c.get(qpc::pm_state) != prm::kQpcPmStateMigrated) refuse(command, out, "path migration state is not MIGRATED");
+    if (c.get(qpc::pd) != kPd) refuse(command, out, "protection domain " + std::to_string(c.get(qpc::pd)) + " does not exist");
+    if (c.get(qpc::rq_type) != prm::kRqTypeZeroLength) refuse(command, out, "a receive queue is asked for");
+    if (c.get(qpc::log_page_size) != 0) refuse(command, out, "user memory pages are 4 KiB here");
     const uint64_t uar = c.get(qpc::uar_page);
-    if (uar == 0 || uar > uars_.size()) refuse_create(command, "UAR page " + std::to_string(uar) + " does not exist");
+    if (uar == 0 || uar > uars_.size()) refuse(command, out, "UAR page " + std::to_string(uar) + " does not exist");
     const Object* cq = nullptr;
     for (const Object& o : objects_)
       if (!o.qp && o.live && o.number == c.get(qpc::cqn_snd)) cq = &o;
     if (cq == nullptr || c.get(qpc::cqn_rcv) != c.get(qpc::cqn_snd))
-      refuse_create(command, "CQ 0x" + hex(c.get(qpc::cqn_snd)) + " does not exist");
+      refuse(command, out, "CQ 0x" + hex(c.get(qpc::cqn_snd)) + " does not exist");
     if (c.get(qpc::dbr_umem_valid) != 1 || in.get(wq_umem_valid) != 1)
-      refuse_create(command, "the send queue and its record are not in user memory");
+      refuse(command, out, "the send queue and its record are not in user memory");
     sim::NicQueues q;
     q.log2_sq_wqebbs = static_cast<uint32_t>(c.get(qpc::log_sq_size));
-    q.sq = in_umem(command, "the send queue", in.get(wq_umem_id), in.get(wq_umem_offset),
+    q.sq = in_umem(command, out, "the send queue", in.get(wq_umem_id), in.get(wq_umem_offset),
                    transport::mlx5::kWqeBasicBlockBytes << q.log2_sq_wqebbs, true);
     q.dbr = reinterpret_cast<uint32_t*>(
-        in_umem(command, "the send queue's record", c.get(qpc::dbr_umem_id), c.get(qpc::dbr_addr), 8, false));
+        in_umem(command, out, "the send queue's record", c.get(qpc::dbr_umem_id), c.get(qpc::dbr_addr), 8, false));
     q.uar = uars_[uar - 1];
     q.cq = cq->cq;
     q.log2_ncqe = cq->log2_ncqe;
@@ -324,6 +319,12 @@ sim::Nic& sim_nic_of(RdmaDevice& device) {
   auto* sim_device = dynamic_cast<SimNicDevice*>(&device);
   if (sim_device == nullptr) throw std::invalid_argument("railyard RDMA: sim_nic_of: not a simulated NIC");
   return sim_device->nic();
+}
+
+DevxFirmware& sim_firmware_of(RdmaDevice& device) {
+  auto* sim_device = dynamic_cast<SimNicDevice*>(&device);
+  if (sim_device == nullptr) throw std::invalid_argument("railyard RDMA: sim_firmware_of: not a simulated NIC");
+  return *sim_device;
 }
 
 }  // namespace railyard::runtime::rdma

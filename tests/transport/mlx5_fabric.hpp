@@ -56,6 +56,7 @@ struct FabricConfig {
   uint32_t log2_ncqe = 6;
   uint32_t completion_interval = 4;
   sim::NicConfig nic{};
+  runtime::rdma::OpenOptions open{};  // where the queues live, above all
   uint64_t fetch_scratch_offset = 0;  // 8 bytes of every rank's buffer
 
   int num_ranks() const { return num_domains * ranks_per_domain; }
@@ -116,7 +117,7 @@ class Fabric {
       runtime::gpu::set_current(r);
       sim::NicConfig nic = config.nic;
       nic.seed = config.seed;
-      nics_[i] = runtime::rdma::open_sim_nic(r, nic);
+      nics_[i] = runtime::rdma::open_sim_nic(r, nic, config.open);
       registrars_[i] = std::make_shared<runtime::rdma::RdmaRegistrar>(*nics_[i]);
       runtime::RegisteredBufferOptions options;
       options.topology = topology;

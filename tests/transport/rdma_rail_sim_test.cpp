@@ -127,12 +127,15 @@ TEST_P(RailMatrix, PutsWithSignalsOverEveryLaneOfEveryRail) {
   const auto [domains, ranks_per_domain] = GetParam();
   const int n = domains * ranks_per_domain;
   // The largest configurations run fewer seeds: 64 ranks, 2 x 7 lanes each. Seed i
-  // takes atomic order i % 2 and relaxed ordering unless i % 4 is 2 or 3.
+  // takes atomic order i % 2, relaxed ordering unless i % 4 is 2 or 3, and its queues in
+  // pinned host memory where i % 4 is 2 (GPU memory otherwise).
   const std::vector<uint64_t> run_seeds = seeds(n > 16 ? 2 : 4);
   for (std::size_t i = 0; i < run_seeds.size(); ++i) {
     const uint64_t seed = run_seeds[i];
     const bool relaxed = i % 4 < 2;
-    SCOPED_TRACE("seed " + std::to_string(seed) + (relaxed ? ", relaxed ordering" : ", RC order"));
+    const auto queues = i % 4 == 2 ? rdma::QueueLocation::Host : rdma::QueueLocation::Device;
+    SCOPED_TRACE("seed " + std::to_string(seed) + (relaxed ? ", relaxed ordering" : ", RC order") +
+                 (queues == rdma::QueueLocation::Host ? ", queues in host memory" : ", queues in GPU memory"));
     FabricConfig config{.num_domains = domains,
                         .ranks_per_domain = ranks_per_domain,
                         .lanes_per_peer = kLanes,
@@ -146,6 +149,7 @@ TEST_P(RailMatrix, PutsWithSignalsOverEveryLaneOfEveryRail) {
     config.nic.atomics_big_endian = i % 2 == 1;
     config.nic.relaxed_ordering = relaxed;
     config.fetch_scratch_offset = kScratch;
+    config.open.queue_memory = queues;
     Fabric f(config);
     for (int r = 0; r < n; ++r) {
       ASSERT_EQ(f.connections(r).peers, rdma::rail_peers(runtime::make_topology(n, ranks_per_domain), r));
@@ -154,6 +158,14 @@ TEST_P(RailMatrix, PutsWithSignalsOverEveryLaneOfEveryRail) {
     constexpr int kLaunches = 2;
     for (int launch = 0; launch < kLaunches; ++launch) launch_all(f, launch);
     expect_rail_traffic(f, kLaunches);
+    // The lanes wrote their WQEs and doorbell records where the queues were asked to be.
+    const sim::Traffic traffic = sim::traffic();
+    for (int r = 0; r < n; ++r) {
+      if (queues == rdma::QueueLocation::Host)
+        EXPECT_GT(traffic.written(r, -1), 0u) << "rank " << r;
+      else
+        EXPECT_EQ(traffic.written(r, -1), 0u) << "rank " << r;
+    }
   }
 }
 

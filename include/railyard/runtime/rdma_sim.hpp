@@ -25,4 +25,9 @@ std::unique_ptr<RdmaDevice> open_sim_nic(int device = -1, const sim::NicConfig& 
 // The simulated NIC behind a device open_sim_nic made (tests inspect its counters).
 sim::Nic& sim_nic_of(RdmaDevice& device);
 
+// Its firmware, which executes the DEVX commands (src/runtime/rdma_devx.hpp): tests
+// send it commands of their own.
+class DevxFirmware;
+DevxFirmware& sim_firmware_of(RdmaDevice& device);
+
 }  // namespace railyard::runtime::rdma
