@@ -5,7 +5,9 @@
 // work requests and rings the doorbell itself: IBGDA) and connects each to a peer's.
 // Two implementations: the NIC through rdma-core (open_mlx5, src/runtime/rdma_mlx5.cpp,
 // built where rdma-core's headers are found; it needs a ConnectX NIC, so nothing runs
-// it on machines without one) and the simulator's NIC. docs/design-internode.md, "Host
+// it on machines without one) and the simulator's NIC. Both create and connect queue
+// pairs with the same code (src/runtime/rdma_devx.hpp: DEVX firmware commands over
+// queues in GPU memory), which the simulator's NIC executes. docs/design-internode.md, "Host
 // side", says what each step does and what cannot be checked without hardware.
 //
 // Every call that can fail is checked; errors are RdmaError naming the NIC, the call and
