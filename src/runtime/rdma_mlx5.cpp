@@ -121,7 +121,8 @@ class Mlx5Device final : public RdmaDevice, public DevxFirmware {
  private:
   struct MappedUar {
     mlx5dv_devx_uar* uar = nullptr;
-    void* page = nullptr;  // host page mapped for the GPU
+    void* page = nullptr;         // host page mapped for the GPU
+    void* device_page = nullptr;  // its device address
   };
 
   void query_port();
@@ -177,14 +178,19 @@ void Mlx5Device::deregister_memory(const MemoryKeys& keys) {
 DevxFirmware::Uar Mlx5Device::alloc_uar() {
   mlx5dv_devx_uar* uar = mlx5dv_devx_alloc_uar(ctx_, MLX5DV_UAR_ALLOC_TYPE_NC);
   if (uar == nullptr) fail(port_.nic, "mlx5dv_devx_alloc_uar(non-cached)", errno != 0 ? errno : ENOMEM);
+  // A host page is registered with CUDA once, however many UARs rdma-core hands out in it.
   void* device_page = nullptr;
-  try {
-    device_page = gpu::map_io_memory(uar->base_addr, page_bytes_);
-  } catch (...) {
-    mlx5dv_devx_free_uar(uar);
-    throw;
+  for (const MappedUar& u : uars_)
+    if (u.page == uar->base_addr) device_page = u.device_page;
+  if (device_page == nullptr) {
+    try {
+      device_page = gpu::map_io_memory(uar->base_addr, page_bytes_);
+    } catch (...) {
+      mlx5dv_devx_free_uar(uar);
+      throw;
+    }
   }
-  uars_.push_back({uar, uar->base_addr});
+  uars_.push_back({uar, uar->base_addr, device_page});
   const auto offset = static_cast<std::size_t>(static_cast<uint8_t*>(uar->reg_addr) - static_cast<uint8_t*>(uar->base_addr));
   return {.page_id = uar->page_id,
           .doorbell = reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(device_page) + offset)};
@@ -313,13 +319,17 @@ void Mlx5Device::release() noexcept {
   objects_.clear();
   for (mlx5dv_devx_umem* umem : umems_) mlx5dv_devx_umem_dereg(umem);
   umems_.clear();
-  for (MappedUar& u : uars_) {
-    try {
-      gpu::unmap_io_memory(u.page);
-    } catch (const std::exception&) {
+  for (std::size_t i = 0; i < uars_.size(); ++i) {
+    const bool first_on_its_page = std::none_of(uars_.begin(), uars_.begin() + static_cast<std::ptrdiff_t>(i),
+                                                [&](const MappedUar& u) { return u.page == uars_[i].page; });
+    if (first_on_its_page) {
+      try {
+        gpu::unmap_io_memory(uars_[i].page);
+      } catch (const std::exception&) {
+      }
     }
-    mlx5dv_devx_free_uar(u.uar);
   }
+  for (MappedUar& u : uars_) mlx5dv_devx_free_uar(u.uar);
   uars_.clear();
   for (ibv_mr* mr : mrs_) ibv_dereg_mr(mr);
   mrs_.clear();
