@@ -132,8 +132,19 @@ layout::IntranodeShape intranode_shape(const runtime::BufferConfig& config) {
   return shape;
 }
 
+layout::HierarchicalShape hierarchical_shape(const runtime::BufferConfig& config) {
+  layout::HierarchicalShape shape;
+  shape.domain = intranode_shape(config);
+  shape.num_domains = checked_int("num_ranks / ranks_per_domain", config.num_ranks / config.ranks_per_domain,
+                                  layout::kMaxDomains, "layout::kMaxDomains: NVLink domains of one group");
+  return shape;
+}
+
+// One domain: the NVLink path's regions. Several: the hierarchical path's, whose
+// kernels are not built yet (Buffer refuses such groups), so that required_bytes
+// already says what they will take.
 std::size_t registered_bytes(const BufferConfig& config) {
-  return static_cast<std::size_t>(layout::IntranodeLayout(intranode_shape(config)).registered_bytes());
+  return static_cast<std::size_t>(layout::HierarchicalLayout(hierarchical_shape(config)).registered_bytes());
 }
 
 std::unique_ptr<Path> make_path(const runtime::RegisteredBuffer& registered, const PathOptions& options) {

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <set>
 
 #include "../runtime/registered_buffer_test_util.hpp"
 #include "railyard/buffer.hpp"
@@ -124,6 +125,107 @@ TEST(BufferFootprint, ShapeComesFromTheConfigAndBadConfigsAreRefused) {
   } catch (const std::invalid_argument& e) {
     EXPECT_HAS(std::string(e.what()), "config.ranks_per_domain = 80 exceeds 72");
   }
+}
+
+// Across NVLink domains: the hierarchical path's regions (layout/hierarchical_layout.cuh)
+// against the footprint docs/design-internode.md planned from formulas before the layout
+// existed (its table, to the hundredth of a GiB), their order and bounds, and one
+// domain giving the NVLink path's bytes unchanged.
+double gib(std::size_t bytes) { return static_cast<double>(bytes) / (1ull << 30); }
+
+BufferConfig across(int64_t domains, int64_t ranks_per_domain, int64_t hidden, int64_t experts_per_rank) {
+  BufferConfig c = make_config(hidden, DType::BF16, 4096, domains * ranks_per_domain,
+                               experts_per_rank * domains * ranks_per_domain, 8);
+  c.ranks_per_domain = ranks_per_domain;
+  return c;
+}
+
+TEST(BufferFootprint, AcrossDomainsAsPlanned) {
+  const struct {
+    const char* name;
+    BufferConfig config;
+    double nvlink_gib, dispatch_gib, combine_gib, total_gib;
+  } planned[] = {
+      {"4 x 8 H100, H 8192, E_local 2", across(4, 8, 8192, 2), 2.01, 0.19, 0.19, 2.39},
+      {"8 x 8 H100, H 8192, E_local 2", across(8, 8, 8192, 2), 4.01, 0.45, 0.45, 4.92},
+      {"8 x 8 H100, H 7168, E_local 4", across(8, 8, 7168, 4), 3.52, 0.40, 0.39, 4.31},
+      {"1 x 64 GB200, H 7168, E_local 4", across(1, 64, 7168, 4), 3.52, 0.0, 0.0, 3.52},
+  };
+  auto round2 = [](double v) { return static_cast<long>(v * 100 + 0.5); };
+  for (const auto& p : planned) {
+    SCOPED_TRACE(p.name);
+    const layout::HierarchicalLayout L(detail::hierarchical_shape(p.config));
+    const auto total = Buffer::required_bytes(p.config);
+    EXPECT_EQ(total, static_cast<std::size_t>(L.registered_bytes()));
+    const auto nvlink = static_cast<std::size_t>(L.nvlink().registered_bytes());
+    std::size_t dispatch = 0, combine = 0;
+    if (L.remote_domains() > 0) {
+      dispatch = static_cast<std::size_t>(L.combine_recv_offset() - L.dispatch_recv_offset());
+      combine = static_cast<std::size_t>(L.registered_bytes() - L.combine_recv_offset());
+    }
+    std::printf("%s: NVLink %.3f GiB, dispatch RDMA %.3f GiB, combine RDMA %.3f GiB, total %zu B (%.3f GiB)\n", p.name,
+                gib(nvlink), gib(dispatch), gib(combine), total, gib(total));
+    EXPECT_EQ(round2(gib(nvlink)), round2(p.nvlink_gib));
+    EXPECT_EQ(round2(gib(dispatch)), round2(p.dispatch_gib));
+    EXPECT_EQ(round2(gib(combine)), round2(p.combine_gib));
+    EXPECT_EQ(round2(gib(total)), round2(p.total_gib));
+    // Staging for every rank of the group.
+    EXPECT_EQ(L.nvlink().stage_capacity_rows(), p.config.num_ranks * p.config.max_tokens_per_rank);
+  }
+}
+
+TEST(BufferFootprint, AcrossDomainsRegionsAreOrderedAndEveryIndexFallsInItsRegion) {
+  for (int domains : {2, 3, 8}) {
+    for (DType dtype : {DType::BF16, DType::FP8_E4M3}) {
+      BufferConfig c = across(domains, 4, 1024, 3);
+      c.dispatch_dtype = dtype;
+      c.max_tokens_per_rank = 130;  // not a multiple of the 64-token chunk
+      const layout::HierarchicalLayout L(detail::hierarchical_shape(c));
+      SCOPED_TRACE(std::to_string(domains) + " domains, " + dtype_name(dtype));
+      const int D1 = domains - 1;
+      const int64_t M = c.max_tokens_per_rank;
+      EXPECT_EQ(L.remote_domains(), D1);
+      EXPECT_EQ(L.chunks_per_domain(), 3);
+      EXPECT_EQ(L.rdma_offset() % 4096, 0);
+      EXPECT_GE(L.rdma_offset(), L.nvlink().registered_bytes());
+      // Each region's last element ends where the next region begins, or before.
+      EXPECT_LE(L.count_row_offset(D1 - 1) + L.nvlink().count_row_ints() * 4, L.signals_offset());
+      EXPECT_LE(L.combine_signal_offset(D1 - 1, L.chunks_per_domain() - 1) + 8, L.dispatch_recv_offset());
+      EXPECT_EQ(L.dispatch_recv_row_offset(D1 - 1, M - 1) + L.wire_dispatch_row_bytes(), L.dispatch_send_offset());
+      EXPECT_LE(L.dispatch_send_row_offset(D1 - 1, 1, 63) + L.wire_dispatch_row_bytes(), L.combine_recv_offset());
+      EXPECT_EQ(L.combine_recv_row_offset(D1 - 1, M - 1) + L.wire_combine_row_bytes(), L.combine_send_offset());
+      EXPECT_LE(L.combine_send_row_offset(D1 - 1, 1, 63) + L.wire_combine_row_bytes(), L.registered_bytes());
+      // Signals: distinct 8-byte slots, all of them used.
+      std::set<int64_t> slots;
+      for (int r = 0; r < D1; ++r) {
+        slots.insert(L.metadata_signal_offset(r));
+        for (int64_t ch = 0; ch < L.chunks_per_domain(); ++ch) {
+          slots.insert(L.dispatch_signal_offset(r, ch));
+          slots.insert(L.combine_signal_offset(r, ch));
+        }
+      }
+      EXPECT_EQ(static_cast<int64_t>(slots.size()), L.num_signals());
+      EXPECT_EQ(*slots.rbegin(), L.signals_offset() + (L.num_signals() - 1) * 8);
+      // A wire row: header and entries, scales, the row; 16-byte multiples.
+      const int64_t scales = dtype == DType::FP8_E4M3 ? 1024 / 128 * 4 : 0;
+      EXPECT_EQ(L.wire_header_bytes(), 16 + 96);
+      EXPECT_EQ(L.wire_dispatch_row_bytes(), 16 + 96 + (scales + 15) / 16 * 16 + 1024 * (dtype == DType::BF16 ? 2 : 1));
+      EXPECT_EQ(L.wire_combine_row_bytes(), 2048);
+      // Remote domains are numbered 0..D-2, skipping one's own.
+      for (int mine = 0; mine < domains; ++mine) {
+        std::set<int> seen;
+        for (int other = 0; other < domains; ++other)
+          if (other != mine) seen.insert(layout::HierarchicalLayout::remote_index(mine, other));
+        EXPECT_EQ(static_cast<int>(seen.size()), D1);
+        EXPECT_EQ(*seen.rbegin(), D1 - 1);
+      }
+    }
+  }
+  // One domain: the NVLink path's layout, unchanged.
+  const BufferConfig one = make_config(8192, DType::BF16, 4096, 8, 16, 8);
+  EXPECT_EQ(Buffer::required_bytes(one), 538'449'664u);
+  EXPECT_EQ(layout::HierarchicalLayout(detail::hierarchical_shape(one)).registered_bytes(),
+            layout::IntranodeLayout(detail::intranode_shape(one)).registered_bytes());
 }
 
 class BufferFootprintRanks : public ::testing::TestWithParam<int> {};

@@ -37,6 +37,10 @@ struct IntranodeShape {
   int hidden = 16;            // H: elements per token row
   int max_topk = 1;           // K: top-k slots per token
   DType dispatch_dtype = DType::BF16;
+  // Ranks whose rows staging has room for, M rows each at their source's position:
+  // 0 means the domain's R. The hierarchical path stages the rows of every rank of the
+  // group (forwarded rows keep their source's position): D x R.
+  int stage_sources = 0;
 };
 
 // The head of a rank's count row: what other ranks need to know about its call. A
@@ -120,9 +124,8 @@ class IntranodeLayout {
   RAILYARD_HOST_DEVICE int count_row_ints() const {
     return kCountRowHeaderInts + s_.ranks_per_domain * (1 + s_.num_local_experts);
   }
-  RAILYARD_HOST_DEVICE int64_t stage_capacity_rows() const {
-    return int64_t{s_.ranks_per_domain} * s_.max_tokens;
-  }
+  RAILYARD_HOST_DEVICE int stage_sources() const { return s_.stage_sources > 0 ? s_.stage_sources : s_.ranks_per_domain; }
+  RAILYARD_HOST_DEVICE int64_t stage_capacity_rows() const { return int64_t{stage_sources()} * s_.max_tokens; }
 
   // ---- the registered buffer ---------------------------------------------------------------
   // [count_table: 2 parities x R sources x count_row_ints]

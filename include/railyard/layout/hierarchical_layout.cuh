@@ -1,0 +1,130 @@
+// Railyard layout: the registered buffer of the hierarchical path, for a group of D
+// NVLink domains of R ranks (docs/design-internode.md, "Next: the hierarchical path").
+//
+// [NVLink part: an IntranodeLayout whose staging holds the rows of all D x R ranks of
+//  the group, each at its source's position, as forwarded rows keep it]
+// [RDMA part, page-aligned: count rows, signals, and packed send and receive rows for
+//  dispatch and combine, per remote domain]
+//
+// A token of rank (n', l) bound for ranks of domain n crosses the NIC once, packed
+// with the other tokens of its chunk for that domain, into rail peer (n, l)'s receive
+// area for source domain n'; combine sends one BF16 partial per (token, home domain)
+// the other way. Remote domains are numbered 0..D-2 by skipping this rank's own
+// (remote_index). Offsets are relative to the registered buffer's start, and the same
+// on every rank, so a remote reference is (peer, offset) as the transport contract
+// has it. One object sizes the buffer (required_bytes) and will address it in the
+// kernels: there is no second formula.
+#pragma once
+
+#include <cstdint>
+
+#include "railyard/common/macros.cuh"
+#include "railyard/layout/intranode_layout.cuh"
+
+namespace railyard::layout {
+
+inline constexpr int kMaxDomains = 64;
+
+struct HierarchicalShape {
+  IntranodeShape domain;     // R, E_local, M, H, K and the dispatch dtype (its stage_sources is set from D)
+  int num_domains = 1;       // D
+  int chunk_tokens = 64;     // C: tokens per RDMA put and signal
+  int chunks_in_flight = 2;  // S: send-ring chunks per remote domain
+};
+
+class HierarchicalLayout {
+ public:
+  RAILYARD_HOST_DEVICE explicit HierarchicalLayout(const HierarchicalShape& shape)
+      : s_(shape), nvlink_(with_all_sources(shape)) {}
+  RAILYARD_HOST_DEVICE const HierarchicalShape& shape() const { return s_; }
+  RAILYARD_HOST_DEVICE const IntranodeLayout& nvlink() const { return nvlink_; }
+  RAILYARD_HOST_DEVICE int remote_domains() const { return s_.num_domains - 1; }
+  // Domain `other`'s index among this domain's remote ones (other != mine).
+  RAILYARD_HOST_DEVICE static int remote_index(int mine, int other) { return other < mine ? other : other - 1; }
+  RAILYARD_HOST_DEVICE int64_t chunks_per_domain() const {
+    return (int64_t{s_.domain.max_tokens} + s_.chunk_tokens - 1) / s_.chunk_tokens;
+  }
+
+  // ---- packed rows -------------------------------------------------------------------
+  // A dispatched token on the wire: a 16-byte header (RowHeader), one 12-byte entry
+  // (HeaderEntry: local rank in the destination domain, local expert, prob) per top-k
+  // slot landing there, then its FP8 scales, then the row.
+  RAILYARD_HOST_DEVICE int64_t wire_header_bytes() const {
+    return 16 + round_up(int64_t{s_.domain.max_topk} * int64_t{sizeof(HeaderEntry)}, 16);
+  }
+  RAILYARD_HOST_DEVICE int64_t wire_dispatch_row_bytes() const {
+    return round_up(wire_header_bytes() + nvlink_.stage_scale_bytes() + nvlink_.dispatch_row_bytes(), 16);
+  }
+  // A combined partial: the domain's fp32 sum rounded to BF16 (docs/semantics.md).
+  RAILYARD_HOST_DEVICE int64_t wire_combine_row_bytes() const { return round_up(nvlink_.combine_row_bytes(), 16); }
+
+  // ---- the RDMA part ---------------------------------------------------------------
+  // [count_rows: D-1 x count_row_ints int32, what each remote rail peer routes to this domain]
+  // [signals: D-1 metadata, D-1 x chunks dispatch, D-1 x chunks combine; uint64, monotonic]
+  // [dispatch_recv: D-1 x M packed rows] [dispatch_send: D-1 x S x C packed rows]
+  // [combine_recv: D-1 x M BF16 rows]    [combine_send: D-1 x S x C BF16 rows]
+  RAILYARD_HOST_DEVICE int64_t rdma_offset() const { return round_up(nvlink_.registered_bytes(), 4096); }
+  RAILYARD_HOST_DEVICE int64_t count_rows_offset() const { return rdma_offset(); }
+  RAILYARD_HOST_DEVICE int64_t signals_offset() const {
+    return count_rows_offset() + round_up(int64_t{remote_domains()} * nvlink_.count_row_ints() * 4, 128);
+  }
+  RAILYARD_HOST_DEVICE int64_t num_signals() const { return remote_domains() * (1 + 2 * chunks_per_domain()); }
+  RAILYARD_HOST_DEVICE int64_t dispatch_recv_offset() const {
+    return signals_offset() + round_up(num_signals() * 8, 128);
+  }
+  RAILYARD_HOST_DEVICE int64_t send_ring_rows() const {
+    return int64_t{remote_domains()} * s_.chunks_in_flight * s_.chunk_tokens;
+  }
+  RAILYARD_HOST_DEVICE int64_t dispatch_send_offset() const {
+    return dispatch_recv_offset() + int64_t{remote_domains()} * s_.domain.max_tokens * wire_dispatch_row_bytes();
+  }
+  RAILYARD_HOST_DEVICE int64_t combine_recv_offset() const {
+    return round_up(dispatch_send_offset() + send_ring_rows() * wire_dispatch_row_bytes(), 128);
+  }
+  RAILYARD_HOST_DEVICE int64_t combine_send_offset() const {
+    return combine_recv_offset() + int64_t{remote_domains()} * s_.domain.max_tokens * wire_combine_row_bytes();
+  }
+  RAILYARD_HOST_DEVICE int64_t registered_bytes() const {
+    if (s_.num_domains <= 1) return nvlink_.registered_bytes();
+    return round_up(combine_send_offset() + send_ring_rows() * wire_combine_row_bytes(), 128);
+  }
+
+  // Signal slots: remote domain r's metadata signal, and chunk c's dispatch and combine
+  // signals (each counts puts that landed; monotonic across operations).
+  RAILYARD_HOST_DEVICE int64_t metadata_signal_offset(int r) const { return signals_offset() + int64_t{r} * 8; }
+  RAILYARD_HOST_DEVICE int64_t dispatch_signal_offset(int r, int64_t chunk) const {
+    return signals_offset() + (remote_domains() + int64_t{r} * chunks_per_domain() + chunk) * 8;
+  }
+  RAILYARD_HOST_DEVICE int64_t combine_signal_offset(int r, int64_t chunk) const {
+    return signals_offset() + (remote_domains() * (1 + chunks_per_domain()) + int64_t{r} * chunks_per_domain() + chunk) * 8;
+  }
+  RAILYARD_HOST_DEVICE int64_t count_row_offset(int r) const {
+    return count_rows_offset() + int64_t{r} * nvlink_.count_row_ints() * 4;
+  }
+  RAILYARD_HOST_DEVICE int64_t dispatch_recv_row_offset(int r, int64_t token) const {
+    return dispatch_recv_offset() + (int64_t{r} * s_.domain.max_tokens + token) * wire_dispatch_row_bytes();
+  }
+  RAILYARD_HOST_DEVICE int64_t dispatch_send_row_offset(int r, int slot, int row) const {
+    return dispatch_send_offset() +
+           ((int64_t{r} * s_.chunks_in_flight + slot) * s_.chunk_tokens + row) * wire_dispatch_row_bytes();
+  }
+  RAILYARD_HOST_DEVICE int64_t combine_recv_row_offset(int r, int64_t token) const {
+    return combine_recv_offset() + (int64_t{r} * s_.domain.max_tokens + token) * wire_combine_row_bytes();
+  }
+  RAILYARD_HOST_DEVICE int64_t combine_send_row_offset(int r, int slot, int row) const {
+    return combine_send_offset() +
+           ((int64_t{r} * s_.chunks_in_flight + slot) * s_.chunk_tokens + row) * wire_combine_row_bytes();
+  }
+
+ private:
+  RAILYARD_HOST_DEVICE static IntranodeShape with_all_sources(const HierarchicalShape& shape) {
+    IntranodeShape domain = shape.domain;
+    domain.stage_sources = shape.num_domains * shape.domain.ranks_per_domain;
+    return domain;
+  }
+
+  HierarchicalShape s_;
+  IntranodeLayout nvlink_;
+};
+
+}  // namespace railyard::layout
