@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "railyard/transport/mlx5/wire.cuh"
+
 namespace railyard::runtime::rdma::prm {
 namespace {
 
@@ -167,14 +169,14 @@ QueueLayout queue_layout(uint32_t log2_sq_wqebbs, uint32_t log2_ncqe, std::size_
   if (!is_power_of_two(page_bytes) || page_bytes < 4096)
     throw std::invalid_argument("mlx5 PRM: queue_layout: page size " + std::to_string(page_bytes) +
                                 "; expected a power of two >= 4096");
-  constexpr std::size_t kWqeBasicBlockBytes = 64, kCqeBytes = 64, kDoorbellRecordBytes = 64;
+  constexpr std::size_t kDoorbellRecordBytes = 64;  // a cache line each
   QueueLayout l;
   l.page_bytes = page_bytes;
   l.log_page_size = log2_of(page_bytes) - 12;
   l.sq_offset = 0;
-  l.sq_bytes = kWqeBasicBlockBytes << log2_sq_wqebbs;
+  l.sq_bytes = std::size_t{transport::mlx5::kWqeBasicBlockBytes} << log2_sq_wqebbs;
   l.cq_offset = round_up(l.sq_offset + l.sq_bytes, page_bytes);
-  l.cq_bytes = kCqeBytes << log2_ncqe;
+  l.cq_bytes = sizeof(transport::mlx5::Cqe) << log2_ncqe;
   l.qp_dbr_offset = round_up(l.cq_offset + l.cq_bytes, page_bytes);
   l.cq_dbr_offset = l.qp_dbr_offset + kDoorbellRecordBytes;
   l.total_bytes = l.qp_dbr_offset + page_bytes;

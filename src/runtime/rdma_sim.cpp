@@ -134,32 +134,31 @@ class SimNicDevice final : public RdmaDevice, public DevxFirmware {
       refuse(command, out, "object " + std::to_string(object) + " is not a queue pair");
     Object& o = objects_[static_cast<std::size_t>(object)];
     using namespace prm::fields;
-    const Field2 qpc{in};
+    const QpContext ctx{in};
     if (in.get(modify_qpn) != o.number) refuse(command, out, "the mailbox names QPN 0x" + hex(in.get(modify_qpn)));
+    // Each transition leaves one state for the next.
     const auto opcode = static_cast<uint32_t>(in.get(prm::fields::opcode));
-    const State from = opcode == prm::kOpRst2InitQp   ? State::Reset
-                       : opcode == prm::kOpInit2RtrQp ? State::Init
-                       : opcode == prm::kOpRtr2RtsQp  ? State::Rtr
-                                                      : State::Rts;
-    if (from == State::Rts) refuse(command, out, "opcode 0x" + hex(opcode) + " is not a transition this firmware knows");
+    State from, to;
+    switch (opcode) {
+      case prm::kOpRst2InitQp: from = State::Reset, to = State::Init; break;
+      case prm::kOpInit2RtrQp: from = State::Init, to = State::Rtr; break;
+      case prm::kOpRtr2RtsQp: from = State::Rtr, to = State::Rts; break;
+      default: refuse(command, out, "opcode 0x" + hex(opcode) + " is not a transition this firmware knows");
+    }
     if (o.state != from) refuse(command, out, "QP 0x" + hex(o.number) + " is not in the state this transition leaves");
     if (opcode == prm::kOpRst2InitQp) {
-      if (qpc.get(qpc::rwe) != 1 || qpc.get(qpc::rae) != 1 || qpc.get(qpc::atomic_mode) != prm::kQpcAtomicModeIbSpec)
+      if (ctx.get(qpc::rwe) != 1 || ctx.get(qpc::rae) != 1 || ctx.get(qpc::atomic_mode) != prm::kQpcAtomicModeIbSpec)
         refuse(command, out, "remote writes and 8-byte atomics are not enabled");
-      if (qpc.path(prm::fields::ads::vhca_port_num) != static_cast<uint64_t>(port_.port))
-        refuse(command, out, "port " + std::to_string(qpc.path(prm::fields::ads::vhca_port_num)) + " is not this NIC's");
-      o.state = State::Init;
+      if (ctx.path(ads::vhca_port_num) != static_cast<uint64_t>(port_.port))
+        refuse(command, out, "port " + std::to_string(ctx.path(ads::vhca_port_num)) + " is not this NIC's");
     } else if (opcode == prm::kOpInit2RtrQp) {
-      const uint64_t mtu = qpc.get(qpc::mtu);
+      const uint64_t mtu = ctx.get(qpc::mtu);
       // (A simulated port may packetise below 256 bytes, which no MTU code names.)
       if (mtu < 1 || mtu > 5 || (port_.mtu_bytes >= 256 && (128u << mtu) > port_.mtu_bytes))
         refuse(command, out, "MTU code " + std::to_string(mtu) + " is above the port's " + std::to_string(port_.mtu_bytes));
-      connect_to_peer(command, out, o, static_cast<int>(qpc.path(prm::fields::ads::rlid)),
-                      static_cast<uint32_t>(qpc.get(qpc::remote_qpn)));
-      o.state = State::Rtr;
-    } else {
-      o.state = State::Rts;
+      connect_to_peer(command, out, o, static_cast<int>(ctx.path(ads::rlid)), static_cast<uint32_t>(ctx.get(qpc::remote_qpn)));
     }
+    o.state = to;
   }
 
   void destroy(int object) noexcept override {
@@ -194,7 +193,7 @@ class SimNicDevice final : public RdmaDevice, public DevxFirmware {
     uint32_t* cq_dbr = nullptr;
   };
   // The QP context's fields in a QP command.
-  struct Field2 {
+  struct QpContext {
     const prm::Mailbox& m;
     uint64_t get(prm::Field f) const { return m.get(prm::at(prm::fields::kQpc, f)); }
     uint64_t path(prm::Field f) const { return m.get(prm::at(prm::fields::kQpc + prm::fields::qpc::kPrimaryPath, f)); }
@@ -251,7 +250,7 @@ class SimNicDevice final : public RdmaDevice, public DevxFirmware {
 
   Object create_qp(const char* command, const prm::Mailbox& in, prm::Mailbox& out) {
     using namespace prm::fields;
-    const Field2 c{in};
+    const QpContext c{in};
     if (c.get(qpc::st) != prm::kQpcStRc) refuse(command, out, "not an RC queue pair");
     if (c.get(qpc::pm_state) != prm::kQpcPmStateMigrated) refuse(command, out, "path migration state is not MIGRATED");
     if (c.get(qpc::pd) != kPd) refuse(command, out, "protection domain " + std::to_string(c.get(qpc::pd)) + " does not exist");

@@ -49,9 +49,15 @@ void Nic::deregister_memory(uint32_t key) {
                                 std::to_string(device_));
 }
 
-NicQueues Nic::create_qp(uint32_t log2_sq_wqebbs, uint32_t log2_ncqe) {
+namespace {
+void check_queue_sizes(const char* call, uint32_t log2_sq_wqebbs, uint32_t log2_ncqe) {
   if (log2_sq_wqebbs < 1 || log2_sq_wqebbs > 15 || log2_ncqe < 1 || log2_ncqe > 22)
-    throw std::invalid_argument("sim::Nic::create_qp: queue sizes out of range");
+    throw std::invalid_argument(std::string("sim::Nic::") + call + ": queue sizes out of range");
+}
+}  // namespace
+
+NicQueues Nic::create_qp(uint32_t log2_sq_wqebbs, uint32_t log2_ncqe) {
+  check_queue_sizes("create_qp", log2_sq_wqebbs, log2_ncqe);  // before allocating
   NicQueues q;
   const std::string name = "nic qp " + std::to_string(qps_.size());
   q.log2_sq_wqebbs = log2_sq_wqebbs;
@@ -73,8 +79,7 @@ NicQueues Nic::create_qp(uint32_t log2_sq_wqebbs, uint32_t log2_ncqe) {
 }
 
 NicQueues Nic::adopt_qp(NicQueues q) {
-  if (q.log2_sq_wqebbs < 1 || q.log2_sq_wqebbs > 15 || q.log2_ncqe < 1 || q.log2_ncqe > 22)
-    throw std::invalid_argument("sim::Nic::adopt_qp: queue sizes out of range");
+  check_queue_sizes("adopt_qp", q.log2_sq_wqebbs, q.log2_ncqe);
   if (!q.sq || !q.dbr || !q.uar || !q.cq || !q.cq_dbr)
     throw std::invalid_argument("sim::Nic::adopt_qp: a queue or record without memory");
   q.qpn = static_cast<uint32_t>(device_ + 1) << 8 | static_cast<uint32_t>(qps_.size());
