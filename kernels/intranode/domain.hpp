@@ -20,10 +20,20 @@ namespace railyard::kernels::intranode {
 using PeerBuffers = transport::nvlink::Peers;
 
 // What every intra-node kernel knows about where it runs.
+//
+// The hierarchical path runs the same kernels over a group of several NVLink
+// domains: `shape` is then the group's (HierarchicalLayout::nvlink()), `rank` the
+// rank's index in the group, and only the ranks [nvlink_first, nvlink_first +
+// nvlink_ranks) of its own domain have a buffer in `peers`; the others are reached by
+// RDMA, through their rail peer in this domain.
 struct DomainParams {
   layout::IntranodeShape shape;
-  int rank = 0;  // this rank's index in the domain
+  int rank = 0;  // this rank's index in the domain (the group)
   PeerBuffers peers;
+  // The ranks mapped over NVLink: [nvlink_first, nvlink_first + nvlink_ranks); 0
+  // ranks: every rank of the shape (one NVLink domain).
+  int nvlink_first = 0;
+  int nvlink_ranks = 0;
   // Budget of data waits (row headers, FIFO barriers: every rank is in the operation).
   uint64_t timeout_cycles = pipeline::kDefaultTimeoutCycles;
   // Budget of handshakes (entry barrier, count exchange: a peer may still be late).
@@ -33,6 +43,10 @@ struct DomainParams {
   pipeline::FailureRecord* failure_record = nullptr;
 
   RAILYARD_HOST_DEVICE uint8_t* self() const { return peers.base(rank); }
+  RAILYARD_HOST_DEVICE int nvlink_begin() const { return nvlink_first; }
+  RAILYARD_HOST_DEVICE int nvlink_end() const {
+    return nvlink_first + (nvlink_ranks > 0 ? nvlink_ranks : shape.ranks_per_domain);
+  }
   // The policy every wait of the kernel uses: the budget, the record, this rank.
   // Both watch this rank's abort record.
   RAILYARD_HOST_DEVICE pipeline::WaitPolicy wait() const {

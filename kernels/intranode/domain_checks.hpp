@@ -44,7 +44,14 @@ inline Status check_domain(const DomainParams& domain, const char* kernel) {
   if (domain.rank < 0 || domain.rank >= s.ranks_per_domain)
     return Status::invalid_argument(who + "rank is " + std::to_string(domain.rank) + "; expected " +
                                     check_range(0, s.ranks_per_domain - 1));
-  for (int r = 0; r < s.ranks_per_domain; ++r)
+  if (domain.nvlink_ranks < 0 || domain.nvlink_first < 0 || domain.nvlink_end() > s.ranks_per_domain)
+    return Status::invalid_argument(who + "nvlink_first, nvlink_ranks are " + std::to_string(domain.nvlink_first) +
+                                    ", " + std::to_string(domain.nvlink_ranks) + "; expected ranks within " +
+                                    check_range(0, s.ranks_per_domain - 1));
+  if (domain.rank < domain.nvlink_begin() || domain.rank >= domain.nvlink_end())
+    return Status::invalid_argument(who + "rank is " + std::to_string(domain.rank) + "; expected one of its NVLink ranks " +
+                                    check_range(domain.nvlink_begin(), domain.nvlink_end() - 1));
+  for (int r = domain.nvlink_begin(); r < domain.nvlink_end(); ++r)
     if (!domain.peers.ptr[r])
       return Status::invalid_argument(who + "peers.ptr[" + std::to_string(r) + "] is null");
   return Status::success();

@@ -20,7 +20,9 @@
 // positions within its slice into the handle; (2) the block turns its warps' counts
 // into offsets within the block and leaves its total in the registered buffer's
 // metadata scratch, behind a flag; (3) block 0 sums the blocks' totals into this
-// rank's count row and publishes it to every rank; (4) every block waits for every
+// rank's count row and publishes it to every rank of its NVLink domain, then runs the
+// relay (nothing on one domain; across domains, kernels/hierarchical/metadata.cuh
+// carries rows between domains rail by rail); (4) every block waits for every
 // rank's row, block 0 copies the table into the handle and writes this rank's totals
 // as a destination; (5) every block adds the global offsets (ranks and expert groups
 // before this rank's tokens) and the counts of the blocks before it to its warps'
@@ -42,8 +44,22 @@
 
 namespace railyard::kernels::intranode {
 
-struct Metadata {
+// The count exchange of one NVLink domain: every rank's row reaches every rank
+// directly, so block 0 has nothing to relay. The hierarchical path's relay
+// (kernels/hierarchical/metadata.cuh) carries rows between domains, rail by rail.
+struct NvlinkOnly {
   static constexpr const char* kName = "intranode::Metadata";
+  struct Params {};
+  RAILYARD_DEVICE static void relay(const Params&, const DomainParams&, const layout::IntranodeLayout&, uint64_t) {}
+};
+
+// The metadata kernel, with `Relay` run by block 0 once this rank's count row is in
+// place on its NVLink peers and before any block waits for the other ranks' rows:
+// relay(params, domain, layout, seq) must leave, in every NVLink peer's count table,
+// the rows (and flags) of the ranks outside the NVLink domain.
+template <class Relay>
+struct MetadataKernel {
+  static constexpr const char* kName = Relay::kName;
   static constexpr int kMaxWarps = 8;
   static constexpr uint32_t kMaxThreadsPerBlock = kMaxWarps * 32;
   static constexpr uint32_t kMinBlocksPerSm = 1;
@@ -68,6 +84,7 @@ struct Metadata {
     int32_t pad_multiple;
     uint8_t* handle;
     int64_t recv_capacity;
+    typename Relay::Params relay;
   };
 
   // Per warp, a count row (its tokens' counts, then the offsets of its positions) and,
@@ -101,8 +118,9 @@ struct Metadata {
     return g < 1 ? 1 : g;
   }
 
-  static Params to_params(const Arguments& a) {
+  static Params to_params(const Arguments& a, const typename Relay::Params& relay = {}) {
     Params p{};
+    p.relay = relay;
     p.domain = a.domain;
     p.num_tokens = a.num_tokens;
     p.num_topk = a.topk_idx ? a.num_topk : a.domain.shape.max_topk;
@@ -156,7 +174,10 @@ struct Metadata {
     if (threadIdx.x == 0) arch::st_release_gpu(c.lay.metadata_flag(dom.self(), static_cast<int>(blockIdx.x)), flag_of(seq));
 
     // ---- (3) block 0: this rank's count row, to every rank (itself included) ----------
-    if (blockIdx.x == 0) publish_count_row(p, c, seq);
+    if (blockIdx.x == 0) {
+      publish_count_row(p, c, seq);
+      Relay::relay(p.relay, dom, c.lay, seq);
+    }
     // ---- (4) every rank's row (and the counts of the blocks before this one) --------
     wait_for_blocks(c, static_cast<int>(blockIdx.x), seq);
     wait_for_count_rows(c, seq);
@@ -300,7 +321,8 @@ struct Metadata {
   }
 
   // Phase (3), block 0: this rank's count row (the call's parameters, then every
-  // block's counts summed) into its slot on every rank, then the flags.
+  // block's counts summed) into its slot on every NVLink peer, itself included, then
+  // the flags.
   RAILYARD_DEVICE static void publish_count_row(const Params& p, const Context& c, uint64_t seq) {
     const DomainParams& dom = c.dom;
     wait_for_blocks(c, static_cast<int>(gridDim.x), seq);
@@ -315,13 +337,14 @@ struct Metadata {
         default:
           for (int b = 0; b < static_cast<int>(gridDim.x); ++b) value += arch::ld_global(&c.lay.metadata_counts(dom.self(), b)[i]);
       }
-      for (int peer = 0; peer < c.R; ++peer)
+      for (int peer = dom.nvlink_begin(); peer < dom.nvlink_end(); ++peer)
         transport::nvlink::put(&c.lay.count_row(dom.peers.base(peer), c.parity, dom.rank)[i], value);
     }
     // The block barrier orders every thread's stores before the releases, which are
     // cumulative: each publishes them with its own (no fence needed).
     __syncthreads();
-    for (int peer = static_cast<int>(threadIdx.x); peer < c.R; peer += static_cast<int>(blockDim.x))
+    for (int peer = dom.nvlink_begin() + static_cast<int>(threadIdx.x); peer < dom.nvlink_end();
+         peer += static_cast<int>(blockDim.x))
       transport::nvlink::signal_release(c.lay.count_flag(dom.peers.base(peer), dom.rank), flag_of(seq));
   }
 
@@ -495,5 +518,7 @@ struct Metadata {
     }
   }
 };
+
+using Metadata = MetadataKernel<NvlinkOnly>;
 
 }  // namespace railyard::kernels::intranode

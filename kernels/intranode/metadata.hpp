@@ -44,4 +44,13 @@ struct MetadataArguments {
 // enqueues the metadata kernel on `stream`. Every rank of the domain must call it.
 Status launch_metadata(const MetadataArguments& args, GpuStream stream);
 
+// The launch the metadata kernel gets on `stream`'s device: blocks of `warps` warps.
+struct MetadataGeometry {
+  int blocks = 1;
+  int warps = 1;
+};
+// launch_metadata's checks, and the geometry it launches with (the hierarchical
+// path's launcher runs the same kernel with a relay).
+Status check_metadata(const MetadataArguments& args, GpuStream stream, MetadataGeometry* geometry);
+
 }  // namespace railyard::kernels::intranode

@@ -20,13 +20,13 @@
 
 namespace railyard::kernels::intranode {
 
-// Gives up the operation on every rank: reports (reason, a, b, c) into every rank's
-// abort record, this one's included, where their waits see it, then fills this rank's
-// failure record and traps with the same report they will give.
+// Gives up the operation on every rank of the NVLink domain: reports (reason, a, b, c)
+// into every rank's abort record, this one's included, where their waits see it, then
+// fills this rank's failure record and traps with the same report they will give.
 [[noreturn]] RAILYARD_DEVICE void abort_operation(const DomainParams& p, pipeline::AbortReason reason, int64_t a,
                                                   int64_t b, int64_t c RAILYARD_LOC_PARAM) {
   const layout::IntranodeLayout layout(p.shape);
-  for (int peer = 0; peer < p.shape.ranks_per_domain; ++peer)
+  for (int peer = p.nvlink_begin(); peer < p.nvlink_end(); ++peer)
     pipeline::raise_abort(layout.abort_record(p.peers.base(peer)), p.rank, reason, a, b, c RAILYARD_LOC_ARG);
   pipeline::fail_operation(p.failure_record, pipeline::FailureKind::Aborted, p.rank, static_cast<int32_t>(reason), a,
                            b, c RAILYARD_LOC_ARG);

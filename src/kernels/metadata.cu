@@ -10,7 +10,7 @@
 
 namespace railyard::kernels::intranode {
 
-Status launch_metadata(const MetadataArguments& a, GpuStream stream) {
+Status check_metadata(const MetadataArguments& a, GpuStream stream, MetadataGeometry* geometry) {
   const layout::IntranodeShape& s = a.domain.shape;
   if (Status st = check_domain(a.domain, "metadata"); !st.ok()) return st;
   const std::string who = "intranode metadata: ";
@@ -53,7 +53,14 @@ Status launch_metadata(const MetadataArguments& a, GpuStream stream) {
   // Blocks wait for each other's counts: every one must be resident.
   if (Status st = check_all_blocks_resident(Metadata::kName, blocks, Metadata::shared_memory_bytes(), stream); !st.ok())
     return st;
-  return kernels::launch<Metadata>(Metadata::to_params(a), dim3(blocks), dim3(32 * warps),
+  *geometry = {blocks, warps};
+  return Status::success();
+}
+
+Status launch_metadata(const MetadataArguments& a, GpuStream stream) {
+  MetadataGeometry g;
+  if (Status st = check_metadata(a, stream, &g); !st.ok()) return st;
+  return kernels::launch<Metadata>(Metadata::to_params(a), dim3(g.blocks), dim3(32 * g.warps),
                                    Metadata::shared_memory_bytes(), stream);
 }
 

@@ -359,4 +359,27 @@ inline std::vector<uint8_t> reference_handle(const IntranodeLayout& L, const Ref
   return bytes;
 }
 
+// Compares the fields metadata writes (not the expert-side rows dispatch writes).
+inline void expect_metadata_handle_eq(const IntranodeLayout& L, const uint8_t* got_bytes, const std::vector<uint8_t>& want_bytes,
+                      int rank, int num_tokens, int64_t capacity, const std::string& what) {
+  const auto& s = L.shape();
+  const auto got = layout::HandleView::carve(L, const_cast<uint8_t*>(got_bytes), capacity);
+  const auto want = layout::HandleView::carve(L, const_cast<uint8_t*>(want_bytes.data()), capacity);
+  const int R = s.ranks_per_domain, K = s.max_topk;
+  for (int t = 0; t < num_tokens; ++t) {
+    for (int d = 0; d < R; ++d)
+      ASSERT_EQ(got.recv_pos[t * R + d], want.recv_pos[t * R + d]) << what << ": recv_pos rank " << rank << " token " << t << " to " << d;
+    for (int k = 0; k < K; ++k) {
+      ASSERT_EQ(got.slot_expert[t * K + k], want.slot_expert[t * K + k]) << what << ": slot_expert t " << t << " k " << k;
+      ASSERT_EQ(std::memcmp(&got.slot_prob[t * K + k], &want.slot_prob[t * K + k], 4), 0) << what << ": slot_prob t " << t << " k " << k;
+      ASSERT_EQ(got.slot_pos[t * K + k], want.slot_pos[t * K + k]) << what << ": slot_pos rank " << rank << " t " << t << " k " << k;
+    }
+  }
+  for (int i = 0; i < R * L.count_row_ints(); ++i)
+    ASSERT_EQ(got.count_matrix[i], want.count_matrix[i]) << what << ": count_matrix[" << i << "] on rank " << rank;
+  for (int i = 0; i < 4 + 2 * s.num_local_experts; ++i)
+    ASSERT_EQ(got.totals[i], want.totals[i]) << what << ": totals[" << i << "] on rank " << rank;
+}
+
+
 }  // namespace railyard::test

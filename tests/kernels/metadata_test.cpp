@@ -66,29 +66,6 @@ MetadataArguments args_for(const IntranodeWorld& w, int rank, const ref::RankInp
   return a;
 }
 
-// Compares the fields metadata writes (not the expert-side rows dispatch writes).
-void expect_handle_eq(const IntranodeWorld& w, const uint8_t* got_bytes, const std::vector<uint8_t>& want_bytes,
-                      int rank, int num_tokens, int64_t capacity, const std::string& what) {
-  const auto& L = w.layout();
-  const auto& s = L.shape();
-  const auto got = layout::HandleView::carve(L, const_cast<uint8_t*>(got_bytes), capacity);
-  const auto want = layout::HandleView::carve(L, const_cast<uint8_t*>(want_bytes.data()), capacity);
-  const int R = s.ranks_per_domain, K = s.max_topk;
-  for (int t = 0; t < num_tokens; ++t) {
-    for (int d = 0; d < R; ++d)
-      ASSERT_EQ(got.recv_pos[t * R + d], want.recv_pos[t * R + d]) << what << ": recv_pos rank " << rank << " token " << t << " to " << d;
-    for (int k = 0; k < K; ++k) {
-      ASSERT_EQ(got.slot_expert[t * K + k], want.slot_expert[t * K + k]) << what << ": slot_expert t " << t << " k " << k;
-      ASSERT_EQ(std::memcmp(&got.slot_prob[t * K + k], &want.slot_prob[t * K + k], 4), 0) << what << ": slot_prob t " << t << " k " << k;
-      ASSERT_EQ(got.slot_pos[t * K + k], want.slot_pos[t * K + k]) << what << ": slot_pos rank " << rank << " t " << t << " k " << k;
-    }
-  }
-  for (int i = 0; i < R * L.count_row_ints(); ++i)
-    ASSERT_EQ(got.count_matrix[i], want.count_matrix[i]) << what << ": count_matrix[" << i << "] on rank " << rank;
-  for (int i = 0; i < 4 + 2 * s.num_local_experts; ++i)
-    ASSERT_EQ(got.totals[i], want.totals[i]) << what << ": totals[" << i << "] on rank " << rank;
-}
-
 // Runs the metadata kernel on every rank of `w` for `call` and compares every rank's
 // handle with the reference's. Resets the traffic counters first. In a timed world,
 // `simulated_ns` (if given) receives each rank's kernel time.
@@ -116,7 +93,7 @@ void run_and_check(IntranodeWorld& w, const test::ReferenceCall& call, const Cal
     }
   });
   for (int r = 0; r < R; ++r)
-    expect_handle_eq(w, handles[r], test::reference_handle(w.layout(), call, r, capacity), r,
+    test::expect_metadata_handle_eq(w.layout(), handles[r], test::reference_handle(w.layout(), call, r, capacity), r,
                      call.inputs[r].num_tokens, capacity, what);
 }
 

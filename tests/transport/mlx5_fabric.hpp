@@ -56,8 +56,11 @@ struct FabricConfig {
   uint32_t log2_ncqe = 6;
   uint32_t completion_interval = 4;
   sim::NicConfig nic{};
+  std::vector<sim::NicConfig> nic_per_rank;  // if not empty: rank r's NIC (fault injection on one)
   runtime::rdma::OpenOptions open{};  // where the queues live, above all
   uint64_t fetch_scratch_offset = 0;  // 8 bytes of every rank's buffer
+  bool timed = false;  // sim::Config::timed, every GPU (and its NIC) on this model
+  sim::TimingModel timing = sim::h100_props().timing;
 
   int num_ranks() const { return num_domains * ranks_per_domain; }
 };
@@ -68,9 +71,10 @@ class Fabric {
   // would override it, is unset.
   explicit Fabric(const FabricConfig& config) : config_(config), n_(config.num_ranks()) {
     unsetenv("RAILYARD_SIM_MEMORY_MODEL");
-    sim::reset({.seed = config.seed, .memory_model = config.memory_model});
+    sim::reset({.seed = config.seed, .memory_model = config.memory_model, .timed = config.timed});
     for (int r = 0; r < n_; ++r) {
       sim::DeviceProps props = sim::h100_props();
+      props.timing = config.timing;
       props.nvlink_domain = r / config.ranks_per_domain;
       props.sm_count = 4;
       sim::add_device(props);
@@ -115,7 +119,7 @@ class Fabric {
       bootstraps_[i] = group_->bootstrap(r);
       runtime::Bootstrap* bootstrap = bootstraps_[i].get();
       runtime::gpu::set_current(r);
-      sim::NicConfig nic = config.nic;
+      sim::NicConfig nic = config.nic_per_rank.empty() ? config.nic : config.nic_per_rank[i];
       nic.seed = config.seed;
       nics_[i] = runtime::rdma::open_sim_nic(r, nic, config.open);
       registrars_[i] = std::make_shared<runtime::rdma::RdmaRegistrar>(*nics_[i]);
@@ -145,6 +149,8 @@ class Fabric {
     return qps_[static_cast<std::size_t>((rank * n_ + peer) * config_.lanes_per_peer + lane)];
   }
   uint8_t* buffer(int rank) { return buffers_[static_cast<std::size_t>(rank)]->local_ptr(); }
+  // Rank `peer`'s buffer as mapped by `rank` (a rank of its NVLink domain).
+  uint8_t* peer_buffer(int rank, int peer) { return buffers_[static_cast<std::size_t>(rank)]->peer_ptr(peer); }
   runtime::rdma::RdmaDevice& device(int rank) { return *nics_[static_cast<std::size_t>(rank)]; }
   sim::Nic& nic(int rank) { return runtime::rdma::sim_nic_of(device(rank)); }
   const runtime::rdma::RailConnections& connections(int rank) { return connections_[static_cast<std::size_t>(rank)]; }

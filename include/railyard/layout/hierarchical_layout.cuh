@@ -1,10 +1,12 @@
 // Railyard layout: the registered buffer of the hierarchical path, for a group of D
 // NVLink domains of R ranks (docs/design-internode.md, "Next: the hierarchical path").
 //
-// [NVLink part: an IntranodeLayout whose staging holds the rows of all D x R ranks of
-//  the group, each at its source's position, as forwarded rows keep it]
-// [RDMA part, page-aligned: count rows, signals, and packed send and receive rows for
-//  dispatch and combine, per remote domain]
+// [NVLink part: an IntranodeLayout for the whole group of D x R ranks: a count table
+//  row and flag per rank of the group, staging for the rows of every rank, each at its
+//  source's position, as forwarded rows keep it; only the R ranks of this rank's
+//  domain write into it, over NVLink]
+// [RDMA part, page-aligned: this rank's RDMA state, count rows, signals, and packed
+//  send and receive rows for dispatch and combine, per remote domain]
 //
 // A token of rank (n', l) bound for ranks of domain n crosses the NIC once, packed
 // with the other tokens of its chunk for that domain, into rail peer (n, l)'s receive
@@ -26,7 +28,7 @@ namespace railyard::layout {
 inline constexpr int kMaxDomains = 64;
 
 struct HierarchicalShape {
-  IntranodeShape domain;     // R, E_local, M, H, K and the dispatch dtype (its stage_sources is set from D)
+  IntranodeShape domain;     // R (ranks per NVLink domain), E_local, M, H, K and the dispatch dtype
   int num_domains = 1;       // D
   int chunk_tokens = 64;     // C: tokens per RDMA put and signal
   int chunks_in_flight = 2;  // S: send-ring chunks per remote domain
@@ -35,7 +37,7 @@ struct HierarchicalShape {
 class HierarchicalLayout {
  public:
   RAILYARD_HOST_DEVICE explicit HierarchicalLayout(const HierarchicalShape& shape)
-      : s_(shape), nvlink_(with_all_sources(shape)) {}
+      : s_(shape), nvlink_(group_shape(shape)) {}
   RAILYARD_HOST_DEVICE const HierarchicalShape& shape() const { return s_; }
   RAILYARD_HOST_DEVICE const IntranodeLayout& nvlink() const { return nvlink_; }
   RAILYARD_HOST_DEVICE int remote_domains() const { return s_.num_domains - 1; }
@@ -59,14 +61,20 @@ class HierarchicalLayout {
   RAILYARD_HOST_DEVICE int64_t wire_combine_row_bytes() const { return round_up(nvlink_.combine_row_bytes(), 16); }
 
   // ---- the RDMA part ---------------------------------------------------------------
-  // [count_rows: D-1 x count_row_ints int32, what each remote rail peer routes to this domain]
+  // [state: 64 B: metadata operations done (uint64), the lanes' fetch-and-add scratch]
+  // [count_rows: 2 parities x D-1 x count_row_ints int32, each remote rail peer's row]
   // [signals: D-1 metadata, D-1 x chunks dispatch, D-1 x chunks combine; uint64, monotonic]
   // [dispatch_recv: D-1 x M packed rows] [dispatch_send: D-1 x S x C packed rows]
   // [combine_recv: D-1 x M BF16 rows]    [combine_send: D-1 x S x C BF16 rows]
   RAILYARD_HOST_DEVICE int64_t rdma_offset() const { return round_up(nvlink_.registered_bytes(), 4096); }
-  RAILYARD_HOST_DEVICE int64_t count_rows_offset() const { return rdma_offset(); }
+  // Metadata operations this rank has finished: what its metadata signals have counted
+  // up to (each rail peer adds 1 per operation). Only this rank touches it.
+  RAILYARD_HOST_DEVICE int64_t metadata_ops_offset() const { return rdma_offset(); }
+  // 8 bytes nobody reads: where the NIC returns a signal's fetch-and-add.
+  RAILYARD_HOST_DEVICE int64_t fetch_scratch_offset() const { return rdma_offset() + 8; }
+  RAILYARD_HOST_DEVICE int64_t count_rows_offset() const { return rdma_offset() + 64; }
   RAILYARD_HOST_DEVICE int64_t signals_offset() const {
-    return count_rows_offset() + round_up(int64_t{remote_domains()} * nvlink_.count_row_ints() * 4, 128);
+    return count_rows_offset() + round_up(int64_t{2} * remote_domains() * nvlink_.count_row_ints() * 4, 128);
   }
   RAILYARD_HOST_DEVICE int64_t num_signals() const { return remote_domains() * (1 + 2 * chunks_per_domain()); }
   RAILYARD_HOST_DEVICE int64_t dispatch_recv_offset() const {
@@ -98,8 +106,11 @@ class HierarchicalLayout {
   RAILYARD_HOST_DEVICE int64_t combine_signal_offset(int r, int64_t chunk) const {
     return signals_offset() + (remote_domains() * (1 + chunks_per_domain()) + int64_t{r} * chunks_per_domain() + chunk) * 8;
   }
-  RAILYARD_HOST_DEVICE int64_t count_row_offset(int r) const {
-    return count_rows_offset() + int64_t{r} * nvlink_.count_row_ints() * 4;
+  // Remote domain r's rail peer's count row of the metadata operation whose index
+  // (metadata_ops before it) has this parity: a rail peer can start the next metadata
+  // operation before this rank has relayed its row of the last one, never two.
+  RAILYARD_HOST_DEVICE int64_t count_row_offset(int r, uint64_t parity) const {
+    return count_rows_offset() + (int64_t(parity & 1u) * remote_domains() + r) * nvlink_.count_row_ints() * 4;
   }
   RAILYARD_HOST_DEVICE int64_t dispatch_recv_row_offset(int r, int64_t token) const {
     return dispatch_recv_offset() + (int64_t{r} * s_.domain.max_tokens + token) * wire_dispatch_row_bytes();
@@ -117,10 +128,10 @@ class HierarchicalLayout {
   }
 
  private:
-  RAILYARD_HOST_DEVICE static IntranodeShape with_all_sources(const HierarchicalShape& shape) {
-    IntranodeShape domain = shape.domain;
-    domain.stage_sources = shape.num_domains * shape.domain.ranks_per_domain;
-    return domain;
+  RAILYARD_HOST_DEVICE static IntranodeShape group_shape(const HierarchicalShape& shape) {
+    IntranodeShape group = shape.domain;
+    group.ranks_per_domain = shape.num_domains * shape.domain.ranks_per_domain;
+    return group;
   }
 
   HierarchicalShape s_;

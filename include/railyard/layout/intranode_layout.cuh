@@ -31,16 +31,15 @@ RAILYARD_HOST_DEVICE constexpr int64_t round_up(int64_t x, int64_t m) { return (
 // The configuration that fixes the layout. Everything here is runtime: a new model
 // changes these numbers, never the compiled kernels.
 struct IntranodeShape {
-  int ranks_per_domain = 1;   // R: ranks in the NVLink domain (the group may span several)
+  // R: the ranks the count table, staging and handle index. One NVLink domain: its
+  // ranks. The hierarchical path lays its NVLink part out for the whole group of D x R
+  // ranks (HierarchicalLayout::nvlink()), of which a process maps its domain's.
+  int ranks_per_domain = 1;
   int num_local_experts = 1;  // E_local: experts per rank
   int max_tokens = 0;         // M: most tokens any rank passes in one call
   int hidden = 16;            // H: elements per token row
   int max_topk = 1;           // K: top-k slots per token
   DType dispatch_dtype = DType::BF16;
-  // Ranks whose rows staging has room for, M rows each at their source's position:
-  // 0 means the domain's R. The hierarchical path stages the rows of every rank of the
-  // group (forwarded rows keep their source's position): D x R.
-  int stage_sources = 0;
 };
 
 // The head of a rank's count row: what other ranks need to know about its call. A
@@ -124,8 +123,7 @@ class IntranodeLayout {
   RAILYARD_HOST_DEVICE int count_row_ints() const {
     return kCountRowHeaderInts + s_.ranks_per_domain * (1 + s_.num_local_experts);
   }
-  RAILYARD_HOST_DEVICE int stage_sources() const { return s_.stage_sources > 0 ? s_.stage_sources : s_.ranks_per_domain; }
-  RAILYARD_HOST_DEVICE int64_t stage_capacity_rows() const { return int64_t{stage_sources()} * s_.max_tokens; }
+  RAILYARD_HOST_DEVICE int64_t stage_capacity_rows() const { return int64_t{s_.ranks_per_domain} * s_.max_tokens; }
 
   // ---- the registered buffer ---------------------------------------------------------------
   // [count_table: 2 parities x R sources x count_row_ints]

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "railyard/arch/memory.cuh"
 #include "railyard/arch/mmio.cuh"
@@ -243,5 +244,18 @@ class Lane {
 };
 
 static_assert(transport::Lane<Lane>);
+
+// A QueuePair the host left in GPU memory (an array of them, one per lane, is how a
+// kernel with many lanes gets them: kernel parameters are too small), read with
+// 8-byte loads. Each thread that calls it gets its own copy.
+RAILYARD_DEVICE QueuePair load_queue_pair(const QueuePair* qp RAILYARD_LOC_PARAM) {
+  static_assert(sizeof(QueuePair) % 8 == 0 && alignof(QueuePair) >= 8);
+  uint64_t words[sizeof(QueuePair) / 8];
+  const auto* from = reinterpret_cast<const uint64_t*>(qp);
+  for (std::size_t i = 0; i < sizeof(QueuePair) / 8; ++i) words[i] = arch::ld_global(&from[i] RAILYARD_LOC_ARG);
+  QueuePair out;
+  std::memcpy(&out, words, sizeof(QueuePair));
+  return out;
+}
 
 }  // namespace railyard::transport::mlx5

@@ -1,0 +1,30 @@
+// Railyard hierarchical metadata: host interface. The relay is in metadata.cuh, the
+// launcher in src/kernels/hierarchical_metadata.cu. See docs/design-internode.md,
+// "Metadata across domains".
+#pragma once
+
+#include "kernels/intranode/metadata.hpp"
+#include "railyard/common/gpu_stream.hpp"
+#include "railyard/common/status.hpp"
+#include "railyard/layout/hierarchical_layout.cuh"
+#include "railyard/transport/mlx5/queue_pair.hpp"
+
+namespace railyard::kernels::hierarchical {
+
+struct MetadataArguments {
+  // The call as on one NVLink domain, over the whole group: metadata.domain.shape is
+  // HierarchicalLayout(shape).nvlink().shape() (D x R ranks), metadata.domain.rank the
+  // rank in the group, and its NVLink ranks those of its domain. The handle is the
+  // group's (IntranodeLayout over D x R ranks).
+  intranode::MetadataArguments metadata;
+  layout::HierarchicalShape shape;
+  // Lane 0 towards each rail peer (the rank of this local index in every other domain),
+  // in GPU memory, D - 1 of them in the order of HierarchicalLayout::remote_index.
+  const transport::mlx5::QueuePair* lanes = nullptr;
+};
+
+// Checks the arguments (errors name the argument and the expected value), then
+// enqueues the metadata kernel on `stream`. Every rank of the group must call it.
+Status launch_metadata(const MetadataArguments& args, GpuStream stream);
+
+}  // namespace railyard::kernels::hierarchical
