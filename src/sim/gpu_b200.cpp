@@ -25,6 +25,8 @@ DeviceProps b200_props() {
   // [L] NCCL src/graph/topo.h SM100_NVLINK_BW 40.1 x 18 links = 722 GB/s per
   // direction of 900 nominal [V], the same 0.8 ratio as H100's measured rate. +-7%.
   t.nvlink_gbps = 722;
+  // The NIC: H100's constants. [V] DGX B200 datasheet: 8 single-port ConnectX-7 VPI,
+  // 400 Gb/s, PCIe Gen5 (ConnectX-8 at 800 Gb/s comes with B300 / GB300 systems).
   return p;
 }
 

@@ -62,6 +62,24 @@ DeviceProps h100_props() {
   // [M] gpu-benches gpu-small-kernels/h200.txt: back-to-back kernels in one stream
   // cost 2.5 µs each on H200 (same die). +-30%.
   t.launch_us = 2.5;
+  // The GPU's NIC: a ConnectX-7 400 Gb/s port behind a PCIe Gen5 x16 switch, as in a
+  // DGX H100 [V, DGX H100 user guide: 8 single-port ConnectX-7, 400 Gb/s].
+  // [V] 400 Gb/s per direction (ConnectX-7 datasheet); the payload rate is a few %
+  // lower (packet headers, not modelled): perftest ib_write_bw reports about 48 GB/s.
+  // -5% / +0.
+  t.nic_gbps = 50;
+  // [D] PCIe Gen5 x16: 64 GB/s per direction [V, PCI-SIG] x 0.86 for 128b/130b and
+  // TLP headers at a 256-byte payload. -10% / +8%.
+  t.nic_pcie_gbps = 55;
+  t.nic_doorbell_ns = 400;   // [E] a posted MMIO write through the PCIe switch. x/÷ 2
+  t.nic_wqe_fetch_ns = 800;  // [E] a DMA read round trip of GPU memory over PCIe. x/÷ 2
+  t.nic_pcie_read_ns = 800;  // [E] the same round trip, for a WRITE's payload. x/÷ 2
+  // [E] NIC transmit and receive pipelines, FEC, cable and one or two switch hops;
+  // perftest ib_write_lat reports 1-2 µs host to host on NDR, which includes the
+  // doorbell and the reads above. x/÷ 2.
+  t.nic_wire_ns = 1000;
+  t.nic_atomic_ns = 800;  // [E] a PCIe read round trip and a write at the responder. x/÷ 2
+  t.nic_cqe_ns = 300;     // [E] a posted PCIe write into GPU memory. x/÷ 2
   return p;
 }
 

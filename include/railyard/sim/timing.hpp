@@ -36,6 +36,15 @@ struct TimingModel {
   double barrier_cycles = 24;       // bar.sync after the last arrival
   double warp_collective_cycles = 8;  // __syncwarp, shuffle, vote
   double launch_us = 4;             // a kernel launch until its first block runs
+  // ---- the GPU's NIC (sim::Nic, docs/simulator.md "Timed mode") ----
+  double nic_gbps = 50;            // the port's data rate per direction (TX and RX pipes)
+  double nic_pcie_gbps = 55;       // the NIC's DMA reads of GPU memory over PCIe (payload)
+  double nic_doorbell_ns = 400;    // a doorbell store (MMIO over PCIe) until the NIC sees it
+  double nic_wqe_fetch_ns = 800;   // the NIC's read of the rung WQEs from GPU memory
+  double nic_pcie_read_ns = 800;   // a payload read's round trip before its packet leaves
+  double nic_wire_ns = 1000;       // a packet from one NIC to another (NIC pipelines, cable, switch)
+  double nic_atomic_ns = 800;      // the responder's read-modify-write of GPU memory
+  double nic_cqe_ns = 300;         // the ACK's arrival until its CQE is written in GPU memory
 };
 
 }  // namespace railyard::sim
