@@ -767,6 +767,7 @@ bool Engine::step() {
     parked_.clear();
   }
   unpark_epoch_ = epoch_;
+  if (timing_.enabled()) return step_timed();
   const std::size_t nf = runnable_.size(), na = async_.size();
   if (nf == 0 && na == 0) {
     bool agent_progress = false;
@@ -776,33 +777,10 @@ bool Engine::step() {
       ++epoch_;
       return true;
     }
-    if (kernels_.empty() && !admission_dirty_) {
-      // Nothing runs: either every stream is empty (pause) or heads wait on events
-      // that will never be recorded (a hang).
-      bool pending = false;
-      for (const auto& s : streams_) pending |= !s.ops.empty();
-      if (!pending) return false;
-    }
-    warp_or_hang();
-    return true;
+    return idle();
   }
   ++stats_.scheduler_steps;
   ++stats_.virtual_cycles;
-  if (timing_.enabled()) {
-    // The earliest thread or copy step; a copy first on a tie (it completes what a
-    // thread at the same time may wait for).
-    Fiber* f = by_clock_.empty() ? nullptr : by_clock_.front().fiber;
-    const std::size_t a = earliest_async();
-    if (a < na && (f == nullptr || async_[a].next_ns() <= f->clock_ns)) {
-      record_decision(1, static_cast<uint64_t>(async_[a].block->kernel->device), async_[a].issuer->tid,
-                      async_[a].bytes);
-      complete_async(a);
-    } else {
-      record_decision(0, static_cast<uint64_t>(f->device), f->block_linear, f->tid);
-      run_fiber(pop_earliest_fiber());
-    }
-    return true;
-  }
   if (Fiber* next = neighbour_to_run(); next != nullptr) {
     record_decision(4, static_cast<uint64_t>(next->device), next->block_linear, next->tid);
     run_fiber(next);
@@ -819,6 +797,52 @@ bool Engine::step() {
     complete_async(pick - nf);
   } else if (record_decision(2, pick - nf - na, 0, 0), agents_[pick - nf - na]->step()) {
     ++epoch_;
+  }
+  return true;
+}
+
+// Nothing can run now: pause when every stream is empty, else warp the clock or
+// report a hang (heads that wait on events never to be recorded hang too).
+bool Engine::idle() {
+  if (kernels_.empty() && !admission_dirty_) {
+    bool pending = false;
+    for (const auto& s : streams_) pending |= !s.ops.empty();
+    if (!pending) return false;
+  }
+  warp_or_hang();
+  return true;
+}
+
+// Timed mode: the earliest of the runnable threads, the bulk copies' next steps and
+// the agents' next events; on a tie a copy, then an agent (each completes what a
+// thread at the same time may wait for), then a thread.
+bool Engine::step_timed() {
+  Fiber* f = by_clock_.empty() ? nullptr : by_clock_.front().fiber;
+  const std::size_t a = earliest_async();
+  std::size_t agent = agents_.size();
+  double agent_ns = kNoEvent;
+  for (std::size_t i = 0; i < agents_.size(); ++i)
+    if (const double t = agents_[i]->next_event_ns(); t < agent_ns) agent_ns = t, agent = i;
+  if (f == nullptr && a == async_.size() && agent == agents_.size()) return idle();
+  ++stats_.scheduler_steps;
+  ++stats_.virtual_cycles;
+  const double thread_ns = f != nullptr ? f->clock_ns : kNoEvent;
+  if (a < async_.size() && async_[a].next_ns() <= std::min(thread_ns, agent_ns)) {
+    record_decision(1, static_cast<uint64_t>(async_[a].block->kernel->device), async_[a].issuer->tid,
+                    async_[a].bytes);
+    complete_async(a);
+  } else if (agent < agents_.size() && agent_ns <= thread_ns) {
+    // Before time moves on to the agent's event, the parked threads run again, as
+    // before a clock warp (recheck_parked): one that parked on a read confirming what
+    // it had seen (the acquire after a relaxed poll) goes on now, not at that event.
+    if (recheck_parked()) return true;
+    record_decision(2, agent, 0, 0);
+    now_ns_ = std::max(now_ns_, agent_ns);
+    agents_[agent]->step();
+    ++epoch_;
+  } else {
+    record_decision(0, static_cast<uint64_t>(f->device), f->block_linear, f->tid);
+    run_fiber(pop_earliest_fiber());
   }
   return true;
 }

@@ -419,6 +419,8 @@ class Engine {
   void engine_main();
   void run_until_pause();
   bool step();  // false when nothing can run without a clock warp
+  bool step_timed();
+  bool idle();  // step() when nothing can run now
   void run_fiber(Fiber* f);
   void admit();
   void start_block(KernelRun& k);

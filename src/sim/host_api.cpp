@@ -402,12 +402,21 @@ void register_doorbell(void* ptr, std::size_t bytes) {
   Engine& e = engine();
   auto lock = e.acquire();
   e.weak().add_doorbell(ptr, bytes);
+  e.timing().add_doorbell(ptr, bytes);
 }
 
 void unregister_doorbell(void* ptr) {
   Engine& e = engine();
   auto lock = e.acquire();
   e.weak().remove_doorbell(ptr);
+  e.timing().remove_doorbell(ptr);
+}
+
+// From an agent's step() (or next_event_ns()), on the engine thread: no lock to take.
+double doorbell_rung_ns(const void* ptr) { return engine().timing().doorbell_rung_ns(ptr); }
+void take_doorbell(const void* ptr) { engine().timing().take_doorbell(ptr); }
+double nic_pass(int device, NicPipe pipe, double ready_ns, std::size_t bytes) {
+  return engine().timing().nic_pass(device, pipe, ready_ns, bytes);
 }
 
 Traffic traffic() {

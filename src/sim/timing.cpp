@@ -16,12 +16,13 @@ void Timing::reset(bool enabled) {
   enabled_ = enabled;
   devices_.clear();
   visible_at_.clear();
+  doorbells_.clear();
 }
 
 void Timing::add_device(const DeviceProps& props) {
   const TimingModel& m = props.timing;
   if (!(m.sm_clock_ghz > 0 && m.issue_ops_per_cycle > 0 && m.smem_bytes_per_cycle > 0 && m.tma_gbps > 0 &&
-        m.hbm_gbps > 0 && m.nvlink_gbps > 0 && m.l1_bytes >= 128))
+        m.hbm_gbps > 0 && m.nvlink_gbps > 0 && m.nic_gbps > 0 && m.nic_pcie_gbps > 0 && m.l1_bytes >= 128))
     throw std::invalid_argument("railyard::sim::add_device: device '" + props.name +
                                 "' has a TimingModel with a clock or bandwidth <= 0 or l1_bytes < 128; expected every one > 0 and "
                                 "l1_bytes >= 128");
@@ -29,6 +30,8 @@ void Timing::add_device(const DeviceProps& props) {
   d.model = m;
   d.hbm.ns_per_byte = 1.0 / m.hbm_gbps;
   d.nvlink_out.ns_per_byte = d.nvlink_in.ns_per_byte = 1.0 / m.nvlink_gbps;
+  d.nic_tx.ns_per_byte = d.nic_rx.ns_per_byte = 1.0 / m.nic_gbps;
+  d.nic_pcie.ns_per_byte = 1.0 / m.nic_pcie_gbps;
   const int slots = props.sm_count * props.max_blocks_per_sm;
   d.sms.resize(static_cast<std::size_t>(props.sm_count));
   for (Sm& sm : d.sms) {
@@ -55,7 +58,12 @@ std::vector<BusyTime> Timing::busy() const {
   std::vector<BusyTime> out;
   if (!enabled_) return out;
   for (const Device& d : devices_) {
-    BusyTime b{.hbm_ns = d.hbm.busy_ns, .nvlink_out_ns = d.nvlink_out.busy_ns, .nvlink_in_ns = d.nvlink_in.busy_ns};
+    BusyTime b{.hbm_ns = d.hbm.busy_ns,
+               .nvlink_out_ns = d.nvlink_out.busy_ns,
+               .nvlink_in_ns = d.nvlink_in.busy_ns,
+               .nic_tx_ns = d.nic_tx.busy_ns,
+               .nic_rx_ns = d.nic_rx.busy_ns,
+               .nic_pcie_ns = d.nic_pcie.busy_ns};
     for (const Sm& sm : d.sms) {
       b.sm_issue_ns = std::max(b.sm_issue_ns, sm.issue.busy_ns);
       b.sm_smem_ns = std::max(b.sm_smem_ns, sm.smem.busy_ns);
@@ -69,6 +77,7 @@ std::vector<BusyTime> Timing::busy() const {
 void Timing::reset_busy() {
   for (Device& d : devices_) {
     d.hbm.busy_ns = d.nvlink_out.busy_ns = d.nvlink_in.busy_ns = 0;
+    d.nic_tx.busy_ns = d.nic_rx.busy_ns = d.nic_pcie.busy_ns = 0;
     for (Sm& sm : d.sms) sm.issue.busy_ns = sm.smem.busy_ns = sm.tma.busy_ns = 0;
   }
 }
@@ -171,6 +180,8 @@ void Timing::store(Fiber* f, Target where, const void* ptr, std::size_t bytes, b
     f->remote_stores_done_ns = std::max(f->remote_stores_done_ns, visible);
   }
   if (strong) visible_at_[reinterpret_cast<uintptr_t>(ptr)] = visible;
+  if (!doorbells_.empty())
+    if (Doorbell* d = find_doorbell(ptr, bytes); d != nullptr) d->rung_ns = std::min(d->rung_ns, t);
 }
 
 void Timing::atomic(Fiber* f, Target where, const void* ptr, std::size_t bytes) {
@@ -214,6 +225,36 @@ Timing::S2G Timing::bulk_s2g(Fiber* f, Target destination, std::size_t bytes) {
   const double write =
       sent + (destination.kind == Target::Kind::Remote ? m.remote_store_ns : m.global_latency_ns);
   return {read, write};
+}
+
+// ---- the simulated NICs ------------------------------------------------------------------------
+double Timing::nic_pass(int device, NicPipe pipe, double ready_ns, std::size_t bytes) {
+  Device& d = devices_[device];
+  Pipe& p = pipe == NicPipe::Tx ? d.nic_tx : pipe == NicPipe::Rx ? d.nic_rx : d.nic_pcie;
+  return p.pass(ready_ns, static_cast<double>(bytes));
+}
+
+void Timing::add_doorbell(const void* ptr, std::size_t bytes) {
+  const auto a = reinterpret_cast<uintptr_t>(ptr);
+  doorbells_[a] = Doorbell{.end = a + bytes};
+}
+
+void Timing::remove_doorbell(const void* ptr) { doorbells_.erase(reinterpret_cast<uintptr_t>(ptr)); }
+
+Timing::Doorbell* Timing::find_doorbell(const void* ptr, std::size_t bytes) {
+  const auto a = reinterpret_cast<uintptr_t>(ptr);
+  auto it = doorbells_.upper_bound(a + bytes - 1);
+  if (it == doorbells_.begin() || std::prev(it)->second.end <= a) return nullptr;
+  return &std::prev(it)->second;
+}
+
+double Timing::doorbell_rung_ns(const void* ptr) const {
+  auto it = doorbells_.find(reinterpret_cast<uintptr_t>(ptr));
+  return it != doorbells_.end() ? it->second.rung_ns : kNoEvent;
+}
+
+void Timing::take_doorbell(const void* ptr) {
+  if (Doorbell* d = find_doorbell(ptr, 1); d != nullptr) d->rung_ns = kNoEvent;
 }
 
 }  // namespace railyard::sim::detail

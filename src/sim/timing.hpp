@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <unordered_map>
 #include <vector>
 
@@ -84,6 +85,14 @@ class Timing {
   };
   S2G bulk_s2g(Fiber* f, Target destination, std::size_t bytes);
 
+  // The simulated NICs (sim::nic_pass, doorbell_rung_ns, take_doorbell): their pipes,
+  // and when each registered doorbell was first stored to since its agent took it.
+  double nic_pass(int device, NicPipe pipe, double ready_ns, std::size_t bytes);
+  void add_doorbell(const void* ptr, std::size_t bytes);
+  void remove_doorbell(const void* ptr);
+  double doorbell_rung_ns(const void* ptr) const;
+  void take_doorbell(const void* ptr);
+
  private:
   struct Sm {
     Pipe issue, smem, tma;
@@ -92,6 +101,7 @@ class Timing {
   struct Device {
     TimingModel model;
     Pipe hbm, nvlink_out, nvlink_in;
+    Pipe nic_tx, nic_rx, nic_pcie;
     std::vector<Sm> sms;
     std::vector<int> free_sms;
   };
@@ -112,11 +122,18 @@ class Timing {
   Sm& sm_of(const Fiber* f);  // the SM the thread's block runs on
   // When the last strong store to `ptr` becomes visible (0: none in flight).
   double in_flight_until(const void* ptr) const;
+  struct Doorbell {
+    uintptr_t end = 0;
+    double rung_ns = kNoEvent;  // the first store its agent has not taken
+  };
+  // The doorbell overlapping [ptr, ptr + bytes), if any.
+  Doorbell* find_doorbell(const void* ptr, std::size_t bytes);
 
   bool enabled_ = false;
   std::vector<Device> devices_;
   // Strong stores in flight: when each address's last one becomes visible.
   std::unordered_map<uintptr_t, double> visible_at_;
+  std::map<uintptr_t, Doorbell> doorbells_;  // by start
 };
 
 }  // namespace railyard::sim::detail

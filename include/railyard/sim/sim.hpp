@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <source_location>
 #include <stdexcept>
@@ -83,7 +84,7 @@ struct Config {
   MemoryModel memory_model = MemoryModel::SequentiallyConsistent;
   // Timed mode (docs/simulator.md, "Timed mode"): every operation costs virtual time by
   // its device's TimingModel, every thread has its own clock, and the scheduler runs
-  // whatever (thread or bulk copy) has the earliest time, deterministically (seed,
+  // whatever (thread, bulk copy or agent event, Agent) has the earliest time, deterministically (seed,
   // preemption and locality then play no part). clock64() and __nanosleep use the
   // thread's clock; recorded events carry times (elapsed_ns).
   bool timed = false;
@@ -217,12 +218,24 @@ class HostCondition {
 
 // ---- agents (the place for a simulated NIC) ------------------------------------
 // An agent is stepped by the engine like a fiber: it may read and write simulated
-// memory (e.g. poll a doorbell and move bytes between devices). step() returns
-// true when it made progress; an agent that returns false counts as idle.
+// memory (e.g. poll a doorbell and move bytes between devices).
+//
+// By default (untimed) the seeded scheduler picks an agent among the runnable
+// threads and copies, and when nothing else can run it steps every agent; step()
+// returns true when it made progress, and an agent that returns false counts as idle.
+//
+// In the timed mode (Config::timed) an agent is a source of events in the one
+// schedule: next_event_ns() says when its next event happens (kNoEvent: none until a
+// thread writes what it watches, a doorbell say), and the engine calls step() exactly
+// when that time is the earliest of every thread, bulk copy and agent (a copy, then an
+// agent, then a thread on a tie); step() then runs that one event. The default
+// next_event_ns() takes no part in the timed mode.
+inline constexpr double kNoEvent = std::numeric_limits<double>::infinity();
 class Agent {
  public:
   virtual ~Agent() = default;
   virtual bool step() = 0;
+  virtual double next_event_ns() const { return kNoEvent; }
   virtual std::string describe() const = 0;  // for hang reports
 };
 void add_agent(Agent* agent);  // not owned; removed by reset()
@@ -253,6 +266,19 @@ void agent_write(const std::string& agent, const void* ptr, std::size_t bytes, A
 uint64_t doorbell_release(const void* ptr);
 bool agent_read(int device, const std::string& agent, const void* ptr, std::size_t bytes, uint64_t released,
                 const char* op, std::source_location loc = std::source_location::current());
+
+// Timed mode, from an agent only. doorbell_rung_ns: when the earliest store to the
+// doorbell at `ptr` (register_doorbell) that the agent has not taken was issued, by the
+// storing thread's clock (kNoEvent: none); take_doorbell marks every store until now
+// taken. An agent sees a doorbell when it takes it: the value stored last.
+double doorbell_rung_ns(const void* ptr);
+void take_doorbell(const void* ptr);
+// Timed mode, from an agent only: `bytes` through one of device `device`'s NIC pipes
+// (the port's transmit and receive directions, TimingModel::nic_gbps each, and the
+// NIC's reads of GPU memory over PCIe, nic_pcie_gbps), ready at `ready_ns`: when the
+// last byte has passed. Counted in busy_time().
+enum class NicPipe { Tx, Rx, PcieRead };
+double nic_pass(int device, NicPipe pipe, double ready_ns, std::size_t bytes);
 
 // Marks [ptr, ptr + bytes) as an MMIO doorbell (a NIC's, say): in weak memory mode, a
 // kernel store to it while the storing thread has writes not released to the system
@@ -292,6 +318,7 @@ void reset_traffic();
 struct BusyTime {
   double hbm_ns = 0, nvlink_out_ns = 0, nvlink_in_ns = 0;
   double sm_issue_ns = 0, sm_smem_ns = 0, sm_tma_ns = 0;
+  double nic_tx_ns = 0, nic_rx_ns = 0, nic_pcie_ns = 0;  // the device's simulated NIC (nic_pass)
 };
 std::vector<BusyTime> busy_time();  // by device; empty outside the timed mode
 
