@@ -7,6 +7,7 @@
 // doorbell that asked for them released (docs/simulator.md, "The simulated NIC").
 #include "railyard/sim/nic.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
@@ -25,10 +26,14 @@ Nic::Nic(int device, NicConfig config)
     : device_(device),
       name_("the simulated NIC of device " + std::to_string(device)),
       config_(config),
-      rng_(config.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(device)) {
+      rng_(config.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(device)),
+      timed_(sim::config().timed),
+      model_(device_props(device).timing) {
   if (config_.mtu_bytes == 0) throw std::invalid_argument("sim::Nic: mtu_bytes must be positive");
   if (!(config_.stall_probability >= 0 && config_.stall_probability < 1))
     throw std::invalid_argument("sim::Nic: stall_probability must be in [0, 1)");
+  if (timed_ && config_.stall_probability > 0)
+    throw std::invalid_argument("sim::Nic: stall_probability is for the untimed mode; the timed mode's delays are its model's");
   add_agent(this);
 }
 
@@ -111,6 +116,7 @@ Nic::Qp& Nic::qp(uint32_t qpn) {
 // Doorbells first (each QP's UAR word), then one packet of one QP with work, chosen at
 // random: RC order within a QP, any interleaving across QPs.
 bool Nic::step() {
+  if (timed_) return step_timed();
   bool progress = false;
   std::vector<Qp*> busy;
   for (auto& [qpn, q] : qps_) {
@@ -123,6 +129,73 @@ bool Nic::step() {
     return true;  // busy, not idle: the engine must not take a stalled NIC for a hang
   execute_packet(*busy[std::uniform_int_distribution<std::size_t>(0, busy.size() - 1)(rng_)]);
   return true;
+}
+
+// Timed mode: the earliest of a scheduled event (a packet landing, an atomic, a CQE),
+// a doorbell reaching the NIC, and the next packet leaving.
+double Nic::next_event_ns() const {
+  if (!timed_) return kNoEvent;
+  double next = events_.empty() ? kNoEvent : events_.begin()->first.first;
+  for (const auto& [qpn, q] : qps_) {
+    if (q.dead) continue;
+    next = std::min(next, doorbell_rung_ns(q.queues.uar) + model_.nic_doorbell_ns);
+    if (!q.pending.empty()) next = std::min(next, std::max(next_send_ns_, q.pending.front().ready_ns));
+  }
+  return next;
+}
+
+// Timed mode: runs the event next_event_ns() names (the engine calls it at that time),
+// the first of them on a tie: a scheduled event, a doorbell, a packet.
+bool Nic::step_timed() {
+  now_ns_ = next_event_ns();
+  if (!events_.empty() && events_.begin()->first.first <= now_ns_) {
+    auto event = events_.extract(events_.begin());
+    event.mapped()();
+    return true;
+  }
+  for (auto& [qpn, q] : qps_) {
+    if (q.dead || doorbell_rung_ns(q.queues.uar) + model_.nic_doorbell_ns > now_ns_) continue;
+    sim::take_doorbell(q.queues.uar);
+    const std::size_t fetched = q.pending.size();
+    take_doorbell(q);
+    for (std::size_t i = fetched; i < q.pending.size(); ++i) q.pending[i].ready_ns = now_ns_ + model_.nic_wqe_fetch_ns;
+    return true;
+  }
+  execute_packet(*next_to_send(now_ns_));
+  return true;
+}
+
+// Timed mode: the QP whose packet leaves now, the QPs with a fetched request taking
+// turns in QPN order (no seed: the timed mode is deterministic).
+Nic::Qp* Nic::next_to_send(double now) {
+  auto it = qps_.upper_bound(last_sent_qpn_);
+  for (std::size_t n = 0; n < qps_.size(); ++n, ++it) {
+    if (it == qps_.end()) it = qps_.begin();
+    const Qp& q = it->second;
+    if (!q.dead && !q.pending.empty() && q.pending.front().ready_ns <= now) {
+      last_sent_qpn_ = it->first;
+      return &it->second;
+    }
+  }
+  throw std::logic_error("sim::Nic: no packet to send at its send event");
+}
+
+double Nic::transmit(Qp& q, std::size_t bytes, bool read) {
+  double sent = nic_pass(device_, NicPipe::Tx, now_ns_, bytes);
+  double latency = model_.nic_wire_ns;
+  if (read) {
+    sent = std::max(sent, nic_pass(device_, NicPipe::PcieRead, now_ns_, bytes));
+    latency += model_.nic_pcie_read_ns;
+  }
+  next_send_ns_ = sent;
+  const double received = nic_pass(q.peer->device_, NicPipe::Rx, now_ns_ + latency, bytes);
+  q.landed_ns = std::max({q.landed_ns, sent + latency, received});
+  return q.landed_ns;
+}
+
+void Nic::at(double ns, std::function<void()> event) {
+  if (!timed_) return event();
+  events_.emplace(std::make_pair(ns, events_scheduled_++), std::move(event));
 }
 
 // The doorbell's 8 bytes are a ctrl segment's first 8 (wire.cuh doorbell_value): the

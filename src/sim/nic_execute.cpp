@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <memory>
 #include <sstream>
 
 #include "railyard/sim/nic.hpp"
@@ -89,7 +90,7 @@ Nic::Request& Nic::pick(Qp& q) {
   if (!config_.relaxed_ordering) return q.pending.front();
   std::vector<Request*> open;
   for (Request& r : q.pending) {
-    if (!is_write(r.wqe)) break;
+    if (!is_write(r.wqe) || (timed_ && r.ready_ns > now_ns_)) break;
     if (!r.checked || r.done_bytes < request_length(r.wqe)) open.push_back(&r);
   }
   if (open.empty()) return q.pending.front();
@@ -134,59 +135,75 @@ void Nic::execute_packet(Qp& q) {
     case mlx5::Opcode::RdmaWrite: execute_write(q, r); return retire_placed_writes(q);
     case mlx5::Opcode::AtomicFa:
     case mlx5::Opcode::AtomicCs: execute_atomic(q, r); break;
-    case mlx5::Opcode::Nop: break;
+    case mlx5::Opcode::Nop: complete(q, r, mlx5::Syndrome{}, false); break;
     default: return fail(q, "WQE " + std::to_string(r.index) + ": opcode not modelled (WRITE_IMM needs a receive queue)");
   }
-  complete(q, r, mlx5::Syndrome{}, false);
   q.pending.pop_front();
 }
 
 // One MTU-sized piece: the next one, or with relaxed ordering any piece not placed yet.
 void Nic::execute_write(Qp& q, Request& r) {
   const uint32_t length = static_cast<uint32_t>(request_length(r.wqe));
-  uint32_t at = r.done_bytes;
+  uint32_t offset = r.done_bytes;
   if (config_.relaxed_ordering && length > config_.mtu_bytes) {
     if (r.unplaced.empty() && r.done_bytes == 0)
       for (uint32_t p = 0; p < (length + config_.mtu_bytes - 1) / config_.mtu_bytes; ++p) r.unplaced.push_back(p);
     const std::size_t pick = std::uniform_int_distribution<std::size_t>(0, r.unplaced.size() - 1)(rng_);
-    at = r.unplaced[pick] * config_.mtu_bytes;
+    offset = r.unplaced[pick] * config_.mtu_bytes;
     r.unplaced[pick] = r.unplaced.back();
     r.unplaced.pop_back();
   }
-  const uint32_t piece = std::min(config_.mtu_bytes, length - at);
-  auto* dst = reinterpret_cast<uint8_t*>(r.wqe.remote.raddr) + at;
-  const uint8_t* src = r.wqe.is_inline ? r.bytes.data() + r.wqe.inline_offset + at
-                                       : reinterpret_cast<const uint8_t*>(r.wqe.local.addr) + at;
+  const uint32_t piece = std::min(config_.mtu_bytes, length - offset);
+  auto* dst = reinterpret_cast<uint8_t*>(r.wqe.remote.raddr) + offset;
+  const uint8_t* src = r.wqe.is_inline ? r.bytes.data() + r.wqe.inline_offset + offset
+                                       : reinterpret_cast<const uint8_t*>(r.wqe.local.addr) + offset;
   if (!r.wqe.is_inline && !reads_released(q, src, piece, r.released, "the source of an RDMA WRITE")) return;
-  if (piece > 0) {
-    std::memmove(dst, src, piece);
-    agent_write(name_, dst, piece, AgentOrder::Plain, "an RDMA WRITE");
-  }
+  // The payload is read now and lands at the peer when the packet does (at once
+  // untimed); its ACK comes back a wire latency later.
+  const double lands = timed_ ? transmit(q, piece, !r.wqe.is_inline) : 0;
+  r.acked_ns = lands + model_.nic_wire_ns;
+  if (piece > 0)
+    at(lands, [this, dst, payload = std::vector<uint8_t>(src, src + piece)] {
+      std::memcpy(dst, payload.data(), payload.size());
+      agent_write(name_, dst, payload.size(), AgentOrder::Plain, "an RDMA WRITE");
+    });
   r.done_bytes += piece;
   agent_count_bytes(device_, q.peer->device_, piece);
 }
 
-// 8-byte fetch-and-add or compare-and-swap at the responder, in the NIC's atomic byte
-// order; the old value lands at the local address as the target's bytes were.
+// 8-byte fetch-and-add or compare-and-swap at the responder (nic_atomic_ns after it
+// arrives); the old value comes back with the response and lands at the local address
+// as the target's bytes were, before the CQE.
 void Nic::execute_atomic(Qp& q, Request& r) {
-  auto* target = reinterpret_cast<uint8_t*>(r.wqe.remote.raddr);
+  const double executes = timed_ ? transmit(q, sizeof(uint64_t), false) + model_.nic_atomic_ns : 0;
+  r.acked_ns = executes + model_.nic_wire_ns;
+  auto old = std::make_shared<uint64_t>();
+  at(executes, [this, w = r.wqe, old] { *old = apply_atomic(w); });
+  at(r.acked_ns, [this, local = reinterpret_cast<void*>(r.wqe.local.addr), old] {
+    std::memcpy(local, old.get(), sizeof(uint64_t));
+    agent_write(name_, local, sizeof(uint64_t), AgentOrder::Plain, "an RDMA atomic's old value");
+  });
+  agent_count_bytes(device_, q.peer->device_, sizeof(uint64_t));
+  complete(q, r, mlx5::Syndrome{}, false);
+}
+
+// The atomic in the NIC's atomic byte order; returns the target's bytes as they were.
+uint64_t Nic::apply_atomic(const mlx5::ParsedWqe& w) {
+  auto* target = reinterpret_cast<uint8_t*>(w.remote.raddr);
   uint64_t raw;
   std::memcpy(&raw, target, sizeof(raw));
   const uint64_t old = config_.atomics_big_endian ? mlx5::from_be64(raw) : raw;
   uint64_t next = old;
-  if (r.wqe.ctrl.opcode == mlx5::Opcode::AtomicFa) {
-    next = old + r.wqe.atomic.swap_add;
-  } else if (old == r.wqe.atomic.compare) {
-    next = r.wqe.atomic.swap_add;
+  if (w.ctrl.opcode == mlx5::Opcode::AtomicFa) {
+    next = old + w.atomic.swap_add;
+  } else if (old == w.atomic.compare) {
+    next = w.atomic.swap_add;
   }
   const uint64_t out = config_.atomics_big_endian ? mlx5::to_be64(next) : next;
   std::memcpy(target, &out, sizeof(out));
   // The atomic follows every earlier WRITE of its QP: it publishes them.
   agent_write(name_, target, sizeof(out), AgentOrder::Release, "an RDMA atomic");
-  std::memcpy(reinterpret_cast<void*>(r.wqe.local.addr), &raw, sizeof(raw));
-  agent_write(name_, reinterpret_cast<void*>(r.wqe.local.addr), sizeof(raw), AgentOrder::Plain,
-              "an RDMA atomic's old value");
-  agent_count_bytes(device_, q.peer->device_, sizeof(uint64_t));
+  return raw;
 }
 
 // A CQE for a signalled WQE, and for every error (errors and flushes always complete,
@@ -195,12 +212,15 @@ void Nic::complete(Qp& q, const Request& r, mlx5::Syndrome syndrome, bool error)
   q.completed = r.index + mlx5::wqebb_count(r.wqe.ctrl.ds);
   if (!error && (r.wqe.ctrl.fm_ce_se & mlx5::kCtrlCqUpdate) == 0) return;
   const uint32_t length = r.wqe.is_inline ? r.wqe.inline_bytes : r.wqe.local.byte_count;
-  write_cqe(q, mlx5::CqeFields{.opcode = error ? mlx5::CqeOpcode::ReqErr : mlx5::CqeOpcode::Req,
+  const mlx5::CqeFields fields{.opcode = error ? mlx5::CqeOpcode::ReqErr : mlx5::CqeOpcode::Req,
                                .wqe_counter = static_cast<uint16_t>(r.index & mlx5::kWqeIndexMask),
                                .qpn = q.queues.qpn,
                                .wqe_opcode = static_cast<uint8_t>(r.wqe.ctrl.opcode),
                                .byte_count = error ? 0 : length,
-                               .syndrome = syndrome});
+                               .syndrome = syndrome};
+  // Timed: once its ACK is back (an error's at once), after the QP's earlier CQEs.
+  q.cqe_ns = std::max(q.cqe_ns, std::max(now_ns_, r.acked_ns) + model_.nic_cqe_ns);
+  at(q.cqe_ns, [this, &q, fields] { write_cqe(q, fields); });
 }
 
 // CQE number n goes to slot n mod ncqe with the lap's owner bit (cq.c's rule seen from

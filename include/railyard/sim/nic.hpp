@@ -9,6 +9,14 @@
 // CQ ring in GPU memory. docs/simulator.md, "The simulated NIC", says what is modelled
 // and what is not.
 //
+// In the timed mode (Config::timed) its work takes simulated time by its device's
+// TimingModel (the nic_* constants): a doorbell is seen nic_doorbell_ns after its
+// store, each packet passes this NIC's TX pipe (and PCIe read pipe for a payload in
+// memory) and the peer's RX pipe and lands after the latencies, an atomic executes
+// nic_atomic_ns after it arrives, and a CQE is written once the ACK is back. Bytes
+// appear in memory at those times: the NIC is a source of timed events
+// (Agent::next_event_ns), and a kernel polling a signal or a CQE sees it when it lands.
+//
 // Host code creates it while it holds the world (not inside a simulator call). It
 // registers itself with add_agent and must live until the next sim::reset(), which
 // removes it and frees the queues it allocated.
@@ -17,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -36,7 +45,8 @@ struct NicConfig {
   bool atomics_big_endian = false;
   // Seeded delays: the probability that a step with work pending moves nothing (the
   // link or the NIC's pipeline is busy), so that kernels see completions late and
-  // QPs fall behind one another.
+  // QPs fall behind one another. Untimed mode only (the timed mode's delays are its
+  // model's).
   double stall_probability = 0.0;
   // Relaxed-ordering placement (memory registered with IBV_ACCESS_RELAXED_ORDERING,
   // as IBGDA transports register it): the RDMA WRITEs of a QP before its next atomic
@@ -98,6 +108,7 @@ class Nic : public Agent {
 
 
   bool step() override;
+  double next_event_ns() const override;
   std::string describe() const override;
 
  private:
@@ -115,6 +126,8 @@ class Nic : public Agent {
     std::vector<uint32_t> unplaced;
     bool checked = false;     // its first-packet checks passed
     uint64_t released = 0;    // what its doorbell released (weak mode: sim::doorbell_release)
+    double ready_ns = 0;      // timed mode: fetched, its first packet may leave
+    double acked_ns = 0;      // timed mode: the ACK of its last packet is back
   };
   enum class QpState { ReadyToSend, Error };
   struct Qp {
@@ -131,6 +144,8 @@ class Nic : public Agent {
     std::deque<Request> pending;
     std::string last_error;
     bool dead = false;  // the device faulted on this QP's behalf: nothing more runs
+    double landed_ns = 0;  // timed mode: its last packet lands (packets land in order)
+    double cqe_ns = 0;     // timed mode: its last CQE is written (CQEs are written in order)
   };
 
   static std::string hex(uint64_t v);  // "0x..." for reports
@@ -139,12 +154,20 @@ class Nic : public Agent {
   bool fetch_wqes(Qp& q, uint32_t last_idx, uint64_t released);
   bool reads_released(Qp& q, const void* ptr, std::size_t bytes, uint64_t released, const char* what);
   std::vector<uint8_t> gather_wqe(const Qp& q, uint32_t index) const;
+  bool step_timed();
+  Qp* next_to_send(double now);
+  // Timed mode: a packet of `bytes` for q's peer leaves now (`read`: its payload is
+  // read from GPU memory over PCIe first); when it lands there.
+  double transmit(Qp& q, std::size_t bytes, bool read);
+  // Runs `event` at `ns` in the timed mode, at once otherwise.
+  void at(double ns, std::function<void()> event);
   void execute_packet(Qp& q);
   bool start(Qp& q, Request& r);
   Request& pick(Qp& q);
   void retire_placed_writes(Qp& q);
   void execute_write(Qp& q, Request& r);
   void execute_atomic(Qp& q, Request& r);
+  uint64_t apply_atomic(const transport::mlx5::ParsedWqe& w);  // at the responder: the old value's bytes
   transport::mlx5::Syndrome check_access(const Qp& q, const Request& r, uint64_t length) const;
   void complete(Qp& q, const Request& r, transport::mlx5::Syndrome syndrome, bool error);
   void write_cqe(Qp& q, const transport::mlx5::CqeFields& fields);
@@ -160,6 +183,15 @@ class Nic : public Agent {
   std::map<uint32_t, Qp> qps_;          // by QPN
   uint32_t next_key_ = 0x100;
   uint64_t packets_ = 0;  // packets executed, for link_down_after_packets
+  // ---- timed mode ----
+  bool timed_;
+  TimingModel model_;  // its device's
+  double now_ns_ = 0;        // the event being run
+  double next_send_ns_ = 0;  // the TX and PCIe read pipes take the next packet
+  uint32_t last_sent_qpn_ = 0;  // QPs send in turn, from the one after it
+  // Pending events (packets landing, atomics, CQEs) by (time, order of scheduling).
+  std::map<std::pair<double, uint64_t>, std::function<void()>> events_;
+  uint64_t events_scheduled_ = 0;
 };
 
 }  // namespace railyard::sim
