@@ -22,6 +22,10 @@ inline Status check_domain(const DomainParams& domain, const char* kernel) {
   if (s.ranks_per_domain < 1 || s.ranks_per_domain > layout::kMaxRanksPerDomain)
     return Status::invalid_argument(who + "shape.ranks_per_domain is " + std::to_string(s.ranks_per_domain) + "; expected " +
                                     check_range(1, layout::kMaxRanksPerDomain));
+  if (s.num_domains < 1 || s.num_domains > s.ranks_per_domain || s.ranks_per_domain % s.num_domains != 0)
+    return Status::invalid_argument(who + "shape.num_domains is " + std::to_string(s.num_domains) +
+                                    "; expected a divisor of shape.ranks_per_domain (" + std::to_string(s.ranks_per_domain) +
+                                    "): the NVLink domains the ranks form");
   if (s.num_local_experts < 1 || s.num_local_experts > layout::kMaxLocalExperts)
     return Status::invalid_argument(who + "shape.num_local_experts is " + std::to_string(s.num_local_experts) +
                                     "; expected " + check_range(1, layout::kMaxLocalExperts));

@@ -63,9 +63,10 @@ struct MetadataKernel {
   static constexpr int kMaxWarps = 8;
   static constexpr uint32_t kMaxThreadsPerBlock = kMaxWarps * 32;
   static constexpr uint32_t kMinBlocksPerSm = 1;
-  // The largest count row: 72 ranks x (1 + 256 experts) plus its header.
+  // The largest count row: 72 ranks x (1 + 256 experts) plus its header, and up to
+  // one domain key per rank.
   static constexpr int kMaxCountRowInts =
-      layout::kCountRowHeaderInts + layout::kMaxRanksPerDomain * (1 + layout::kMaxLocalExperts);
+      layout::kCountRowHeaderInts + layout::kMaxRanksPerDomain * (2 + layout::kMaxLocalExperts);
   static constexpr int kMaxExperts = layout::kMaxRanksPerDomain * layout::kMaxLocalExperts;
   static constexpr int kMaxRankWords = (layout::kMaxRanksPerDomain + 31) / 32;
 
@@ -204,6 +205,8 @@ struct MetadataKernel {
           El(p.domain.shape.num_local_experts),
           K(p.domain.shape.max_topk),
           E(R * El),
+          Dk(lay.domain_keys()),
+          ranks_per_nvlink_domain(R / p.domain.shape.num_domains),
           row_ints(lay.count_row_ints()),
           warps(static_cast<int>(blockDim.x / 32)),
           parity(static_cast<uint32_t>(seq & 1u)) {}
@@ -211,7 +214,7 @@ struct MetadataKernel {
     layout::IntranodeLayout lay;
     layout::HandleView h;
     SharedStorage& storage;
-    int R, El, K, E, row_ints, warps;
+    int R, El, K, E, Dk, ranks_per_nvlink_domain, row_ints, warps;
     uint32_t parity;  // of the operation: which half of the count table it uses
     RAILYARD_DEVICE int num_warps() const { return static_cast<int>(gridDim.x) * warps; }
     RAILYARD_DEVICE arch::SharedVar<int32_t>* row(int warp) const { return storage.rows + warp * row_ints; }
@@ -239,6 +242,35 @@ struct MetadataKernel {
     return arch::ld_global(&c.lay.count_row(c.dom.self(), c.parity, src)[index]);
   }
 
+  // Numbers the indices < n each lane has marked, in ascending order of index: lane
+  // gets key(i)'s running count plus the lanes below it marking i (store(i, pos)),
+  // then the counter advances by the lanes marking i. Clears the marks. Iterations:
+  // the distinct indices the warp marked.
+  template <class Key, class Store>
+  RAILYARD_DEVICE static void number_in_order(uint32_t (&marks)[kMaxRankWords], int n, arch::SharedVar<int32_t>* row,
+                                              Key key, Store store) {
+    const uint32_t lane = arch::lane_idx();
+    const uint32_t lower_lanes = (1u << lane) - 1u;
+    for (;;) {
+      int my_first = n;
+      for (int w = 0; w < kMaxRankWords && my_first == n; ++w)
+        if (marks[w]) my_first = w * 32 + __ffs(static_cast<int>(marks[w])) - 1;
+      const int i = warp_min(my_first);
+      if (i >= n) break;
+      const bool mine = my_first == i;
+      const uint32_t holders = __ballot_sync(arch::kFullWarpMask, mine);
+      if (mine) {
+        store(i, row[key(i)].load() + __popc(holders & lower_lanes));
+        marks[i / 32] &= ~(1u << (i % 32));
+      }
+      __syncwarp();
+      if (lane == 0) row[key(i)].store(row[key(i)].load() + __popc(holders));
+      // No warp barrier: the next iteration reads another key's counter (i grows), and
+      // the expert passes read experts' counters only after their own warp barrier, as
+      // does the next tile (the barrier that ends this one).
+    }
+  }
+
   // Phase (1) for one warp: tokens [begin, end), 32 a tile. Leaves the warp's counts in
   // its row and each token's position among the slice's tokens in the handle.
   RAILYARD_DEVICE static void count_slice(const Params& p, const Context& c, int warp, int begin, int end) {
@@ -255,25 +287,20 @@ struct MetadataKernel {
       if (valid) normalise_token(p, c.h, t, c.E, El, K, ranks, slots);
       for (int d = 0; valid && d < R; ++d) arch::st_global(&c.h.recv_pos[int64_t{t} * R + d], int32_t{-1});
 
-      // Destination ranks, in ascending order of rank.
-      for (;;) {
-        int my_first = R;
-        for (int w = 0; w < kMaxRankWords && my_first == R; ++w)
-          if (ranks[w]) my_first = w * 32 + __ffs(static_cast<int>(ranks[w])) - 1;
-        const int d = warp_min(my_first);
-        if (d >= R) break;
-        const bool mine = my_first == d;
-        const uint32_t holders = __ballot_sync(arch::kFullWarpMask, mine);
-        if (mine) {
-          arch::st_global(&c.h.recv_pos[int64_t{t} * R + d], row[layout::count_to_rank(d)].load() + __popc(holders & lower_lanes));
-          ranks[d / 32] &= ~(1u << (d % 32));
-        }
-        __syncwarp();
-        if (lane == 0) row[layout::count_to_rank(d)].store(row[layout::count_to_rank(d)].load() + __popc(holders));
-        // No warp barrier: the next iteration reads another rank's counter (d grows),
-        // and the expert passes below read experts' counters only after their own warp
-        // barrier, as does the next tile (the barrier that ends this one).
+      // Destination domains (across domains), then ranks, in ascending order.
+      if (c.Dk > 0) {
+        uint32_t domains[kMaxRankWords] = {};
+        for (int d = 0; valid && d < R; ++d)
+          if (ranks[d / 32] & (1u << (d % 32))) {
+            const int n = d / c.ranks_per_nvlink_domain;
+            domains[n / 32] |= 1u << (n % 32);
+          }
+        for (int n = 0; valid && n < c.Dk; ++n) arch::st_global(&c.h.domain_pos[int64_t{t} * c.Dk + n], int32_t{-1});
+        number_in_order(domains, c.Dk, row, [&](int n) { return layout::count_to_domain(R, El, n); },
+                        [&](int n, int32_t pos) { arch::st_global(&c.h.domain_pos[int64_t{t} * c.Dk + n], pos); });
       }
+      number_in_order(ranks, R, row, [](int d) { return layout::count_to_rank(d); },
+                      [&](int d, int32_t pos) { arch::st_global(&c.h.recv_pos[int64_t{t} * R + d], pos); });
       // Experts: every lane marks its experts, then takes running + the marks below it;
       // the lowest lane of each expert then advances its counter; every lane clears its
       // marks.
@@ -406,8 +433,9 @@ struct MetadataKernel {
 
   // Phase (5): per key, where this block's tokens start on the destination: on rank d,
   // after the rows of ranks before this one; in expert j of d, after the padded groups
-  // of d's experts before j and this rank's predecessors' rows in group j; then after
-  // the blocks before this one. Added to every warp's offsets within the block.
+  // of d's experts before j and this rank's predecessors' rows in group j; among this
+  // rank's rows packed for domain n, at 0; then after the blocks before this one. Added
+  // to every warp's offsets within the block.
   RAILYARD_DEVICE static void add_offsets(const Params& p, const Context& c) {
     const int R = c.R, El = c.El, me = c.dom.rank;
     const int tid = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
@@ -429,8 +457,10 @@ struct MetadataKernel {
     __syncthreads();
     for (int key = layout::kCountRowHeaderInts + tid; key < c.row_ints; key += threads) {
       const int first_expert_key = layout::count_to_expert(R, El, 0, 0);
-      int32_t offset = key < first_expert_key ? 0 : static_cast<int32_t>(group_base[key - first_expert_key].load());
-      for (int src = 0; src < me; ++src) offset += column(c, src, key);
+      // A domain key numbers this rank's own tokens (its packed rows): no other rank's.
+      const bool domain_key = key >= layout::count_to_domain(R, El, 0);
+      int32_t offset = key < first_expert_key || domain_key ? 0 : static_cast<int32_t>(group_base[key - first_expert_key].load());
+      for (int src = 0; !domain_key && src < me; ++src) offset += column(c, src, key);
       for (int b = 0; b < static_cast<int>(blockIdx.x); ++b)
         offset += arch::ld_global(&c.lay.metadata_counts(c.dom.self(), b)[key]);
       for (int w = 0; w < c.warps; ++w) c.row(w)[key].store(c.row(w)[key].load() + offset);
@@ -447,6 +477,14 @@ struct MetadataKernel {
         int32_t* pos = &c.h.recv_pos[int64_t{t} * R + d];
         const int32_t local = arch::ld_global(pos);
         if (local >= 0) arch::st_global(pos, local + row[layout::count_to_rank(d)].load());
+      }
+      for (int n = 0; n < c.Dk; ++n) {
+        int32_t* pos = &c.h.domain_pos[int64_t{t} * c.Dk + n];
+        const int32_t local = arch::ld_global(pos);
+        if (local < 0) continue;
+        const int32_t packed = local + row[layout::count_to_domain(R, El, n)].load();
+        arch::st_global(pos, packed);
+        arch::st_global(&c.h.domain_tokens[int64_t{n} * c.lay.shape().max_tokens + packed], static_cast<int32_t>(t));
       }
       for (int k = 0; k < K; ++k) {
         const int e = arch::ld_global(&c.h.slot_expert[int64_t{t} * K + k]);

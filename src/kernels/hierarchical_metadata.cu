@@ -14,7 +14,7 @@ namespace {
 bool same_shape(const layout::IntranodeShape& a, const layout::IntranodeShape& b) {
   return a.ranks_per_domain == b.ranks_per_domain && a.num_local_experts == b.num_local_experts &&
          a.max_tokens == b.max_tokens && a.hidden == b.hidden && a.max_topk == b.max_topk &&
-         a.dispatch_dtype == b.dispatch_dtype;
+         a.dispatch_dtype == b.dispatch_dtype && a.num_domains == b.num_domains;
 }
 
 // What the group adds to the intra-node checks: its shape, the domain as the group's,

@@ -194,8 +194,9 @@ TEST(BufferFootprint, AcrossDomainsRegionsAreOrderedAndEveryIndexFallsInItsRegio
       EXPECT_EQ(L.count_row_offset(0, 0), L.rdma_offset() + 64);
       EXPECT_EQ(L.count_row_offset(0, 1), L.count_row_offset(D1 - 1, 0) + L.nvlink().count_row_ints() * 4);
       EXPECT_LE(L.count_row_offset(D1 - 1, 1) + L.nvlink().count_row_ints() * 4, L.signals_offset());
-      // The count rows are the group's: a key per rank of the group.
-      EXPECT_EQ(L.nvlink().count_row_ints(), layout::kCountRowHeaderInts + domains * 4 * (1 + 3));
+      // The count rows are the group's: a key per rank and expert of the group, and
+      // one per domain.
+      EXPECT_EQ(L.nvlink().count_row_ints(), layout::kCountRowHeaderInts + domains * 4 * (1 + 3) + domains);
       EXPECT_LE(L.combine_signal_offset(D1 - 1, L.chunks_per_domain() - 1) + 8, L.dispatch_recv_offset());
       EXPECT_EQ(L.dispatch_recv_row_offset(D1 - 1, M - 1) + L.wire_dispatch_row_bytes(), L.dispatch_send_offset());
       EXPECT_LE(L.dispatch_send_row_offset(D1 - 1, 1, 63) + L.wire_dispatch_row_bytes(), L.combine_recv_offset());

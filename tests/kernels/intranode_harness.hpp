@@ -303,6 +303,20 @@ inline std::vector<uint8_t> reference_handle(const IntranodeLayout& L, const Ref
           break;
         }
     }
+  // Across domains: each token's index among this rank's tokens with a destination in
+  // domain n (its packed row for that domain's NICs).
+  const int Dk = L.domain_keys(), per_domain = R / s.num_domains;
+  auto goes_to_domain = [&](const std::vector<std::vector<int64_t>>& at, int t, int n) {
+    for (int d = n * per_domain; d < (n + 1) * per_domain; ++d)
+      if (at[d][t] >= 0) return true;
+    return false;
+  };
+  for (int n = 0; n < Dk; ++n)
+    for (int t = 0, packed = 0; t < T; ++t) {
+      const bool goes = goes_to_domain(pos_at, t, n);
+      h.domain_pos[static_cast<std::size_t>(t) * Dk + n] = goes ? packed : -1;
+      if (goes) h.domain_tokens[static_cast<std::size_t>(n) * M + packed++] = t;
+    }
   // Count matrix: every rank's count row.
   for (int src = 0; src < R; ++src) {
     int32_t* row = h.count_matrix + static_cast<std::size_t>(src) * L.count_row_ints();
@@ -321,6 +335,20 @@ inline std::vector<uint8_t> reference_handle(const IntranodeLayout& L, const Ref
       }
       row[layout::count_to_rank(d)] = n;
       for (int j = 0; j < El; ++j) row[layout::count_to_expert(R, El, d, j)] = per_expert[j];
+    }
+    if (Dk > 0) {
+      const int src_tokens = call.inputs[src].num_tokens;
+      std::vector<std::vector<int64_t>> src_at(R, std::vector<int64_t>(src_tokens, -1));
+      for (int d = 0; d < R; ++d) {
+        const ref::ReceivedRows& rr = call.received.ranks[d];
+        for (int64_t i = 0; i < rr.num_rows(); ++i)
+          if (rr.src_rank[i] == src) src_at[d][rr.src_token[i]] = i;
+      }
+      for (int n = 0; n < Dk; ++n) {
+        int32_t tokens = 0;
+        for (int t = 0; t < src_tokens; ++t) tokens += goes_to_domain(src_at, t, n);
+        row[layout::count_to_domain(R, El, n)] = tokens;
+      }
     }
   }
   // Totals of this rank as a destination.
@@ -374,6 +402,17 @@ inline void expect_metadata_handle_eq(const IntranodeLayout& L, const uint8_t* g
       ASSERT_EQ(std::memcmp(&got.slot_prob[t * K + k], &want.slot_prob[t * K + k], 4), 0) << what << ": slot_prob t " << t << " k " << k;
       ASSERT_EQ(got.slot_pos[t * K + k], want.slot_pos[t * K + k]) << what << ": slot_pos rank " << rank << " t " << t << " k " << k;
     }
+  }
+  for (int t = 0; t < num_tokens; ++t)
+    for (int n = 0; n < L.domain_keys(); ++n)
+      ASSERT_EQ(got.domain_pos[t * L.domain_keys() + n], want.domain_pos[t * L.domain_keys() + n])
+          << what << ": domain_pos rank " << rank << " token " << t << " domain " << n;
+  // Packed rows of this rank for domain n: its count row's tokens to n.
+  for (int n = 0; n < L.domain_keys(); ++n) {
+    const int32_t packed = want.count_matrix[rank * L.count_row_ints() + layout::count_to_domain(R, s.num_local_experts, n)];
+    for (int i = 0; i < packed; ++i)
+      ASSERT_EQ(got.domain_tokens[n * s.max_tokens + i], want.domain_tokens[n * s.max_tokens + i])
+          << what << ": domain_tokens rank " << rank << " domain " << n << " packed row " << i;
   }
   for (int i = 0; i < R * L.count_row_ints(); ++i)
     ASSERT_EQ(got.count_matrix[i], want.count_matrix[i]) << what << ": count_matrix[" << i << "] on rank " << rank;

@@ -131,6 +131,7 @@ class HierarchicalLayout {
   RAILYARD_HOST_DEVICE static IntranodeShape group_shape(const HierarchicalShape& shape) {
     IntranodeShape group = shape.domain;
     group.ranks_per_domain = shape.num_domains * shape.domain.ranks_per_domain;
+    group.num_domains = shape.num_domains;
     return group;
   }
 

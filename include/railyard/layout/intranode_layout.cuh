@@ -40,6 +40,9 @@ struct IntranodeShape {
   int hidden = 16;            // H: elements per token row
   int max_topk = 1;           // K: top-k slots per token
   DType dispatch_dtype = DType::BF16;
+  // D: the NVLink domains the ranks form, R / D ranks each (ranks d * R / D ..). Above
+  // 1, count rows and handles also count tokens per domain (domain_keys()).
+  int num_domains = 1;
 };
 
 // The head of a rank's count row: what other ranks need to know about its call. A
@@ -50,6 +53,10 @@ inline constexpr int kCountRowHeaderInts = 4;
 RAILYARD_HOST_DEVICE constexpr int count_to_rank(int d) { return kCountRowHeaderInts + d; }
 RAILYARD_HOST_DEVICE constexpr int count_to_expert(int ranks_per_domain, int num_local_experts, int d, int j) {
   return kCountRowHeaderInts + ranks_per_domain + d * num_local_experts + j;
+}
+// Index of "tokens with an expert in NVLink domain n" (groups of several domains only).
+RAILYARD_HOST_DEVICE constexpr int count_to_domain(int ranks_per_domain, int num_local_experts, int n) {
+  return kCountRowHeaderInts + ranks_per_domain * (1 + num_local_experts) + n;
 }
 
 // One (local expert, prob, permuted position) entry of a staged row's header.
@@ -119,9 +126,11 @@ class IntranodeLayout {
   }
   // One rank's row of the count table, int32: the call parameters every rank must know
   // ([kCountRowHeaderInts], see CountRow), tokens to each rank [R], then tokens to
-  // each (rank, local expert) [R][E_local].
+  // each (rank, local expert) [R][E_local], then, across domains, tokens to each
+  // domain [domain_keys()]: how many rows the rank packs for that domain's NICs.
+  RAILYARD_HOST_DEVICE int domain_keys() const { return s_.num_domains > 1 ? s_.num_domains : 0; }
   RAILYARD_HOST_DEVICE int count_row_ints() const {
-    return kCountRowHeaderInts + s_.ranks_per_domain * (1 + s_.num_local_experts);
+    return kCountRowHeaderInts + s_.ranks_per_domain * (1 + s_.num_local_experts) + domain_keys();
   }
   RAILYARD_HOST_DEVICE int64_t stage_capacity_rows() const { return int64_t{s_.ranks_per_domain} * s_.max_tokens; }
 
@@ -226,6 +235,11 @@ class IntranodeLayout {
   //   recv_num_entries int32 [cap]
   //   made_by_op   uint64                 the sequence number of the metadata operation
   //                that filled the handle: the handle's identity for the entry barrier
+  // Across domains, home side again:
+  //   domain_pos int32 [M][domain_keys()]  t's index among this rank's tokens with an
+  //                expert in domain n (its packed row for that domain), -1 if none
+  //   domain_tokens int32 [domain_keys()][M]  the inverse: packed row i for domain n is
+  //                token domain_tokens[n][i] (i below the count row's tokens to n)
   // Counts:
   //   count_matrix int32 [R][count_row_ints]  every rank's count row, as exchanged
   //   totals       int64 [4 + 2 E_local]      num_recv, num_permuted, overflow_recv,
@@ -260,9 +274,15 @@ class IntranodeLayout {
   RAILYARD_HOST_DEVICE int64_t made_by_op_offset(int64_t recv_capacity) const {
     return recv_num_entries_offset(recv_capacity) + round_up(recv_capacity * 4, 16);
   }
-  // recv_capacity: received rows the handle can describe (at most stage_capacity_rows()).
-  RAILYARD_HOST_DEVICE int64_t handle_bytes(int64_t recv_capacity) const {
+  RAILYARD_HOST_DEVICE int64_t domain_pos_offset(int64_t recv_capacity) const {
     return made_by_op_offset(recv_capacity) + 16;
+  }
+  // recv_capacity: received rows the handle can describe (at most stage_capacity_rows()).
+  RAILYARD_HOST_DEVICE int64_t domain_tokens_offset(int64_t recv_capacity) const {
+    return domain_pos_offset(recv_capacity) + round_up(int64_t{s_.max_tokens} * domain_keys() * 4, 16);
+  }
+  RAILYARD_HOST_DEVICE int64_t handle_bytes(int64_t recv_capacity) const {
+    return domain_tokens_offset(recv_capacity) + round_up(int64_t{s_.max_tokens} * domain_keys() * 4, 16);
   }
 
  private:
@@ -284,6 +304,8 @@ struct HandleView {
   RecvEntry* recv_entries = nullptr;
   int32_t* recv_num_entries = nullptr;
   uint64_t* made_by_op = nullptr;
+  int32_t* domain_pos = nullptr;     // null on one domain
+  int32_t* domain_tokens = nullptr;  // null on one domain
   int64_t recv_capacity = 0;
 
   RAILYARD_HOST_DEVICE static HandleView carve(const IntranodeLayout& layout, uint8_t* base, int64_t recv_capacity) {
@@ -298,6 +320,10 @@ struct HandleView {
     v.recv_entries = reinterpret_cast<RecvEntry*>(base + layout.recv_entries_offset(recv_capacity));
     v.recv_num_entries = reinterpret_cast<int32_t*>(base + layout.recv_num_entries_offset(recv_capacity));
     v.made_by_op = reinterpret_cast<uint64_t*>(base + layout.made_by_op_offset(recv_capacity));
+    if (layout.domain_keys() > 0) {
+      v.domain_pos = reinterpret_cast<int32_t*>(base + layout.domain_pos_offset(recv_capacity));
+      v.domain_tokens = reinterpret_cast<int32_t*>(base + layout.domain_tokens_offset(recv_capacity));
+    }
     v.recv_capacity = recv_capacity;
     return v;
   }
