@@ -215,8 +215,9 @@ TEST(BufferFootprint, AcrossDomainsRegionsAreOrderedAndEveryIndexFallsInItsRegio
       EXPECT_EQ(*slots.rbegin(), L.signals_offset() + (L.num_signals() - 1) * 8);
       // A wire row: header and entries, scales, the row; 16-byte multiples.
       const int64_t scales = dtype == DType::FP8_E4M3 ? 1024 / 128 * 4 : 0;
-      EXPECT_EQ(L.wire_header_bytes(), 16 + 96);
-      EXPECT_EQ(L.wire_dispatch_row_bytes(), 16 + 96 + (scales + 15) / 16 * 16 + 1024 * (dtype == DType::BF16 ? 2 : 1));
+      EXPECT_EQ(L.wire_header_bytes(), 16 + 96 + 16);  // header, 8 slots of 12 B, 4 received positions
+      EXPECT_EQ(L.wire_dispatch_row_bytes(), 16 + 96 + 16 + (scales + 15) / 16 * 16 + 1024 * (dtype == DType::BF16 ? 2 : 1));
+      EXPECT_EQ(L.wire_payload_offset(), L.wire_dispatch_row_bytes() - 1024 * (dtype == DType::BF16 ? 2 : 1));
       EXPECT_EQ(L.wire_combine_row_bytes(), 2048);
       // Remote domains are numbered 0..D-2, skipping one's own.
       for (int mine = 0; mine < domains; ++mine) {

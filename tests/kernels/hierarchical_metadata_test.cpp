@@ -17,8 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/kernels/intranode_harness.hpp"
-#include "tests/transport/mlx5_fabric.hpp"
+#include "tests/kernels/hierarchical_harness.hpp"
 
 namespace railyard {
 namespace {
@@ -26,198 +25,28 @@ namespace {
 namespace ref = railyard::reference;
 using layout::HierarchicalLayout;
 using layout::HierarchicalShape;
-using test::CallOptions;
-using test::Fabric;
-using test::FabricConfig;
-
-struct Case {
-  int domains;
-  int ranks_per_domain;
-  std::vector<int> tokens;  // per rank of the group; one value: every rank
-  int topk;
-  int local_experts;
-  bool routing_map = false;
-  test::Routing routing = test::Routing::Uniform;
-  CallOptions options;
-
-  int group() const { return domains * ranks_per_domain; }
-  int tokens_of(int rank) const { return tokens.size() == 1 ? tokens[0] : tokens[static_cast<std::size_t>(rank)]; }
-  std::string describe() const {
-    std::string s = std::to_string(domains) + " x " + std::to_string(ranks_per_domain) + " tokens [";
-    for (int t : tokens) s += std::to_string(t) + " ";
-    return s + "] topk " + std::to_string(topk) + " experts/rank " + std::to_string(local_experts) +
-           (routing_map ? " map" : " topk") + (routing == test::Routing::Skewed ? " skewed" : "");
-  }
-};
-
-struct GroupSetup {
-  sim::MemoryModel memory_model = sim::MemoryModel::SequentiallyConsistent;
-  sim::NicConfig nic{};
-  uint64_t handshake_timeout_cycles = pipeline::kDefaultHandshakeTimeoutCycles;
-  std::vector<sim::NicConfig> nic_per_rank;  // if not empty: each rank's NIC
-};
-
-// One group of D domains of R ranks: the fabric, the layout, every rank's lanes in its
-// GPU memory, and its DomainParams over the group.
-class Group {
- public:
-  Group(const HierarchicalShape& shape, uint64_t seed, const GroupSetup& setup)
-      : shape_(shape), layout_(shape), fabric_(fabric_config(shape, seed, setup)), setup_(setup) {
-    const int G = num_ranks();
-    for (int g = 0; g < G; ++g) {
-      std::vector<transport::mlx5::QueuePair> lanes;
-      for (int other = 0; other < shape.num_domains; ++other)
-        if (other != g / R()) lanes.push_back(fabric_.qp(g, other * R() + g % R(), 0));
-      auto* device_lanes = static_cast<transport::mlx5::QueuePair*>(
-          sim::malloc_device(g, sizeof(transport::mlx5::QueuePair) * lanes.size(), "lanes"));
-      std::memcpy(device_lanes, lanes.data(), sizeof(transport::mlx5::QueuePair) * lanes.size());
-      lanes_.push_back(device_lanes);
-    }
-  }
-  ~Group() {
-    for (void* p : allocations_) sim::free(p);
-    for (void* p : lanes_) sim::free(p);
-  }
-
-  int R() const { return shape_.domain.ranks_per_domain; }
-  int num_ranks() const { return shape_.num_domains * R(); }
-  const HierarchicalLayout& layout() const { return layout_; }
-  Fabric& fabric() { return fabric_; }
-  const transport::mlx5::QueuePair* lanes(int g) const { return lanes_[static_cast<std::size_t>(g)]; }
-
-  kernels::intranode::DomainParams domain(int g) {
-    kernels::intranode::DomainParams p;
-    p.shape = layout_.nvlink().shape();
-    p.rank = g;
-    p.nvlink_first = g / R() * R();
-    p.nvlink_ranks = R();
-    for (int q = p.nvlink_first; q < p.nvlink_first + R(); ++q) p.peers.ptr[q] = fabric_.peer_buffer(g, q);
-    p.handshake_timeout_cycles = setup_.handshake_timeout_cycles;
-    return p;
-  }
-
-  template <class T>
-  T* copy_in(int rank, const std::vector<T>& host, const char* label) {
-    auto* p = static_cast<T*>(sim::malloc_device(rank, std::max<std::size_t>(host.size(), 1) * sizeof(T), label));
-    if (!host.empty()) std::memcpy(p, host.data(), host.size() * sizeof(T));
-    allocations_.push_back(p);
-    return p;
-  }
-  uint8_t* alloc_handle(int rank, int64_t capacity) {
-    auto* p = static_cast<uint8_t*>(sim::malloc_device(
-        rank, static_cast<std::size_t>(layout_.nvlink().handle_bytes(capacity)), "handle"));
-    allocations_.push_back(p);
-    return p;
-  }
-
- private:
-  static FabricConfig fabric_config(const HierarchicalShape& shape, uint64_t seed, const GroupSetup& setup) {
-    const HierarchicalLayout L(shape);
-    FabricConfig c;
-    c.num_domains = shape.num_domains;
-    c.ranks_per_domain = shape.domain.ranks_per_domain;
-    c.seed = seed;
-    c.memory_model = setup.memory_model;
-    c.buffer_bytes = static_cast<std::size_t>(L.registered_bytes());
-    c.fetch_scratch_offset = static_cast<uint64_t>(L.fetch_scratch_offset());
-    c.nic = setup.nic;
-    c.nic_per_rank = setup.nic_per_rank;
-    return c;
-  }
-
-  HierarchicalShape shape_;
-  HierarchicalLayout layout_;
-  Fabric fabric_;
-  GroupSetup setup_;
-  std::vector<transport::mlx5::QueuePair*> lanes_;
-  std::vector<void*> allocations_;
-};
-
-HierarchicalShape shape_of(const Case& c, int max_tokens) {
-  HierarchicalShape s;
-  s.domain = {c.ranks_per_domain, c.local_experts, max_tokens, 16, c.topk, DType::BF16};
-  s.num_domains = c.domains;
-  return s;
-}
-
-kernels::hierarchical::MetadataArguments arguments(Group& group, int g, const ref::RankInput& in,
-                                                   const test::DeviceRouting& routing, const CallOptions& o,
-                                                   uint8_t* handle, int64_t capacity, const HierarchicalShape& shape) {
-  kernels::hierarchical::MetadataArguments a;
-  kernels::intranode::MetadataArguments& m = a.metadata;
-  m.domain = group.domain(g);
-  m.num_tokens = in.num_tokens;
-  m.topk_idx = routing.topk_idx;
-  m.topk_weights = routing.topk_weights;
-  m.num_topk = routing.num_topk;
-  m.routing_map = routing.routing_map;
-  m.probs = routing.probs;
-  m.max_recv_rows = o.recv_bound(g);
-  m.max_permuted_rows = o.permuted_bound(g);
-  m.pad_multiple = o.pad_multiple;
-  m.handle = handle;
-  m.recv_capacity = capacity;
-  m.max_blocks = 2;
-  a.shape = shape;
-  a.lanes = group.lanes(g);
-  return a;
-}
-
-test::DeviceRouting upload(Group& group, int g, const ref::RankInput& in) {
-  test::DeviceRouting d;
-  if (const auto* k = std::get_if<ref::TopkRouting>(&in.routing)) {
-    d.topk_idx = group.copy_in(g, k->topk_idx, "topk_idx");
-    d.topk_weights = group.copy_in(g, k->topk_weights, "topk_weights");
-    d.num_topk = k->num_topk;
-  } else {
-    const auto& m = std::get<ref::MapRouting>(in.routing);
-    d.routing_map = group.copy_in(g, m.routing_map, "routing_map");
-    d.probs = group.copy_in(g, m.probs, "probs");
-  }
-  return d;
-}
+using test::Case;
+using test::Group;
+using test::GroupSetup;
+using test::arguments;
+using test::shape_of;
+using test::upload;
 
 // Runs `calls` metadata operations back to back, each with its own routing (seeded
 // from `seed` and the call's index), and compares every rank's handle of every call
 // with the reference's. The traffic of the last call is checked.
 void run_case(const Case& c, uint64_t seed, const GroupSetup& setup, int calls = 1) {
-  const int G = c.group();
-  int max_tokens = 0;
-  for (int g = 0; g < G; ++g) max_tokens = std::max(max_tokens, c.tokens_of(g));
-  const HierarchicalShape shape = shape_of(c, max_tokens);
-  Group group(shape, seed, setup);
+  const HierarchicalShape shape = test::shape_of(c, test::max_tokens_of(c));
+  test::Group group(shape, seed, setup);
   const layout::IntranodeLayout& L = group.layout().nvlink();
-  const int64_t capacity = L.stage_capacity_rows();
-  std::vector<int> tokens;
-  for (int g = 0; g < G; ++g) tokens.push_back(c.tokens_of(g));
-  const ref::World world{G, c.ranks_per_domain, G * c.local_experts, 16, max_tokens};
   for (int call = 0; call < calls; ++call) {
-    const std::string what = c.describe() + " seed " + std::to_string(seed) + " call " + std::to_string(call);
-    SCOPED_TRACE(what);
-    const test::InputSpec spec{world, tokens, c.topk, DType::BF16, c.routing, c.routing_map, seed * 31 + call};
-    const test::ReferenceCall ref_call = test::reference_call(world, test::make_inputs(spec), c.options);
-    std::vector<uint8_t*> handles;
-    std::vector<test::DeviceRouting> routing;
-    for (int g = 0; g < G; ++g) {
-      handles.push_back(group.alloc_handle(g, capacity));
-      routing.push_back(upload(group, g, ref_call.inputs[g]));
-    }
+    SCOPED_TRACE(c.describe() + " seed " + std::to_string(seed) + " call " + std::to_string(call));
     sim::reset_traffic();
-    std::vector<std::string> errors(static_cast<std::size_t>(G));
-    sim::run_ranks(G, [&](int g) {
-      const Status st = kernels::hierarchical::launch_metadata(
-          arguments(group, g, ref_call.inputs[g], routing[g], c.options, handles[g], capacity, shape),
-          sim::default_stream(g));
-      if (!st.ok()) errors[static_cast<std::size_t>(g)] = st.to_string();
-      sim::stream_synchronize(sim::default_stream(g));
-    });
-    for (int g = 0; g < G; ++g) ASSERT_EQ(errors[g], "") << "rank " << g;
-    for (int g = 0; g < G; ++g) {
-      test::expect_metadata_handle_eq(L, handles[g], test::reference_handle(L, ref_call, g, capacity), g,
-                                      ref_call.inputs[g].num_tokens, capacity, what);
-      if (::testing::Test::HasFatalFailure()) return;
-    }
+    test::MetadataCall result;
+    test::run_metadata(group, c, shape, seed * 31 + call, &result);
+    if (::testing::Test::HasFatalFailure()) return;
   }
+  const int G = c.group();
   // The exchange of the last call. NIC: one count row and its 8-byte signal to each
   // rail peer, nothing to anyone else. NVLink: to each peer of its domain, its own row
   // and the D - 1 rows it relays, a 4-byte flag each; nothing across domains.

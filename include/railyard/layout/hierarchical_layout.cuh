@@ -27,6 +27,23 @@ namespace railyard::layout {
 
 inline constexpr int kMaxDomains = 64;
 
+// A dispatched row on the wire (HierarchicalLayout::wire_*): everything the rail peer
+// that forwards it over NVLink needs, so that it forwards exactly as the source would
+// send to its own domain. WireHeader, then a WireSlot per top-k slot, then the row's
+// received position at each rank of the destination domain (-1: not there), then its
+// FP8 scales, then the row.
+struct WireHeader {
+  int32_t src_token;
+  int32_t src_rank;  // in the group
+  int32_t reserved[2];
+};
+struct WireSlot {
+  int32_t expert;        // global expert, -1: unused slot
+  int32_t permuted_pos;  // at that expert's rank, -1 if none or past its bound
+  float prob;
+};
+static_assert(sizeof(WireHeader) == 16 && sizeof(WireSlot) == 12);
+
 struct HierarchicalShape {
   IntranodeShape domain;     // R (ranks per NVLink domain), E_local, M, H, K and the dispatch dtype
   int num_domains = 1;       // D
@@ -48,15 +65,32 @@ class HierarchicalLayout {
   }
 
   // ---- packed rows -------------------------------------------------------------------
-  // A dispatched token on the wire: a 16-byte header (RowHeader), one 12-byte entry
-  // (HeaderEntry: local rank in the destination domain, local expert, prob) per top-k
-  // slot landing there, then its FP8 scales, then the row.
+  // A dispatched token on the wire: WireHeader, K WireSlots, R received positions (the
+  // destination domain's ranks), each part rounded to 16 bytes, then its FP8 scales,
+  // then the row.
+  RAILYARD_HOST_DEVICE int64_t wire_slots_offset() const { return int64_t{sizeof(WireHeader)}; }
+  RAILYARD_HOST_DEVICE int64_t wire_recv_pos_offset() const {
+    return wire_slots_offset() + round_up(int64_t{s_.domain.max_topk} * int64_t{sizeof(WireSlot)}, 16);
+  }
   RAILYARD_HOST_DEVICE int64_t wire_header_bytes() const {
-    return 16 + round_up(int64_t{s_.domain.max_topk} * int64_t{sizeof(HeaderEntry)}, 16);
+    return wire_recv_pos_offset() + round_up(int64_t{s_.domain.ranks_per_domain} * 4, 16);
   }
+  RAILYARD_HOST_DEVICE int64_t wire_payload_offset() const { return wire_header_bytes() + nvlink_.stage_scale_bytes(); }
   RAILYARD_HOST_DEVICE int64_t wire_dispatch_row_bytes() const {
-    return round_up(wire_header_bytes() + nvlink_.stage_scale_bytes() + nvlink_.dispatch_row_bytes(), 16);
+    return round_up(wire_payload_offset() + nvlink_.dispatch_row_bytes(), 16);
   }
+  // The parts of the wire row at `row`.
+  RAILYARD_HOST_DEVICE static WireHeader* wire_header(uint8_t* row) { return reinterpret_cast<WireHeader*>(row); }
+  RAILYARD_HOST_DEVICE WireSlot* wire_slots(uint8_t* row) const {
+    return reinterpret_cast<WireSlot*>(row + wire_slots_offset());
+  }
+  RAILYARD_HOST_DEVICE int32_t* wire_recv_pos(uint8_t* row) const {
+    return reinterpret_cast<int32_t*>(row + wire_recv_pos_offset());
+  }
+  RAILYARD_HOST_DEVICE float* wire_scales(uint8_t* row) const {
+    return reinterpret_cast<float*>(row + wire_header_bytes());
+  }
+  RAILYARD_HOST_DEVICE uint8_t* wire_payload(uint8_t* row) const { return row + wire_payload_offset(); }
   // A combined partial: the domain's fp32 sum rounded to BF16 (docs/semantics.md).
   RAILYARD_HOST_DEVICE int64_t wire_combine_row_bytes() const { return round_up(nvlink_.combine_row_bytes(), 16); }
 

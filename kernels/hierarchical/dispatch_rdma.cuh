@@ -1,0 +1,152 @@
+// Railyard hierarchical dispatch, the RDMA send role: this rank's rows for every other
+// NVLink domain, packed into wire rows (layout::WireHeader, WireSlots, the received
+// positions at that domain's ranks, FP8 scales, the row) in the send ring and put, a
+// chunk of C rows at a time with a signal, into the receive area its rail peer there
+// keeps for this rank's domain. See docs/design-internode.md, "Dispatch across domains:
+// the RDMA send role".
+//
+// A token crosses each NIC once per destination domain, however many ranks and experts
+// of that domain it chose: its rows for domain n are numbered in token order by the
+// metadata (HandleView::domain_pos, domain_tokens), so chunk c of domain n is packed
+// rows [cC, cC + C), which land at the same rows of the peer's receive area and add 1
+// to the peer's signal for (this domain, c). The peer knows how many rows to expect
+// from the count row it got in the metadata (count_to_domain).
+//
+// One warp per block, remote domains dealt to blocks round robin (block b: r = b, b +
+// blocks, ...), each with its own lane and its own ring of S chunk slots: before slot
+// c mod S is packed again, quiet() waits for the put that read it. Lane 0 moves the
+// row bytes with TMA (global -> shared -> send ring); the other fields are plain
+// stores of the warp's lanes. Before a put the ring's bytes must be visible to lane 0,
+// which rings the doorbell: its bulk writes are waited for (bulk_wait_group) and
+// fenced to the generic proxy, the other lanes' stores ordered by a warp barrier; the
+// lane's system-scope release then covers both.
+#pragma once
+
+#include <cstdint>
+
+#include "railyard/arch/bulk_copy.cuh"
+#include "railyard/arch/fault.cuh"
+#include "railyard/arch/mbarrier.cuh"
+#include "railyard/arch/memory.cuh"
+#include "railyard/arch/thread.cuh"
+#include "railyard/layout/hierarchical_layout.cuh"
+#include "railyard/pipeline/wait.cuh"
+#include "railyard/transport/mlx5/lane.cuh"
+
+namespace railyard::kernels::hierarchical {
+
+struct RdmaSendParams {
+  layout::HierarchicalShape shape;
+  int rank = 0;             // in the group
+  uint8_t* self = nullptr;  // this rank's registered buffer
+  layout::HandleView handle;                             // the group's, filled by the metadata
+  const uint8_t* hidden = nullptr;                       // [T][dispatch row bytes], 16-byte aligned
+  const float* scales = nullptr;                         // [T][num_scales] (FP8)
+  const transport::mlx5::QueuePair* lanes = nullptr;     // [D - 1], remote_index order
+  pipeline::WaitPolicy wait;
+};
+
+// The role's shared memory: a slot the row bytes pass through, and its barrier.
+template <uint32_t SlotBytes>
+struct RdmaSendStorage {
+  static_assert(SlotBytes > 0 && SlotBytes % arch::kBulkCopyAlign == 0);
+  alignas(128) uint8_t slot[SlotBytes];
+  uint64_t loaded;
+
+  // By one thread, before a block barrier (and the fence the pipelines' inits take).
+  RAILYARD_DEVICE void init() { arch::mbarrier_init(&loaded, 1); }
+};
+
+template <uint32_t SlotBytes>
+class RdmaSender {
+ public:
+  RAILYARD_DEVICE RdmaSender(const RdmaSendParams& p, RdmaSendStorage<SlotBytes>& s)
+      : p_(p), s_(s), H_(p.shape), R_(p.shape.domain.ranks_per_domain), mine_(p.rank / R_) {}
+
+  // Warp-collective: every remote domain dealt to `block` of `blocks`.
+  RAILYARD_DEVICE void run(int block, int blocks) {
+    for (int r = block; r < H_.remote_domains(); r += blocks) send_domain(r);
+  }
+
+ private:
+  RAILYARD_DEVICE void send_domain(int r) {
+    const layout::IntranodeLayout& L = H_.nvlink();
+    const int other = r < mine_ ? r : r + 1;  // the remote domain
+    const int peer = other * R_ + p_.rank % R_;
+    const int at_peer = layout::HierarchicalLayout::remote_index(other, mine_);
+    const int G = L.shape().ranks_per_domain, El = L.shape().num_local_experts;
+    const int32_t packed =
+        arch::ld_global(p_.handle.count_matrix + int64_t{p_.rank} * L.count_row_ints() + layout::count_to_domain(G, El, other));
+    const int C = p_.shape.chunk_tokens, S = p_.shape.chunks_in_flight;
+    const auto wire_bytes = static_cast<uint32_t>(H_.wire_dispatch_row_bytes());
+    transport::mlx5::Lane lane(transport::mlx5::load_queue_pair(&p_.lanes[r]), p_.wait);
+    for (int64_t c = 0; c * C < packed; ++c) {
+      const int slot = static_cast<int>(c % S);
+      if (c >= S) lane.quiet();  // the put of chunk c - S has read the slot
+      const int rows = packed - c * C < C ? static_cast<int>(packed - c * C) : C;
+      for (int i = 0; i < rows; ++i)
+        pack_row(other, c * C + i, p_.self + H_.dispatch_send_row_offset(r, slot, i));
+      if (arch::lane_idx() == 0) {
+        arch::bulk_wait_group<0>();         // the row bytes are in the ring
+        arch::fence_proxy_async_global();  // ... and visible to the generic proxy
+      }
+      __syncwarp();  // every lane's fields too
+      lane.put_signal({static_cast<uint64_t>(H_.dispatch_send_row_offset(r, slot, 0))},
+                      {peer, static_cast<uint64_t>(H_.dispatch_recv_row_offset(at_peer, c * C))}, rows * wire_bytes,
+                      {peer, static_cast<uint64_t>(H_.dispatch_signal_offset(at_peer, c))}, 1);
+      lane.submit();
+    }
+    lane.quiet();  // the ring is free for the next operation
+  }
+
+  // Warp-collective: packed row i for domain `other` (token domain_tokens[other][i])
+  // as a wire row at `dst`.
+  RAILYARD_DEVICE void pack_row(int other, int64_t i, uint8_t* dst) {
+    const layout::IntranodeLayout& L = H_.nvlink();
+    const int lane = static_cast<int>(arch::lane_idx());
+    const int K = L.shape().max_topk, G = L.shape().ranks_per_domain;
+    const int64_t t = arch::ld_global(p_.handle.domain_tokens + int64_t{other} * L.shape().max_tokens + i);
+    if (lane == 0) {
+      layout::WireHeader* header = layout::HierarchicalLayout::wire_header(dst);
+      arch::st_global(&header->src_token, static_cast<int32_t>(t));
+      arch::st_global(&header->src_rank, static_cast<int32_t>(p_.rank));
+      arch::st_global(&header->reserved[0], int32_t{0});
+      arch::st_global(&header->reserved[1], int32_t{0});
+    }
+    layout::WireSlot* slots = H_.wire_slots(dst);
+    for (int k = lane; k < K; k += 32) {
+      arch::st_global(&slots[k].expert, arch::ld_global(p_.handle.slot_expert + t * K + k));
+      arch::st_global(&slots[k].permuted_pos, arch::ld_global(p_.handle.slot_pos + t * K + k));
+      arch::st_global(&slots[k].prob, arch::ld_global(p_.handle.slot_prob + t * K + k));
+    }
+    for (int j = lane; j < R_; j += 32)
+      arch::st_global(&H_.wire_recv_pos(dst)[j], arch::ld_global(p_.handle.recv_pos + t * G + other * R_ + j));
+    for (int j = lane; j < L.num_scales(); j += 32)
+      arch::st_global(&H_.wire_scales(dst)[j], arch::ld_global(p_.scales + t * L.num_scales() + j));
+    if (lane == 0) copy_row(p_.hidden + t * L.dispatch_row_bytes(), H_.wire_payload(dst), static_cast<uint32_t>(L.dispatch_row_bytes()));
+  }
+
+  // Lane 0: `bytes` from `src` to `dst` through the slot, a slot's worth at a time.
+  RAILYARD_DEVICE void copy_row(const uint8_t* src, uint8_t* dst, uint32_t bytes) {
+    for (uint32_t offset = 0; offset < bytes; offset += SlotBytes) {
+      const uint32_t piece = bytes - offset < SlotBytes ? bytes - offset : SlotBytes;
+      arch::bulk_wait_group_read<0>();  // the slot's last store has read it
+      arch::mbarrier_arrive_expect_tx(&s_.loaded, piece);
+      arch::bulk_copy_g2s(s_.slot, src + offset, piece, &s_.loaded);
+      pipeline::timeout_while([&] { return !arch::mbarrier_try_wait_parity(&s_.loaded, phase_); },
+                              {"dispatch RDMA send: row bytes into shared memory", static_cast<int64_t>(offset), phase_},
+                              p_.wait);
+      phase_ ^= 1u;
+      arch::bulk_copy_s2g(dst + offset, s_.slot, piece);
+      arch::bulk_commit_group();
+    }
+  }
+
+  const RdmaSendParams& p_;
+  RdmaSendStorage<SlotBytes>& s_;
+  layout::HierarchicalLayout H_;
+  int R_, mine_;
+  uint32_t phase_ = 0;  // of s_.loaded, lane 0's
+};
+
+}  // namespace railyard::kernels::hierarchical
