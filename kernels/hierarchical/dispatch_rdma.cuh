@@ -14,9 +14,10 @@
 //
 // One warp per block, remote domains dealt to blocks round robin (block b: r = b, b +
 // blocks, ...), each with its own lane and its own ring of S chunk slots: before slot
-// c mod S is packed again, quiet() waits for the put that read it. Lane 0 moves the
-// row bytes with TMA (global -> shared -> send ring); the other fields are plain
-// stores of the warp's lanes. Before a put the ring's bytes must be visible to lane 0,
+// c mod S is packed again, quiet(ticket) waits for the put that read it, and for no
+// later one. Lane 0 moves the
+// row bytes with TMA (global -> shared -> send ring, pieces streaming through four
+// shared-memory slots); the other fields are plain stores of the warp's lanes. Before a put the ring's bytes must be visible to lane 0,
 // which rings the doorbell: its bulk writes are waited for (bulk_wait_group) and
 // fenced to the generic proxy, the other lanes' stores ordered by a warp barrier; the
 // lane's system-scope release then covers both.
@@ -46,15 +47,19 @@ struct RdmaSendParams {
   pipeline::WaitPolicy wait;
 };
 
-// The role's shared memory: a slot the row bytes pass through, and its barrier.
+// The role's shared memory: kSlots slots the row bytes pass through, each with the
+// barrier its load completes on.
 template <uint32_t SlotBytes>
 struct RdmaSendStorage {
   static_assert(SlotBytes > 0 && SlotBytes % arch::kBulkCopyAlign == 0);
-  alignas(128) uint8_t slot[SlotBytes];
-  uint64_t loaded;
+  static constexpr int kSlots = 4;
+  alignas(128) uint8_t slot[kSlots][SlotBytes];
+  uint64_t loaded[kSlots];
 
   // By one thread, before a block barrier (and the fence the pipelines' inits take).
-  RAILYARD_DEVICE void init() { arch::mbarrier_init(&loaded, 1); }
+  RAILYARD_DEVICE void init() {
+    for (uint64_t& bar : loaded) arch::mbarrier_init(&bar, 1);
+  }
 };
 
 template <uint32_t SlotBytes>
@@ -80,13 +85,14 @@ class RdmaSender {
     const int C = p_.shape.chunk_tokens, S = p_.shape.chunks_in_flight;
     const auto wire_bytes = static_cast<uint32_t>(H_.wire_dispatch_row_bytes());
     transport::mlx5::Lane lane(transport::mlx5::load_queue_pair(&p_.lanes[r]), p_.wait);
+    uint64_t put_of_slot[layout::kMaxChunksInFlight] = {};  // the ticket after each slot's last put
     for (int64_t c = 0; c * C < packed; ++c) {
       const int slot = static_cast<int>(c % S);
-      if (c >= S) lane.quiet();  // the put of chunk c - S has read the slot
+      if (c >= S) lane.quiet(put_of_slot[slot]);  // the put of chunk c - S has read the slot
       const int rows = packed - c * C < C ? static_cast<int>(packed - c * C) : C;
-      for (int i = 0; i < rows; ++i)
-        pack_row(other, c * C + i, p_.self + H_.dispatch_send_row_offset(r, slot, i));
+      pack_chunk(other, c * C, rows, p_.self + H_.dispatch_send_row_offset(r, slot, 0));
       if (arch::lane_idx() == 0) {
+        drain();
         arch::bulk_wait_group<0>();         // the row bytes are in the ring
         arch::fence_proxy_async_global();  // ... and visible to the generic proxy
       }
@@ -95,58 +101,97 @@ class RdmaSender {
                       {peer, static_cast<uint64_t>(H_.dispatch_recv_row_offset(at_peer, c * C))}, rows * wire_bytes,
                       {peer, static_cast<uint64_t>(H_.dispatch_signal_offset(at_peer, c))}, 1);
       lane.submit();
+      put_of_slot[slot] = lane.ticket();
     }
     lane.quiet();  // the ring is free for the next operation
   }
 
-  // Warp-collective: packed row i for domain `other` (token domain_tokens[other][i])
-  // as a wire row at `dst`.
-  RAILYARD_DEVICE void pack_row(int other, int64_t i, uint8_t* dst) {
+  // Warp-collective: packed rows [first, first + rows) for domain `other` as wire rows
+  // from `ring` on, 32 at a time: each lane writes its row's fields (latency-bound
+  // loads and stores, in parallel), then lane 0 streams the 32 rows' bytes.
+  RAILYARD_DEVICE void pack_chunk(int other, int64_t first, int rows, uint8_t* ring) {
     const layout::IntranodeLayout& L = H_.nvlink();
+    const int64_t wire_bytes = H_.wire_dispatch_row_bytes(), row_bytes = L.dispatch_row_bytes();
     const int lane = static_cast<int>(arch::lane_idx());
-    const int K = L.shape().max_topk, G = L.shape().ranks_per_domain;
-    const int64_t t = arch::ld_global(p_.handle.domain_tokens + int64_t{other} * L.shape().max_tokens + i);
-    if (lane == 0) {
-      layout::WireHeader* header = layout::HierarchicalLayout::wire_header(dst);
-      arch::st_global(&header->src_token, static_cast<int32_t>(t));
-      arch::st_global(&header->src_rank, static_cast<int32_t>(p_.rank));
-      arch::st_global(&header->reserved[0], int32_t{0});
-      arch::st_global(&header->reserved[1], int32_t{0});
+    for (int base = 0; base < rows; base += 32) {
+      const int i = base + lane;
+      const int64_t t = i < rows ? arch::ld_global(p_.handle.domain_tokens + int64_t{other} * L.shape().max_tokens + first + i) : -1;
+      if (i < rows) pack_fields(other, t, ring + i * wire_bytes);
+      const int n = rows - base < 32 ? rows - base : 32;
+      for (int j = 0; j < n; ++j) {
+        const int64_t tj = __shfl_sync(arch::kFullWarpMask, t, j);
+        if (lane == 0)
+          copy_row(p_.hidden + tj * row_bytes, H_.wire_payload(ring + (base + j) * wire_bytes), static_cast<uint32_t>(row_bytes));
+      }
     }
+  }
+
+  // One lane: token t's wire row fields at `dst` (all but the row bytes).
+  RAILYARD_DEVICE void pack_fields(int other, int64_t t, uint8_t* dst) {
+    const layout::IntranodeLayout& L = H_.nvlink();
+    const int K = L.shape().max_topk, G = L.shape().ranks_per_domain;
+    layout::WireHeader* header = layout::HierarchicalLayout::wire_header(dst);
+    arch::st_global(&header->src_token, static_cast<int32_t>(t));
+    arch::st_global(&header->src_rank, static_cast<int32_t>(p_.rank));
+    arch::st_global(&header->reserved[0], int32_t{0});
+    arch::st_global(&header->reserved[1], int32_t{0});
     layout::WireSlot* slots = H_.wire_slots(dst);
-    for (int k = lane; k < K; k += 32) {
+    for (int k = 0; k < K; ++k) {
       arch::st_global(&slots[k].expert, arch::ld_global(p_.handle.slot_expert + t * K + k));
       arch::st_global(&slots[k].permuted_pos, arch::ld_global(p_.handle.slot_pos + t * K + k));
       arch::st_global(&slots[k].prob, arch::ld_global(p_.handle.slot_prob + t * K + k));
     }
-    for (int j = lane; j < R_; j += 32)
+    for (int j = 0; j < R_; ++j)
       arch::st_global(&H_.wire_recv_pos(dst)[j], arch::ld_global(p_.handle.recv_pos + t * G + other * R_ + j));
-    for (int j = lane; j < L.num_scales(); j += 32)
+    for (int j = 0; j < L.num_scales(); ++j)
       arch::st_global(&H_.wire_scales(dst)[j], arch::ld_global(p_.scales + t * L.num_scales() + j));
-    if (lane == 0) copy_row(p_.hidden + t * L.dispatch_row_bytes(), H_.wire_payload(dst), static_cast<uint32_t>(L.dispatch_row_bytes()));
   }
 
-  // Lane 0: `bytes` from `src` to `dst` through the slot, a slot's worth at a time.
+  // Lane 0: `bytes` from `src` to `dst` through the slots, a slot's worth a piece. The
+  // pieces stream through the slots: up to kSlots - 1 loads in flight, and a piece's
+  // store is issued once its load landed, so loads and stores overlap. A slot is
+  // loaded again once the store of its last piece has read it; that store was issued
+  // before the last one, so at most one newer group may still be reading.
   RAILYARD_DEVICE void copy_row(const uint8_t* src, uint8_t* dst, uint32_t bytes) {
+    constexpr int kSlots = RdmaSendStorage<SlotBytes>::kSlots;
     for (uint32_t offset = 0; offset < bytes; offset += SlotBytes) {
+      if (loads_ - stores_ == kSlots - 1) store_oldest();
+      if (loads_ >= kSlots) arch::bulk_wait_group_read<1>();
+      const int slot = static_cast<int>(loads_ % kSlots);
       const uint32_t piece = bytes - offset < SlotBytes ? bytes - offset : SlotBytes;
-      arch::bulk_wait_group_read<0>();  // the slot's last store has read it
-      arch::mbarrier_arrive_expect_tx(&s_.loaded, piece);
-      arch::bulk_copy_g2s(s_.slot, src + offset, piece, &s_.loaded);
-      pipeline::timeout_while([&] { return !arch::mbarrier_try_wait_parity(&s_.loaded, phase_); },
-                              {"dispatch RDMA send: row bytes into shared memory", static_cast<int64_t>(offset), phase_},
-                              p_.wait);
-      phase_ ^= 1u;
-      arch::bulk_copy_s2g(dst + offset, s_.slot, piece);
-      arch::bulk_commit_group();
+      arch::mbarrier_arrive_expect_tx(&s_.loaded[slot], piece);
+      arch::bulk_copy_g2s(s_.slot[slot], src + offset, piece, &s_.loaded[slot]);
+      pending_[slot] = {dst + offset, piece};
+      ++loads_;
     }
   }
+  // Lane 0: the stores of every piece loaded so far.
+  RAILYARD_DEVICE void drain() {
+    while (stores_ < loads_) store_oldest();
+  }
+  RAILYARD_DEVICE void store_oldest() {
+    constexpr int kSlots = RdmaSendStorage<SlotBytes>::kSlots;
+    const int slot = static_cast<int>(stores_ % kSlots);
+    const uint32_t parity = static_cast<uint32_t>((stores_ / kSlots) & 1u);
+    pipeline::timeout_while([&] { return !arch::mbarrier_try_wait_parity(&s_.loaded[slot], parity); },
+                            {"dispatch RDMA send: row bytes into shared memory (slot)", slot, parity}, p_.wait);
+    arch::bulk_copy_s2g(pending_[slot].dst, s_.slot[slot], pending_[slot].bytes);
+    arch::bulk_commit_group();
+    ++stores_;
+  }
 
+  struct Piece {
+    uint8_t* dst;
+    uint32_t bytes;
+  };
   const RdmaSendParams& p_;
   RdmaSendStorage<SlotBytes>& s_;
   layout::HierarchicalLayout H_;
   int R_, mine_;
-  uint32_t phase_ = 0;  // of s_.loaded, lane 0's
+  // Lane 0's: pieces loaded and stored so far (piece n uses slot n mod kSlots, whose
+  // barrier completes phase n / kSlots), and each slot's destination.
+  uint64_t loads_ = 0, stores_ = 0;
+  Piece pending_[RdmaSendStorage<SlotBytes>::kSlots] = {};
 };
 
 }  // namespace railyard::kernels::hierarchical

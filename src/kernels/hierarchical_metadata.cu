@@ -30,10 +30,10 @@ Status check_group(const MetadataArguments& a) {
     return Status::invalid_argument(who + "shape.domain.ranks_per_domain is " + std::to_string(R) + "; expected 1.." +
                                     std::to_string(layout::kMaxRanksPerDomain / D) + " (at most " +
                                     std::to_string(layout::kMaxRanksPerDomain) + " ranks in the group)");
-  if (h.chunk_tokens < 1 || h.chunks_in_flight < 1)
+  if (h.chunk_tokens < 1 || h.chunks_in_flight < 1 || h.chunks_in_flight > layout::kMaxChunksInFlight)
     return Status::invalid_argument(who + "shape.chunk_tokens and shape.chunks_in_flight are " +
                                     std::to_string(h.chunk_tokens) + ", " + std::to_string(h.chunks_in_flight) +
-                                    "; expected >= 1");
+                                    "; expected >= 1 and 1.." + std::to_string(layout::kMaxChunksInFlight));
   const intranode::DomainParams& dom = a.metadata.domain;
   if (!same_shape(dom.shape, layout::HierarchicalLayout(h).nvlink().shape()))
     return Status::invalid_argument(who + "metadata.domain.shape is not the group's: expected HierarchicalLayout(shape).nvlink().shape(), " +

@@ -35,7 +35,7 @@ struct Case {
   int hidden = 16;
   DType dtype = DType::BF16;
   int chunk_tokens = 64;
-  int chunks_in_flight = 2;
+  int chunks_in_flight = HierarchicalShape{}.chunks_in_flight;
 
   int group() const { return domains * ranks_per_domain; }
   int tokens_of(int rank) const { return tokens.size() == 1 ? tokens[0] : tokens[static_cast<std::size_t>(rank)]; }
@@ -52,6 +52,7 @@ struct GroupSetup {
   sim::NicConfig nic{};
   uint64_t handshake_timeout_cycles = pipeline::kDefaultHandshakeTimeoutCycles;
   std::vector<sim::NicConfig> nic_per_rank;  // if not empty: each rank's NIC
+  bool timed = false;                         // sim::Config::timed (H100 model, NICs included)
 };
 
 // One group of D domains of R ranks: the fabric, the layout, every rank's lanes in its
@@ -119,6 +120,7 @@ class Group {
     c.fetch_scratch_offset = static_cast<uint64_t>(L.fetch_scratch_offset());
     c.nic = setup.nic;
     c.nic_per_rank = setup.nic_per_rank;
+    c.timed = setup.timed;
     return c;
   }
 

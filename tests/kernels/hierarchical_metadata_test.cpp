@@ -177,7 +177,8 @@ TEST(HierarchicalMetadata, ArgumentErrorsNameTheArgument) {
   } refusals[] = {
       {[](Args& a, int) { a.shape.num_domains = 1; }, "shape.num_domains is 1; expected 2..64"},
       {[](Args& a, int) { a.shape.domain.ranks_per_domain = 40; }, "shape.domain.ranks_per_domain is 40; expected 1..36"},
-      {[](Args& a, int) { a.shape.chunk_tokens = 0; }, "shape.chunk_tokens and shape.chunks_in_flight are 0, 2"},
+      {[](Args& a, int) { a.shape.chunk_tokens = 0; }, "shape.chunk_tokens and shape.chunks_in_flight are 0, 4"},
+      {[](Args& a, int) { a.shape.chunks_in_flight = 9; }, "are 64, 9; expected >= 1 and 1..8"},
       {[](Args& a, int) { a.metadata.domain.shape.ranks_per_domain = 2; }, "metadata.domain.shape is not the group's"},
       {[](Args& a, int) { a.metadata.domain.nvlink_first = 0; }, "metadata.domain.nvlink_first, nvlink_ranks are 0, 2; expected 2, 2"},
       {[](Args& a, int) { a.lanes = nullptr; }, "lanes is null; expected 1 queue pairs"},

@@ -30,6 +30,9 @@
 //                                     it is reported through the lane's WaitPolicy,
 //                                     naming the lane and the failed operation, and the
 //                                     kernel traps, like a timed-out wait.
+//   ticket(), quiet(ticket)           the same for the operations posted before ticket()
+//                                     was taken only, so that a sender reuses one
+//                                     buffer while later puts are still in flight.
 // Before a put, the bytes at src must be visible to the lane's warp (the protocol's
 // mbarrier or block barrier hand-off, plus fence.proxy.async.global where TMA wrote
 // them); every backend orders them before its own transfer.
@@ -70,6 +73,8 @@ concept Lane = requires(L& lane, LocalRef src, RemoteRef dst, uint32_t bytes, Si
   { lane.put_signal(src, dst, bytes, signal, add) } -> std::same_as<void>;
   { lane.submit() } -> std::same_as<void>;
   { lane.quiet() } -> std::same_as<void>;
+  { lane.ticket() } -> std::same_as<uint64_t>;
+  { lane.quiet(uint64_t{}) } -> std::same_as<void>;
   // True where a put_signal's signal also publishes the lane's earlier puts (RC queue
   // pairs, NVLink); the protocol may use it only as an optimisation.
   { L::kOrderedSignals } -> std::convertible_to<bool>;

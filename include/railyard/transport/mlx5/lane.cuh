@@ -82,16 +82,25 @@ class Lane {
     __syncwarp();
   }
 
-  RAILYARD_DEVICE void quiet(RAILYARD_LOC_ONLY_PARAM) {
+  RAILYARD_DEVICE void quiet(RAILYARD_LOC_ONLY_PARAM) { quiet(ticket() RAILYARD_LOC_ARG); }
+
+  // The WQEs posted so far (pi), on every lane: quiet(ticket) waits for them only.
+  RAILYARD_DEVICE uint64_t ticket() const { return __shfl_sync(arch::kFullWarpMask, state_.pi, 0); }
+
+  // Submits what the ticket covers if it is not yet rung, then polls until every WQE
+  // posted before the ticket is complete (ci at or past it; indices wrap at 2^32).
+  RAILYARD_DEVICE void quiet(uint64_t ticket RAILYARD_LOC_PARAM) {
     if (arch::lane_idx() == 0) {
-      submit_lane0(RAILYARD_LOC_ONLY_ARG);
-      const pipeline::WaitTarget target{"mlx5 CQ: completion of every posted WQE (index: QPN, value: last WQE)",
-                                        qp_.qpn, static_cast<int64_t>(state_.pi - 1)};
+      const auto mark = static_cast<uint32_t>(ticket);
+      const auto behind = [&] { return static_cast<int32_t>(state_.ci - mark) < 0; };
+      if (static_cast<int32_t>(state_.submitted - mark) < 0) submit_lane0(RAILYARD_LOC_ONLY_ARG);
+      const pipeline::WaitTarget target{"mlx5 CQ: completion of the posted WQEs (index: QPN, value: last WQE)",
+                                        qp_.qpn, static_cast<int64_t>(mark - 1)};
       pipeline::timeout_while(
           [&] {
-            while (state_.ci != state_.pi && poll_one(RAILYARD_LOC_ONLY_ARG)) {
+            while (behind() && poll_one(RAILYARD_LOC_ONLY_ARG)) {
             }
-            return state_.ci != state_.pi;
+            return behind();
           },
           target, policy_ RAILYARD_LOC_ARG);
       arch::st_global(qp_.state, state_ RAILYARD_LOC_ARG);
