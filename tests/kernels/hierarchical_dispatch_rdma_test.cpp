@@ -167,14 +167,6 @@ void run_case(const Case& c, uint64_t seed, const GroupSetup& setup, int blocks,
   }
 }
 
-GroupSetup weak_with_nic_delays() {
-  GroupSetup s;
-  s.memory_model = sim::MemoryModel::Weak;
-  s.nic.stall_probability = 0.3;
-  s.nic.relaxed_ordering = true;
-  s.nic.mtu_bytes = 256;
-  return s;
-}
 
 TEST(HierarchicalDispatchRdma, EveryRankReceivesItsRailPeersPackedRows) {
   const std::vector<Case> cases = {
@@ -194,16 +186,16 @@ TEST(HierarchicalDispatchRdma, EveryRankReceivesItsRailPeersPackedRows) {
 // one was put from, so packing it before the last put completed (no quiet) rewrites
 // bytes the NIC has yet to read, which the weak mode reports.
 TEST(HierarchicalDispatchRdma, OneRingSlotIsReusedOnlyAfterItsPutCompleted) {
-  GroupSetup setup = weak_with_nic_delays();
+  GroupSetup setup = test::weak_with_nic_delays(256);
   setup.nic.stall_probability = 0.9;
   run_case({2, 1, {40, 40}, 2, 2, false, test::Routing::Uniform, {}, 64, DType::BF16, 2, 1}, 4, setup, 1, 2);
 }
 
 TEST(HierarchicalDispatchRdma, WeakMemoryNicReorderingAndCallsBackToBack) {
   run_case({3, 2, {30, 2, 17, 0, 64, 9}, 4, 2, false, test::Routing::Uniform, {}, 128, DType::FP8_E4M3, 4}, 2,
-           weak_with_nic_delays(), 2, 3);
+           test::weak_with_nic_delays(256), 2, 3);
   if (HasFatalFailure()) return;
-  run_case({2, 2, {25}, 8, 8, true, test::Routing::Uniform, {}, 64, DType::BF16, 8}, 3, weak_with_nic_delays(), 1, 2);
+  run_case({2, 2, {25}, 8, 8, true, test::Routing::Uniform, {}, 64, DType::BF16, 8}, 3, test::weak_with_nic_delays(256), 1, 2);
 }
 
 // SIMULATED (timed mode, H100 and ConnectX-7 model): one rank per domain, 4096 tokens

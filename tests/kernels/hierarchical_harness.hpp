@@ -55,6 +55,16 @@ struct GroupSetup {
   bool timed = false;                         // sim::Config::timed (H100 model, NICs included)
 };
 
+// The weak memory model, NIC stalls and relaxed-ordering placement in `mtu`-byte pieces.
+inline GroupSetup weak_with_nic_delays(uint32_t mtu) {
+  GroupSetup s;
+  s.memory_model = sim::MemoryModel::Weak;
+  s.nic.stall_probability = 0.3;
+  s.nic.relaxed_ordering = true;
+  s.nic.mtu_bytes = mtu;
+  return s;
+}
+
 // One group of D domains of R ranks: the fabric, the layout, every rank's lanes in its
 // GPU memory, and its DomainParams over the group.
 class Group {
@@ -132,7 +142,7 @@ class Group {
   std::vector<void*> allocations_;
 };
 
-HierarchicalShape shape_of(const Case& c, int max_tokens) {
+inline HierarchicalShape shape_of(const Case& c, int max_tokens) {
   HierarchicalShape s;
   s.domain = {c.ranks_per_domain, c.local_experts, max_tokens, c.hidden, c.topk, c.dtype};
   s.num_domains = c.domains;
@@ -150,20 +160,7 @@ inline kernels::hierarchical::MetadataArguments arguments(Group& group, int g, c
                                                    const DeviceRouting& routing, const CallOptions& o,
                                                    uint8_t* handle, int64_t capacity, const HierarchicalShape& shape) {
   kernels::hierarchical::MetadataArguments a;
-  kernels::intranode::MetadataArguments& m = a.metadata;
-  m.domain = group.domain(g);
-  m.num_tokens = in.num_tokens;
-  m.topk_idx = routing.topk_idx;
-  m.topk_weights = routing.topk_weights;
-  m.num_topk = routing.num_topk;
-  m.routing_map = routing.routing_map;
-  m.probs = routing.probs;
-  m.max_recv_rows = o.recv_bound(g);
-  m.max_permuted_rows = o.permuted_bound(g);
-  m.pad_multiple = o.pad_multiple;
-  m.handle = handle;
-  m.recv_capacity = capacity;
-  m.max_blocks = 2;
+  a.metadata = metadata_arguments(group.domain(g), in, routing, o, handle, capacity, /*max_blocks=*/2);
   a.shape = shape;
   a.lanes = group.lanes(g);
   return a;

@@ -64,14 +64,6 @@ void run_case(const Case& c, uint64_t seed, const GroupSetup& setup, int calls =
 }
 
 const GroupSetup kPlain{};
-GroupSetup weak_with_nic_delays() {
-  GroupSetup s;
-  s.memory_model = sim::MemoryModel::Weak;
-  s.nic.stall_probability = 0.3;
-  s.nic.relaxed_ordering = true;
-  s.nic.mtu_bytes = 64;
-  return s;
-}
 
 TEST(HierarchicalMetadata, MatchesTheReferenceAcrossDomains) {
   const std::vector<Case> cases = {
@@ -102,7 +94,7 @@ TEST(HierarchicalMetadata, WeakMemoryAndNicReordering) {
   };
   for (const Case& c : cases)
     for (uint64_t seed : {1, 2, 3}) {
-      run_case(c, seed, weak_with_nic_delays());
+      run_case(c, seed, test::weak_with_nic_delays(64));
       if (HasFatalFailure()) return;
     }
 }
@@ -110,7 +102,7 @@ TEST(HierarchicalMetadata, WeakMemoryAndNicReordering) {
 // Three calls in a row: each waits for its own signal count and uses its own parity of
 // the RDMA count rows, so no call reads another's counts.
 TEST(HierarchicalMetadata, BackToBackCallsUseTheirOwnCounts) {
-  run_case({3, 2, {9, 70, 0, 33, 64, 1}, 4, 2}, 5, weak_with_nic_delays(), 3);
+  run_case({3, 2, {9, 70, 0, 33, 64, 1}, 4, 2}, 5, test::weak_with_nic_delays(64), 3);
   run_case({2, 4, {40}, 8, 2, true}, 6, kPlain, 3);
 }
 

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/intranode/metadata.hpp"
 #include "kernels/intranode/protocol.cuh"
 #include "railyard/common/gpu_stream.hpp"
 #include "railyard/layout/intranode_layout.cuh"
@@ -243,6 +244,28 @@ struct CallOptions {
   int64_t recv_bound(int r) const { return max_recv_rows.empty() ? -1 : max_recv_rows[r]; }
   int64_t permuted_bound(int r) const { return max_permuted_rows.empty() ? -1 : max_permuted_rows[r]; }
 };
+
+// The metadata kernel's arguments for `rank` (its index in domain.shape's ranks).
+inline kernels::intranode::MetadataArguments metadata_arguments(const kernels::intranode::DomainParams& domain,
+                                                                const ref::RankInput& in, const DeviceRouting& r,
+                                                                const CallOptions& o, uint8_t* handle, int64_t capacity,
+                                                                int max_blocks) {
+  kernels::intranode::MetadataArguments a;
+  a.domain = domain;
+  a.num_tokens = in.num_tokens;
+  a.topk_idx = r.topk_idx;
+  a.topk_weights = r.topk_weights;
+  a.num_topk = r.num_topk;
+  a.routing_map = r.routing_map;
+  a.probs = r.probs;
+  a.max_recv_rows = o.recv_bound(domain.rank);
+  a.max_permuted_rows = o.permuted_bound(domain.rank);
+  a.pad_multiple = o.pad_multiple;
+  a.handle = handle;
+  a.recv_capacity = capacity;
+  a.max_blocks = max_blocks;
+  return a;
+}
 
 // The reference's view of a whole call: unbounded received and permuted layouts per
 // rank (positions are canonical whatever the bounds) and the bounded counts.

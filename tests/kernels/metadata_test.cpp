@@ -49,21 +49,7 @@ std::string describe(const Case& c) {
 
 MetadataArguments args_for(const IntranodeWorld& w, int rank, const ref::RankInput& in, const test::DeviceRouting& r,
                            const CallOptions& o, uint8_t* handle, int64_t capacity, int max_blocks = 1) {
-  MetadataArguments a;
-  a.domain = w.domain(rank);
-  a.num_tokens = in.num_tokens;
-  a.topk_idx = r.topk_idx;
-  a.topk_weights = r.topk_weights;
-  a.num_topk = r.num_topk;
-  a.routing_map = r.routing_map;
-  a.probs = r.probs;
-  a.max_recv_rows = o.recv_bound(rank);
-  a.max_permuted_rows = o.permuted_bound(rank);
-  a.pad_multiple = o.pad_multiple;
-  a.handle = handle;
-  a.recv_capacity = capacity;
-  a.max_blocks = max_blocks;
-  return a;
+  return test::metadata_arguments(w.domain(rank), in, r, o, handle, capacity, max_blocks);
 }
 
 // Runs the metadata kernel on every rank of `w` for `call` and compares every rank's
