@@ -11,12 +11,6 @@ namespace railyard::kernels::hierarchical {
 
 namespace {
 
-bool same_shape(const layout::IntranodeShape& a, const layout::IntranodeShape& b) {
-  return a.ranks_per_domain == b.ranks_per_domain && a.num_local_experts == b.num_local_experts &&
-         a.max_tokens == b.max_tokens && a.hidden == b.hidden && a.max_topk == b.max_topk &&
-         a.dispatch_dtype == b.dispatch_dtype && a.num_domains == b.num_domains;
-}
-
 // What the group adds to the intra-node checks: its shape, the domain as the group's,
 // this rank's NVLink ranks as its domain's, the lanes.
 Status check_group(const MetadataArguments& a) {
@@ -35,7 +29,7 @@ Status check_group(const MetadataArguments& a) {
                                     std::to_string(h.chunk_tokens) + ", " + std::to_string(h.chunks_in_flight) +
                                     "; expected >= 1 and 1.." + std::to_string(layout::kMaxChunksInFlight));
   const intranode::DomainParams& dom = a.metadata.domain;
-  if (!same_shape(dom.shape, layout::HierarchicalLayout(h).nvlink().shape()))
+  if (dom.shape != layout::HierarchicalLayout(h).nvlink().shape())
     return Status::invalid_argument(who + "metadata.domain.shape is not the group's: expected HierarchicalLayout(shape).nvlink().shape(), " +
                                     std::to_string(D * R) + " ranks");
   const int first = dom.rank >= 0 ? dom.rank / R * R : 0;

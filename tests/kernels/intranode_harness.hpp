@@ -298,15 +298,21 @@ inline std::vector<uint8_t> reference_handle(const IntranodeLayout& L, const Ref
   const ref::RankInput& in = call.inputs[rank];
   const int T = in.num_tokens;
 
+  // [d][t]: index of (src, t) among d's received rows, -1 if t skips d.
+  auto positions_of = [&](int src) {
+    std::vector<std::vector<int64_t>> at(R, std::vector<int64_t>(call.inputs[src].num_tokens, -1));
+    for (int d = 0; d < R; ++d) {
+      const ref::ReceivedRows& rr = call.received.ranks[d];
+      for (int64_t i = 0; i < rr.num_rows(); ++i)
+        if (rr.src_rank[i] == src) at[d][rr.src_token[i]] = i;
+    }
+    return at;
+  };
   // recv_pos[t][d]: index of (rank, t) among d's received rows.
   for (int t = 0; t < M * R; ++t) h.recv_pos[t] = -1;
-  std::vector<std::vector<int64_t>> pos_at(R, std::vector<int64_t>(T, -1));
-  for (int d = 0; d < R; ++d) {
-    const ref::ReceivedRows& rr = call.received.ranks[d];
-    for (int64_t i = 0; i < rr.num_rows(); ++i)
-      if (rr.src_rank[i] == rank) pos_at[d][rr.src_token[i]] = i;
+  const std::vector<std::vector<int64_t>> pos_at = positions_of(rank);
+  for (int d = 0; d < R; ++d)
     for (int t = 0; t < T; ++t) h.recv_pos[static_cast<std::size_t>(t) * R + d] = static_cast<int32_t>(pos_at[d][t]);
-  }
   // Slots, and the permuted position of each at its expert's rank.
   const Slots slots = normalise_slots(in, s.ranks_per_domain * El, K);
   for (int t = 0; t < T; ++t)
@@ -360,16 +366,10 @@ inline std::vector<uint8_t> reference_handle(const IntranodeLayout& L, const Ref
       for (int j = 0; j < El; ++j) row[layout::count_to_expert(R, El, d, j)] = per_expert[j];
     }
     if (Dk > 0) {
-      const int src_tokens = call.inputs[src].num_tokens;
-      std::vector<std::vector<int64_t>> src_at(R, std::vector<int64_t>(src_tokens, -1));
-      for (int d = 0; d < R; ++d) {
-        const ref::ReceivedRows& rr = call.received.ranks[d];
-        for (int64_t i = 0; i < rr.num_rows(); ++i)
-          if (rr.src_rank[i] == src) src_at[d][rr.src_token[i]] = i;
-      }
+      const std::vector<std::vector<int64_t>> src_at = positions_of(src);
       for (int n = 0; n < Dk; ++n) {
         int32_t tokens = 0;
-        for (int t = 0; t < src_tokens; ++t) tokens += goes_to_domain(src_at, t, n);
+        for (int t = 0; t < call.inputs[src].num_tokens; ++t) tokens += goes_to_domain(src_at, t, n);
         row[layout::count_to_domain(R, El, n)] = tokens;
       }
     }

@@ -43,6 +43,8 @@ struct IntranodeShape {
   // D: the NVLink domains the ranks form, R / D ranks each (ranks d * R / D ..). Above
   // 1, count rows and handles also count tokens per domain (domain_keys()).
   int num_domains = 1;
+
+  bool operator==(const IntranodeShape&) const = default;
 };
 
 // The head of a rank's count row: what other ranks need to know about its call. A
