@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "railyard/runtime/rdma.hpp"
-#include "railyard/runtime/registered_buffer.hpp"
+#include "railyard/runtime/memory_registrar.hpp"
 #include "railyard/runtime/topology.hpp"
 
 namespace railyard::runtime {
