@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -140,8 +141,19 @@ bool device_attribute(CUdevice_attribute attribute, int device, const char* call
 
 CUmemAllocationProp allocation_prop(int device, ShareableHandleType type);
 
-// A trial cuMemCreate of one granule with a FABRIC handle, released at once.
+// Whether this process sees an IMEX channel (/dev/nvidia-caps-imex-channels/channelN),
+// without which the driver refuses every FABRIC allocation (CUDA_ERROR_NOT_PERMITTED).
+bool imex_channel_present() {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/nvidia-caps-imex-channels", error))
+    if (entry.path().filename().string().starts_with("channel")) return true;
+  return false;
+}
+
+// A trial cuMemCreate of one granule with a FABRIC handle, released at once. Not tried
+// without an IMEX channel: it would fail, and compute-sanitizer reports the failed call.
 bool fabric_allocation_works(int device) {
+  if (!imex_channel_present()) return false;
   const DriverApi& d = driver();
   const CUmemAllocationProp prop = allocation_prop(device, ShareableHandleType::Fabric);
   std::size_t granularity = 0;
