@@ -8,11 +8,15 @@ non-inlined device function its stack frame, spill stores and spill loads, and f
 kernels the registers, barriers and shared memory they use.
 
 Writes a table of every (function, arch) to --summary (or to stdout without it)
-and the verdict, with every spill, to stdout. Exit status:
-0 when nothing spills, 1 when anything spills, 2 when a report is missing or holds
-no ptxas output at all (the -Xptxas -v flag was lost: nothing would be checked).
+and the verdict, with every spill, to stdout. With --max-stack BYTES a kernel whose
+stack frame is larger fails too: ptxas reports no spill when the compiler put a
+per-thread array in local memory from the start (an array indexed at run time, or
+one whose address escapes), yet every access to it is then a local-memory access.
+Exit status: 0 when nothing spills (and no stack frame is too large), 1 otherwise,
+2 when a report is missing or holds no ptxas output at all (the -Xptxas -v flag was
+lost: nothing would be checked).
 
-Usage: check_ptxas.py [--summary FILE] [--stamp FILE] REPORT...
+Usage: check_ptxas.py [--summary FILE] [--stamp FILE] [--max-stack BYTES] REPORT...
 --stamp FILE is touched on success and removed otherwise, so a build rule that
 outputs it reruns until the spill is gone.
 """
@@ -139,7 +143,7 @@ def fmt(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
-def summarise(functions: list[Function]) -> str:
+def summarise(functions: list[Function], max_stack: int | None = None) -> str:
     pretty = demangle(sorted({f.name for f in functions}))
     header = ("tu", "arch", "kind", "regs", "bar", "smem", "stack", "spill_st", "spill_ld",
               "function")
@@ -160,7 +164,17 @@ def summarise(functions: list[Function]) -> str:
     for f in sorted(spilling, key=lambda f: (f.tu, f.name, arch_key(f.arch))):
         lines.append(f"  SPILL {f.tu} {f.arch}: {f.spill_store_bytes} bytes spill stores, "
                      f"{f.spill_load_bytes} bytes spill loads in {pretty[f.name]}")
+    for f in sorted(too_deep(functions, max_stack), key=lambda f: (f.tu, f.name, arch_key(f.arch))):
+        lines.append(f"  STACK {f.tu} {f.arch}: {f.stack_bytes} bytes stack frame (limit {max_stack}) "
+                     f"in {pretty[f.name]}")
     return "\n".join(lines) + "\n"
+
+
+def too_deep(functions: list[Function], max_stack: int | None) -> list[Function]:
+    """The kernels whose stack frame exceeds max_stack (none without a limit)."""
+    if max_stack is None:
+        return []
+    return [f for f in functions if f.entry and f.stack_bytes > max_stack]
 
 
 def main() -> int:
@@ -168,6 +182,7 @@ def main() -> int:
     parser.add_argument("reports", nargs="+")
     parser.add_argument("--summary")
     parser.add_argument("--stamp")
+    parser.add_argument("--max-stack", type=int)
     args = parser.parse_args()
     if args.stamp and os.path.exists(args.stamp):
         os.remove(args.stamp)
@@ -187,7 +202,7 @@ def main() -> int:
             problems.append(f"{path}: no ptxas output (was -Xptxas -v dropped?)")
         functions.extend(found)
 
-    text = summarise(functions)
+    text = summarise(functions, args.max_stack)
     for p in problems:
         text += f"ERROR {p}\n"
     if args.summary:
@@ -201,6 +216,11 @@ def main() -> int:
     if any(f.spills for f in functions):
         sys.stderr.write("check_ptxas: register spills are not allowed (see above); reduce "
                          "register pressure or change the template parameters\n")
+        return 1
+    if too_deep(functions, args.max_stack):
+        sys.stderr.write(f"check_ptxas: a kernel's stack frame exceeds {args.max_stack} bytes (see above): a "
+                         "per-thread array lives in local memory; index it with constants only (unrolled "
+                         "loops) and keep its address from escaping\n")
         return 1
     if args.stamp:
         with open(args.stamp, "w", encoding="utf-8") as f:

@@ -482,14 +482,19 @@ struct Combine {
         continue;
       }
       if (tag.flags & kFirst) {
+        RAILYARD_UNROLL
         for (uint32_t k = 0; k < kAccumulators; ++k) partial[k] = total[k] = 0.0f;
       }
+      // Every loop over the accumulators is unrolled, and a lane past the piece's end
+      // skips its vector instead of leaving the loop: both arrays stay in registers.
       if (tag.flags & kData) {
         const uint8_t* slot = storage.load_slots[load_state.index];
+        RAILYARD_UNROLL
         for (uint32_t v = 0; v < kVectorsPerLane; ++v) {
           const uint32_t vector = thread + v * kNumReduceThreads;
-          if (vector * kVectorBytes >= tag.bytes) break;
+          if (vector * kVectorBytes >= tag.bytes) continue;
           const Bf16x8 x = arch::ld_shared(reinterpret_cast<const Bf16x8*>(slot + vector * kVectorBytes));
+          RAILYARD_UNROLL
           for (uint32_t w = 0; w < 4; ++w) {
             partial[v * kElemsPerVector + 2 * w] += bf16_to_float(bf16{static_cast<uint16_t>(x.word[w])});
             partial[v * kElemsPerVector + 2 * w + 1] += bf16_to_float(bf16{static_cast<uint16_t>(x.word[w] >> 16)});
@@ -506,6 +511,7 @@ struct Combine {
       if (tag.flags & kDomainEnd) {
         // BF16 on the wire between NVLink domains (semantics.md 7): every domain's
         // partial is rounded, the home domain's too.
+        RAILYARD_UNROLL
         for (uint32_t k = 0; k < kAccumulators; ++k) {
           total[k] += round_to_bf16(partial[k]);
           partial[k] = 0.0f;
@@ -516,10 +522,12 @@ struct Combine {
       store_pipe.producer_acquire(store_state);
       uint8_t* out_slot = storage.store_slots[store_state.index];
       const bool rounded = (tag.flags & kDomainRounded) != 0;
+      RAILYARD_UNROLL
       for (uint32_t v = 0; v < kVectorsPerLane; ++v) {
         const uint32_t vector = thread + v * kNumReduceThreads;
-        if (vector * kVectorBytes >= tag.bytes) break;
+        if (vector * kVectorBytes >= tag.bytes) continue;
         Bf16x8 y;
+        RAILYARD_UNROLL
         for (uint32_t w = 0; w < 4; ++w) {
           const uint32_t k = v * kElemsPerVector + 2 * w;
           // A select per element, not a pointer to one array: a pointer would force

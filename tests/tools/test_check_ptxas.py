@@ -12,12 +12,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "..", "..", "scripts", "check_ptxas.py")
 
 
-def check(*reports):
+def check(*reports, options=()):
     with tempfile.TemporaryDirectory() as tmp:
         summary = os.path.join(tmp, "summary.txt")
         stamp = os.path.join(tmp, "check.stamp")
         run = subprocess.run(
-            [sys.executable, SCRIPT, "--summary", summary, "--stamp", stamp,
+            [sys.executable, SCRIPT, "--summary", summary, "--stamp", stamp, *options,
              *[os.path.join(HERE, r) for r in reports]],
             capture_output=True, text=True, check=False)
         with open(summary, encoding="utf-8") as f:
@@ -49,6 +49,18 @@ class CheckPtxasTest(unittest.TestCase):
         self.assertEqual(rc, 1, summary)
         self.assertIn("SPILLS in 1:", summary)
         self.assertIn("SPILL ptxas_spill_one_arch sm_100a: 16 bytes spill stores", summary)
+
+    def test_local_array_fails_the_stack_limit(self):
+        # The combine's accumulators in local memory: no spill, a 576-byte frame.
+        rc, summary, stamped = check("ptxas_local_array.txt", options=("--max-stack", "384"))
+        self.assertEqual(rc, 1, summary)
+        self.assertFalse(stamped)
+        self.assertIn("no spills", summary)
+        self.assertIn("STACK ptxas_local_array sm_90a: 576 bytes stack frame (limit 384) in "
+                      "void railyard::kernels::device_kernel<railyard::kernels::intranode::Combine<16384u, 6> >", summary)
+        # Within the limit, or without one, it passes.
+        self.assertEqual(check("ptxas_local_array.txt", options=("--max-stack", "576"))[0], 0)
+        self.assertEqual(check("ptxas_local_array.txt")[0], 0)
 
     def test_report_without_ptxas_output_is_an_error(self):
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:

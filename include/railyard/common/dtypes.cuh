@@ -37,18 +37,30 @@ RAILYARD_HOST_DEVICE constexpr int dtype_bytes(DType dtype) {
   return dtype == DType::BF16 ? 2 : dtype == DType::FP8_E4M3 ? 1 : 4;
 }
 
-// memcpy is the bit cast every compiler (g++, nvcc host and device) accepts and
-// folds to a register move.
+// The bit casts: memcpy on the host, which every compiler folds to a register move;
+// the intrinsics on the device. There memcpy is a register move only while glibc does
+// not fortify it: with _FORTIFY_SOURCE (Ubuntu's and Fedora's g++ define it whenever
+// they optimize, and nvcc preprocesses device code with the host compiler) it becomes
+// a checked call on its operands' addresses, and the combine's fp32 accumulators,
+// which pass through here, moved from registers into a 576-byte stack frame.
 RAILYARD_HOST_DEVICE uint32_t float_bits(float value) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(value);
+#else
   uint32_t bits;
   memcpy(&bits, &value, sizeof(bits));
   return bits;
+#endif
 }
 
 RAILYARD_HOST_DEVICE float float_from_bits(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
   float value;
   memcpy(&value, &bits, sizeof(value));
   return value;
+#endif
 }
 
 RAILYARD_HOST_DEVICE float bf16_to_float(bf16 value) {

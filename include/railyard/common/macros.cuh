@@ -14,6 +14,13 @@
 #endif
 
 #define RAILYARD_DEVICE __device__ __forceinline__
+// Fully unrolls the loop that follows: for loops over a per-thread array that must
+// stay in registers, which it does only while every index is a constant.
+#if defined(__CUDACC__)
+#define RAILYARD_UNROLL _Pragma("unroll")
+#else
+#define RAILYARD_UNROLL
+#endif
 #if RAILYARD_IS_SIM || defined(__CUDACC__)
 #define RAILYARD_HOST_DEVICE __host__ __device__ __forceinline__
 #else
