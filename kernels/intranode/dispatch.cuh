@@ -267,13 +267,17 @@ struct Dispatch {
 
   // What a lane reads of token t once, for the routing functions below: its first
   // destination's received-row position (recv_pos[t][lane]) and its first slot
-  // (slot_expert and slot_pos [t][lane], packed), -1 past the end. Destinations and
-  // slots beyond 32 are read again where used (rounds of 32). One load each per lane,
-  // issued together, instead of each function re-reading them one after another.
+  // (slot_expert and slot_pos [t][lane], packed), -1 past the end, with that slot's
+  // destination rank and prob. Destinations and slots beyond 32 are read again where
+  // used (rounds of 32). One load each per lane, issued together, instead of each
+  // function re-reading them one after another; the destination is divided out once
+  // per lane, not in the loops over the token's slots.
   struct TokenView {
     int64_t t;
     int32_t pos;    // recv_pos[t][lane]
     uint64_t slot;  // slot_expert[t][lane] | slot_pos[t][lane] << 32
+    int32_t dest;   // the rank of slot `lane`'s expert, -1 for none
+    float prob;     // slot_prob[t][lane], 0 past max_topk
   };
   RAILYARD_DEVICE static uint64_t load_slot(const Params& p, const Context& c, int64_t t, int k) {
     if (k >= c.max_topk) return ~uint64_t{0};  // expert -1, slot_pos -1
@@ -284,9 +288,31 @@ struct Dispatch {
   RAILYARD_DEVICE static int32_t load_pos(const Params& p, const Context& c, int64_t t, int d) {
     return d < c.ranks_per_domain ? arch::ld_global(p.handle.recv_pos + t * c.ranks_per_domain + d) : -1;
   }
+  RAILYARD_DEVICE static float load_prob(const Params& p, const Context& c, int64_t t, int k) {
+    return k < c.max_topk ? arch::ld_global(p.handle.slot_prob + t * c.max_topk + k) : 0.0f;
+  }
+  RAILYARD_DEVICE static int32_t dest_of(const Context& c, uint64_t slot) {
+    const int32_t e = expert_of(slot);
+    return e >= 0 ? e / c.num_local_experts : -1;
+  }
   RAILYARD_DEVICE static TokenView view_token(const Params& p, const Context& c, int64_t t) {
     const int lane = static_cast<int>(arch::lane_idx());
-    return {t, load_pos(p, c, t, lane), load_slot(p, c, t, lane)};
+    const uint64_t slot = load_slot(p, c, t, lane);
+    return {t, load_pos(p, c, t, lane), slot, dest_of(c, slot), load_prob(p, c, t, lane)};
+  }
+  // Calls fn(view) for this block's tokens in order, each token's view loaded before
+  // fn runs on the one before it: a role spends one token's work, not its own, waiting
+  // for the next token's loads. Warp-collective.
+  template <class Fn>
+  RAILYARD_DEVICE static void for_each_token_view(const Params& p, const Context& c, Fn&& fn) {
+    BlockChunks tokens(p.num_tokens, p.chunk_rows);
+    TokenView next = tokens.valid() ? view_token(p, c, tokens.item) : TokenView{};
+    while (tokens.valid()) {
+      const TokenView current = next;
+      tokens.advance();
+      if (tokens.valid()) next = view_token(p, c, tokens.item);
+      fn(current);
+    }
   }
   RAILYARD_DEVICE static int32_t expert_of(uint64_t slot) { return static_cast<int32_t>(static_cast<uint32_t>(slot)); }
   RAILYARD_DEVICE static int32_t slot_pos_of(uint64_t slot) {
@@ -316,16 +342,18 @@ struct Dispatch {
     return __any_sync(arch::kFullWarpMask, sends);
   }
 
-  // Calls fn(k, slot) on every lane for every top-k slot k of the token, in slot order:
-  // a lane per slot holds it, shuffles hand it to the others (32 slots a round).
-  // Warp-collective.
+  // Calls fn(k, slot, dest) on every lane for every top-k slot k of the token, in slot
+  // order, with dest the rank of its expert (-1: none): a lane per slot holds them,
+  // shuffles hand them to the others (32 slots a round). Warp-collective.
   template <class Fn>
   RAILYARD_DEVICE static void for_each_slot(const Params& p, const Context& c, const TokenView& v, Fn&& fn) {
     const int K = c.max_topk;
     for (int base = 0; base < K; base += static_cast<int>(arch::kWarpSize)) {
       const uint64_t mine = base == 0 ? v.slot : load_slot(p, c, v.t, base + static_cast<int>(arch::lane_idx()));
+      const int32_t dest = base == 0 ? v.dest : dest_of(c, mine);
       const int n = K - base < static_cast<int>(arch::kWarpSize) ? K - base : static_cast<int>(arch::kWarpSize);
-      for (int j = 0; j < n; ++j) fn(base + j, __shfl_sync(arch::kFullWarpMask, mine, j));
+      for (int j = 0; j < n; ++j)
+        fn(base + j, __shfl_sync(arch::kFullWarpMask, mine, j), __shfl_sync(arch::kFullWarpMask, dest, j));
     }
   }
 
@@ -335,9 +363,9 @@ struct Dispatch {
     const bool leader = arch::elect_one_sync();
     Pipeline pipe(s.send_pipe, p.domain.wait());  // used by the leader only
     PipelineState state;
-    for_each_in_block_chunks(p.num_tokens, p.chunk_rows, [&](int64_t t) {
-      if (!token_sends_row(p, c, s, view_token(p, c, t)) || !leader) return;
-      const uint8_t* src = p.hidden + t * c.row_bytes;
+    for_each_token_view(p, c, [&](const TokenView& view) {
+      if (!token_sends_row(p, c, s, view) || !leader) return;
+      const uint8_t* src = p.hidden + view.t * c.row_bytes;
       for (uint32_t offset = 0; offset < c.row_bytes; offset += SlotBytes) {
         const uint32_t bytes = piece_bytes(c.row_bytes, offset);
         pipe.producer_acquire(state, bytes);
@@ -391,9 +419,8 @@ struct Dispatch {
     const bool leader = arch::elect_one_sync();
     SendIssuer issuer(s, p.domain.wait());  // used by the leader only
     int64_t issued = 0, published = 0;      // this block's tokens so far
-    for_each_in_block_chunks(p.num_tokens, p.chunk_rows, [&](int64_t t) {
+    for_each_token_view(p, c, [&](const TokenView& view) {
       const int ring = static_cast<int>(issued % kPendingTokens);
-      const TokenView view = view_token(p, c, t);
       route_token(p, c, s, view, ring);
       const bool sends = token_sends_row(p, c, s, view);
       // The row, piece by piece, to every destination that copies it out, each once
@@ -425,7 +452,7 @@ struct Dispatch {
   // with a warp barrier: the leader reads every destination's entry.
   RAILYARD_DEVICE static void route_token(const Params& p, const Context& c, SharedStorage& s, const TokenView& v,
                                           int ring) {
-    const int R = c.ranks_per_domain, El = c.num_local_experts;
+    const int R = c.ranks_per_domain;
     // A lane per destination d, 32 a round (every lane takes every round: the slots
     // come by shuffles).
     for (int base = 0; base < R; base += static_cast<int>(arch::kWarpSize)) {
@@ -434,9 +461,8 @@ struct Dispatch {
       const int32_t bound = d < R ? s.recv_bound[d].load() : -1;
       int entries = 0;      // the token's experts on d
       bool kept = false;    // one of them has a kept permuted position (grouped)
-      for_each_slot(p, c, v, [&](int, uint64_t slot) {
-        const int32_t e = expert_of(slot);
-        if (e >= 0 && e / El == d) {
+      for_each_slot(p, c, v, [&](int, uint64_t slot, int32_t dest) {
+        if (dest == d) {
           ++entries;
           kept |= slot_pos_of(slot) >= 0;
         }
@@ -474,18 +500,17 @@ struct Dispatch {
       const int k = base + lane;
       const uint64_t slot = base == 0 ? v.slot : load_slot(p, c, t, k);
       const int32_t e = expert_of(slot), slot_pos = slot_pos_of(slot);
-      const int d = e >= 0 ? e / El : 0;
+      const int32_t d = base == 0 ? v.dest : dest_of(c, slot);
       int32_t index = 0;  // this entry's place among the token's experts on d
-      for_each_slot(p, c, v, [&](int, uint64_t other) {
-        const int32_t f = expert_of(other);
-        index += (f >= 0 && f / El == d && f < e) ? 1 : 0;
+      for_each_slot(p, c, v, [&](int, uint64_t other, int32_t other_dest) {
+        index += (other_dest == d && expert_of(other) < e) ? 1 : 0;
       });
       if (e < 0) continue;
       const int32_t pos = s.send_pos[ring][d].load();
       if (pos < 0) continue;
       layout::HeaderEntry* entry = c.layout.header_entries(p.domain.peers.base(d), pos) + index;
-      transport::nvlink::put(&entry->local_expert, static_cast<int32_t>(e % El));
-      transport::nvlink::put(&entry->prob, arch::ld_global(p.handle.slot_prob + t * K + k));
+      transport::nvlink::put(&entry->local_expert, static_cast<int32_t>(e - d * El));
+      transport::nvlink::put(&entry->prob, base == 0 ? v.prob : load_prob(p, c, t, k));
       transport::nvlink::put(&entry->permuted_pos, slot_pos);
     }
     for (int i = lane; i < c.num_scales; i += static_cast<int>(arch::kWarpSize)) {

@@ -32,19 +32,39 @@ namespace railyard::kernels::intranode {
                            b, c RAILYARD_LOC_ARG);
 }
 
-// Calls fn(first, n) for the items [0, count) of this block, n <= batch consecutive
-// items at a time: chunks blockIdx.x, +gridDim.x, ... of chunk_rows items each, or of
-// ceil(count / gridDim.x) when that is fewer, so that a small count still spreads over
-// every block; a batch never crosses a chunk. Roles that must visit the same items
-// call it with the same count and chunk_rows.
+// The items [0, count) of this block: chunks blockIdx.x, +gridDim.x, ... of chunk_rows
+// items each, or of ceil(count / gridDim.x) when that is fewer, so that a small count
+// still spreads over every block. Roles that must visit the same items use it with the
+// same count and chunk_rows. Also a cursor: `item` is the current one (valid() while it
+// is below count), advance() moves to the next.
+struct BlockChunks {
+  int64_t count, chunk, stride;
+  int64_t item, chunk_end;
+
+  RAILYARD_DEVICE BlockChunks(int64_t count_, int64_t chunk_rows) : count(count_) {
+    const int64_t blocks = static_cast<int64_t>(gridDim.x);
+    chunk = count > blocks ? (count + blocks - 1) / blocks : 1;
+    if (chunk > chunk_rows) chunk = chunk_rows;
+    stride = blocks * chunk;
+    item = static_cast<int64_t>(blockIdx.x) * chunk;
+    chunk_end = end_of(item);
+  }
+  RAILYARD_DEVICE int64_t end_of(int64_t begin) const { return begin + chunk < count ? begin + chunk : count; }
+  RAILYARD_DEVICE bool valid() const { return item < count; }
+  RAILYARD_DEVICE void advance() {
+    if (++item < chunk_end) return;
+    item += stride - chunk;  // the first item of the block's next chunk
+    chunk_end = end_of(item);
+  }
+};
+
+// Calls fn(first, n) for the items of this block (BlockChunks), n <= batch consecutive
+// items at a time; a batch never crosses a chunk.
 template <class Fn>
 RAILYARD_DEVICE void for_each_batch_in_block_chunks(int64_t count, int64_t chunk_rows, int batch, Fn&& fn) {
-  const int64_t blocks = static_cast<int64_t>(gridDim.x);
-  int64_t chunk = count > blocks ? (count + blocks - 1) / blocks : 1;
-  if (chunk > chunk_rows) chunk = chunk_rows;
-  const int64_t stride = blocks * chunk;
-  for (int64_t begin = static_cast<int64_t>(blockIdx.x) * chunk; begin < count; begin += stride) {
-    const int64_t end = begin + chunk < count ? begin + chunk : count;
+  const BlockChunks chunks(count, chunk_rows);
+  for (int64_t begin = chunks.item; begin < count; begin += chunks.stride) {
+    const int64_t end = chunks.end_of(begin);
     for (int64_t i = begin; i < end; i += batch) fn(i, static_cast<int>(end - i < batch ? end - i : batch));
   }
 }

@@ -54,8 +54,11 @@ def test_timed_run_times_the_operations_and_keeps_their_results(railyard):
 
 
 def test_more_bytes_take_more_simulated_time(railyard):
-    small = timed_dispatch_combine(make_case(2, seed=72, max_tokens=16, hidden_dim=64), True)
-    large = timed_dispatch_combine(make_case(2, seed=72, max_tokens=16, hidden_dim=4096), True)
+    # Enough rows (64 tokens of 16 KiB, about 1 MiB a rank) that their bytes, not the
+    # handshakes' latencies, decide: with 16 tokens of 8 KiB the two runs were within
+    # 0.5 us of each other, either way round.
+    small = timed_dispatch_combine(make_case(2, seed=72, max_tokens=64, hidden_dim=64), True)
+    large = timed_dispatch_combine(make_case(2, seed=72, max_tokens=64, hidden_dim=8192), True)
     assert max(r[0] for r in large) > max(r[0] for r in small)
     assert max(r[1] for r in large) > max(r[1] for r in small)
 
