@@ -18,9 +18,9 @@
 // later one. Lane 0 moves the
 // row bytes with TMA (global -> shared -> send ring, pieces streaming through four
 // shared-memory slots); the other fields are plain stores of the warp's lanes. Before a put the ring's bytes must be visible to lane 0,
-// which rings the doorbell: its bulk writes are waited for (bulk_wait_group) and
-// fenced to the generic proxy, the other lanes' stores ordered by a warp barrier; the
-// lane's system-scope release then covers both.
+// which rings the doorbell: its bulk writes are waited for (bulk_wait_group, whose
+// completion PTX follows with an implicit generic-async proxy fence), the other lanes'
+// stores ordered by a warp barrier; the lane's system-scope release then covers both.
 #pragma once
 
 #include <cstdint>
@@ -93,8 +93,8 @@ class RdmaSender {
       pack_chunk(other, c * C, rows, p_.self + H_.dispatch_send_row_offset(r, slot, 0));
       if (arch::lane_idx() == 0) {
         drain();
-        arch::bulk_wait_group<0>();         // the row bytes are in the ring
-        arch::fence_proxy_async_global();  // ... and visible to the generic proxy
+        arch::bulk_wait_group<0>();  // the row bytes are in the ring (and, the wait
+                                     // completed, visible to the generic proxy)
       }
       __syncwarp();  // every lane's fields too
       lane.put_signal({static_cast<uint64_t>(H_.dispatch_send_row_offset(r, slot, 0))},

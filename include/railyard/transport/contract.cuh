@@ -34,8 +34,10 @@
 //                                     was taken only, so that a sender reuses one
 //                                     buffer while later puts are still in flight.
 // Before a put, the bytes at src must be visible to the lane's warp (the protocol's
-// mbarrier or block barrier hand-off, plus fence.proxy.async.global where TMA wrote
-// them); every backend orders them before its own transfer.
+// mbarrier or block barrier hand-off; where TMA wrote them, the writing thread's
+// completed bulk_wait_group, which PTX follows with an implicit generic-async proxy
+// fence, or a fence.proxy.async.global); every backend orders them before its own
+// transfer.
 //
 // Signals are monotonic 64-bit counters in the registered buffer, 8-byte aligned:
 // they only grow (no reset kernel, CUDA-graph safe), and a receiver waits for the value
