@@ -15,11 +15,20 @@
 #   bench_*      railyard_bench_ep_cuda with one rank (BF16 and FP8), JSON results
 #   bench_memcheck, bench_synccheck   a small benchmark run under compute-sanitizer
 #   metadata_nsys   the metadata kernel's time under nsys, where nsys is installed
+#   calibrate    the calibration microkernels and the one-GPU end to end of
+#                scripts/gpu-calibrate.sh, from this build; calibration.py's table in
+#                OUT/performance-model.md (a copy of the doc's)
+#   profile_ncu  dispatch and combine at one SM under Nsight Compute; their SASS page
+#                (OUT/ncu-sass.csv) for scripts/ncu_lines.py, and the details page
 # One report file (text) says what ran, PASS / FAIL / TIMEOUT / SKIPPED with the
 # reason, the time of each step and the GPU, driver and toolkit.
 #
 #   bash scripts/gpu-smoke.sh [--build-dir DIR] [--out DIR] [--jobs N] [--quick] [--only STEPS]
 #                             [--e2e-calls N] [--e2e-long-calls N] [--step-timeout S] [--plan]
+#                             [--gtest-src DIR]
+#
+# --gtest-src DIR builds GoogleTest from its sources in DIR (Debian's /usr/src/googletest,
+# carried to a machine without network) into BUILD/_gtest first, for the gtest suites.
 #
 # --only build,e2e,... runs the steps whose names start with one of these (the others
 # are reported as not selected; later steps use what an earlier run built), so a run
@@ -40,6 +49,7 @@ only=""
 step_timeout=540
 e2e_calls=1000
 e2e_long_calls=5000
+gtest_src=""
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 
@@ -54,6 +64,7 @@ while [[ $# -gt 0 ]]; do
     --step-timeout) step_timeout=$2; shift 2 ;;
     --e2e-calls) e2e_calls=$2; shift 2 ;;
     --e2e-long-calls) e2e_long_calls=$2; shift 2 ;;
+    --gtest-src) gtest_src=$(realpath -m "$2"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu-smoke.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -177,12 +188,19 @@ find_toolchain() {
 build_cuda_flavour() {
   if [[ -n $build_reason ]]; then skip build "$build_reason"; return; fi
   # -k 0: every target that can be built is (a missing GoogleTest only removes its suites).
+  # -lineinfo: line tables for the profile step; it changes no instruction.
   local configure="cmake -S '$root' -B '$build' -G Ninja -DCMAKE_CUDA_COMPILER='$nvcc' -DRAILYARD_BUILD_CUDA=ON"
   configure+=" -DRAILYARD_BUILD_SIM=OFF -DRAILYARD_BUILD_PYTHON=OFF -DCMAKE_CUDA_ARCHITECTURES=$arch"
-  configure+=" -DCMAKE_BUILD_TYPE=RelWithDebInfo"
-  run_step build "the CUDA flavour for $arch into $build" bash -c "$configure && ninja -C '$build' -j$jobs -k 0"
+  configure+=" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_FLAGS=-lineinfo"
+  local gtest=""
+  if [[ -n $gtest_src ]]; then
+    gtest="cmake -S '$gtest_src' -B '$build/_gtest/build' -G Ninja -DCMAKE_INSTALL_PREFIX='$build/_gtest' >/dev/null"
+    gtest+=" && ninja -C '$build/_gtest/build' -j$jobs install >/dev/null && "
+    configure+=" -DCMAKE_PREFIX_PATH='$build/_gtest'"
+  fi
+  run_step build "the CUDA flavour for $arch into $build" bash -c "$gtest$configure && ninja -C '$build' -j$jobs -k 0"
   # A failed build may still have produced the programs the next steps need.
-  if [[ $plan == 0 ]]; then grep -E '^CMake Warning' -A3 "$logs/build.log" >>"$report" || true; fi
+  if [[ $plan == 0 ]]; then grep -E '^CMake Warning' -A3 "$logs/build.log" >>"$report" 2>/dev/null || true; fi
 }
 
 # ---- tests ----------------------------------------------------------------------------
@@ -293,6 +311,39 @@ run_bench() {
   fi
 }
 
+# ---- calibration and profile ----------------------------------------------------------
+run_calibrate() {
+  local cal="$build/benchmarks/railyard_calibrate_cuda"
+  if [[ -n $build_reason ]]; then skip calibrate "$build_reason"; return; fi
+  if [[ $plan == 0 && ( ! -x $cal || ! -x $bench_bin ) ]]; then
+    skip calibrate "railyard_calibrate_cuda or railyard_bench_ep_cuda was not built"; return
+  fi
+  local py="$root/scripts/calibration.py" preset
+  case $arch in
+    90a) preset=h100 ;;
+    100a) preset=b200 ;;
+    *) skip calibrate "the simulator has no preset for $arch (h100: 90a, b200: 100a)"; return ;;
+  esac
+  run_step calibrate "microkernels and the one-GPU end to end against the $preset preset; table in $out/performance-model.md" \
+    bash -c "'$cal' --json '$out/measured.json' && mapfile -t a < <(python3 '$py' e2e-args) && \
+'$bench_bin' \"\${a[@]}\" --json '$out/bench-measured.json' && cp '$root/docs/performance-model.md' '$out/performance-model.md' && \
+python3 '$py' report --simulated '$root/docs/calibration/simulated-$preset.json' --measured '$out/measured.json' \
+--measured-bench '$out/bench-measured.json' --doc '$out/performance-model.md' \
+--command 'scripts/gpu-smoke.sh --only calibrate, $(date -u +%Y-%m-%d)'"
+}
+
+run_profile() {
+  local ncu
+  ncu=$(command -v ncu || true)
+  if [[ -n $build_reason ]]; then skip profile_ncu "$build_reason"; return; fi
+  if [[ -z $ncu && $plan == 0 ]]; then skip profile_ncu "no ncu (Nsight Compute) installed"; return; fi
+  run_step profile_ncu "dispatch and combine at one SM under ncu; $out/ncu-sass.csv for scripts/ncu_lines.py" \
+    bash -c "'${ncu:-ncu}' --set full --import-source yes --kernel-name-base demangled -k 'regex:Dispatch|Combine' \
+--launch-count 3 -f -o '$out/prof' '$bench_bin' ${bench_args[*]} --tokens 256 --sms 1 --iters 1 --warmup 0 \
+--layout received --host-overhead-iters 0 && '${ncu:-ncu}' -i '$out/prof.ncu-rep' --page source --csv --print-source sass \
+>'$out/ncu-sass.csv' && '${ncu:-ncu}' -i '$out/prof.ncu-rep' --page details >'$out/ncu-details.txt'"
+}
+
 # ---- the run --------------------------------------------------------------------------
 report_line "Railyard GPU smoke run, $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname)"
 report_line "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown); build: $build; logs: $logs"
@@ -306,6 +357,8 @@ run_gpu_tests
 run_sanitized_tests
 run_e2e
 run_bench
+run_calibrate
+run_profile
 
 passed=$(grep -c ': PASS (' "$report" || true)
 failures=$(grep -cE ': (FAIL|TIMEOUT) \(' "$report" || true)

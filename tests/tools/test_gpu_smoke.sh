@@ -35,7 +35,7 @@ report="$scratch/none/report.txt"
 [[ $rc == 0 ]] || fail "no GPU: exit $rc, expected 0"
 [[ -f $report ]] || fail "no GPU: no report at $report"
 for step in build ctest_gpu sanitize_memcheck sanitize_synccheck sanitize_racecheck e2e_r2 e2e_r4 e2e_r8 \
-            bench_bf16_r1 bench_fp8_r1 bench_memcheck bench_synccheck metadata_nsys; do
+            bench_bf16_r1 bench_fp8_r1 bench_memcheck bench_synccheck metadata_nsys calibrate profile_ncu; do
   expect_line "$report" "^STEP $step: SKIPPED \(0 s\) no nvidia-smi" "no GPU, step $step"
 done
 expect_line "$report" "^RESULT: SKIPPED: nothing could run here" "no GPU, result"
@@ -44,7 +44,7 @@ if grep -qE ': (PASS|FAIL) \(' "$report"; then fail "no GPU: a step claims to ha
 # 2. A fake H100 (9.0), --plan: arch 90a, the commands listed, nothing run.
 rc=0
 RAILYARD_SMOKE_NVIDIA_SMI=$(fake_smi 9.0) bash "$smoke" --plan --quick --out "$scratch/h100" \
-  --build-dir "$scratch/h100-build" >"$scratch/h100.out" 2>&1 || rc=$?
+  --build-dir "$scratch/h100-build" --gtest-src "$scratch/googletest" >"$scratch/h100.out" 2>&1 || rc=$?
 report="$scratch/h100/report.txt"
 [[ $rc == 0 ]] || fail "plan: exit $rc"
 expect_line "$report" "^GPU 0: NVIDIA Test GPU; driver 999.1; compute capability 9.0$" "plan, GPU line"
@@ -53,6 +53,10 @@ if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
   expect_line "$report" "^PLAN build: .*-DRAILYARD_BUILD_SIM=OFF .*-DCMAKE_CUDA_ARCHITECTURES=90a " "plan, build"
   expect_line "$report" "^PLAN e2e_r2: .*multi_process_e2e_cuda --ranks 2 --calls 100 --long-calls 500" "plan, e2e"
   expect_line "$report" "^PLAN bench_fp8_r1: .*railyard_bench_ep_cuda.* --ranks 1 .*--dtype fp8" "plan, bench"
+  expect_line "$report" "^PLAN build: .*cmake -S '$scratch/googletest' .*ninja -C .*_gtest/build.* install.*-DCMAKE_PREFIX_PATH='$scratch/h100-build/_gtest'" "plan, GoogleTest from --gtest-src"
+  expect_line "$report" "^PLAN build: .*-DCMAKE_CUDA_FLAGS=-lineinfo" "plan, line information"
+  expect_line "$report" "^PLAN calibrate: .*railyard_calibrate_cuda' --json .*calibration.py' report --simulated .*simulated-h100.json" "plan, calibrate"
+  expect_line "$report" "^PLAN profile_ncu: .*--set full .*railyard_bench_ep_cuda.* --sms 1 .*--page source --csv --print-source sass" "plan, profile"
 fi
 expect_line "$report" "^RESULT: PLAN only" "plan, result"
 [[ ! -d $scratch/h100-build ]] || fail "plan: the build directory was created"
