@@ -242,6 +242,13 @@ std::vector<Figure> single_device(Calibration& c, int sm_count) {
   }
   {
     constexpr int kRounds = 1000;
+    uint64_t* out = c.alloc<uint64_t>(0, 2, "out");
+    c.kernel_us([&] { c.launch<ShuffleChain>(0, 1, {kRounds, out}); });
+    f.push_back({"warp_collective_cycles", "cycles", "ShuffleChain: dependent __shfl_sync of one warp (clock64)",
+                 static_cast<double>(c.read(0, out, 1)[0]) / kRounds});
+  }
+  {
+    constexpr int kRounds = 1000;
     uint32_t* local = c.alloc<uint32_t>(0, 1, "local");
     uint64_t* out = c.alloc<uint64_t>(0, 1, "out");
     const double sys = c.kernel_us([&] { c.launch<StoresThenFence<FenceScope::System>>(0, 1, {local, 1, kRounds, out}); });
@@ -308,6 +315,7 @@ void add_constants(std::vector<Figure>& figures, const sim::TimingModel& t) {
     if (n == "acquire_chase_ns") f.constant = 2 * t.global_latency_ns;
     if (n == "barrier_cycles") f.constant = t.barrier_cycles;
     if (n == "mbarrier_round_trip_cycles") f.constant = 2 * t.mbarrier_cycles;
+    if (n == "warp_collective_cycles") f.constant = t.warp_collective_cycles;
     // The fence waits for the store to complete (a device-memory round trip), then costs its own time.
     if (n == "store_fence_sys_ns") f.constant = t.global_latency_ns + t.fence_sys_ns;
     if (n == "store_fence_gpu_ns") f.constant = t.global_latency_ns + t.fence_gpu_ns;

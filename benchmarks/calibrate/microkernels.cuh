@@ -269,4 +269,29 @@ struct Barriers : KernelBase<64> {
   }
 };
 
+// A dependent chain of `rounds` shuffles by one warp (each lane takes its neighbour's
+// value): the latency of a warp collective, what the routing loops of dispatch's
+// SendStore pay per slot. Lane 0 writes the SM cycles to out[0] and the value to out[1]
+// (so the chain is not optimised away).
+struct ShuffleChain : KernelBase<32> {
+  static constexpr const char* kName = "calibration::ShuffleChain";
+  struct SharedStorage {};
+  struct Params {
+    int rounds;
+    uint64_t* out;
+  };
+  static constexpr std::size_t shared_memory_bytes() { return sizeof(SharedStorage); }
+  RAILYARD_DEVICE void operator()(const Params& p, SharedStorage&) const {
+    const int next = static_cast<int>((threadIdx.x + 1) % 32);
+    uint32_t x = threadIdx.x;
+    const auto t0 = static_cast<uint64_t>(clock64());
+    for (int i = 0; i < p.rounds; ++i) x = __shfl_sync(0xffffffffu, x, next);
+    const auto t1 = static_cast<uint64_t>(clock64());
+    if (threadIdx.x == 0) {
+      arch::st_global(p.out, t1 - t0);
+      arch::st_global(p.out + 1, static_cast<uint64_t>(x));
+    }
+  }
+};
+
 }  // namespace railyard::calibration

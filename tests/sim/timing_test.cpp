@@ -253,6 +253,17 @@ TEST_P(Timed, BarriersCostTheirCycles) {
                            "mbarrier arrive + try_wait cycles");
 }
 
+// A dependent chain of shuffles, timed with clock64 by lane 0.
+TEST_P(Timed, ShufflesCostTheWarpCollectiveCycles) {
+  start(1);
+  constexpr int kRounds = 100;
+  DeviceArray<uint64_t> out(0, 2, "out");
+  launch<calibration::ShuffleChain>(0, 1, 32, {kRounds, out.ptr});
+  sim::device_synchronize(0);
+  expect_within_10_percent(static_cast<double>(out[0]) / kRounds, model().warp_collective_cycles, "shuffle cycles");
+  EXPECT_EQ(out[1], uint64_t{kRounds % 32}) << "lane 0 ends with lane (0 + rounds) mod 32's value";
+}
+
 // The timed mode is deterministic: the seed plays no part.
 TEST_P(Timed, TheSeedDoesNotChangeTheTime) {
   std::vector<double> times;
