@@ -16,7 +16,10 @@
 #      docs/performance-model.md between its gpu-calibrate markers (--no-doc: only
 #      into OUT/performance-model.md)
 #
-#   bash scripts/gpu-calibrate.sh [--build-dir DIR] [--out DIR] [--jobs N] [--no-doc]
+#   bash scripts/gpu-calibrate.sh [--build-dir DIR] [--out DIR] [--jobs N] [--no-doc] [--no-build]
+#
+# --no-build skips step 2 and uses the CUDA flavour already built in DIR (any build type;
+# scripts/gpu-smoke.sh's calibrate step runs it so on its own build).
 #
 # Every result file lands in OUT (default BUILD/gpu-calibrate): measured.json,
 # bench-measured.json, simulated.json, and the logs. Exit code: 0 done, 1 a step
@@ -29,6 +32,7 @@ build="$root/build-calibrate"
 out=""
 jobs=$(nproc 2>/dev/null || echo 4)
 write_doc=1
+do_build=1
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 
@@ -38,6 +42,7 @@ while [[ $# -gt 0 ]]; do
     --out) out=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
     --no-doc) write_doc=0; shift ;;
+    --no-build) do_build=0; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu-calibrate.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -70,6 +75,14 @@ esac
 say "GPU 0: $gpu_name, compute capability $cap -> preset $preset, architecture $arch"
 
 # ---- 2. the build ----------------------------------------------------------------------
+bin="$build/benchmarks"
+built_by="bash scripts/gpu-calibrate.sh"
+if [[ $do_build == 0 ]]; then
+  for t in railyard_calibrate_cuda railyard_bench_ep_cuda; do
+    [[ -x $bin/$t ]] || fail "--no-build: $bin/$t does not exist (build the CUDA flavour in $build first)"
+  done
+  built_by+=" --no-build (the build in $build)"
+else
 nvcc=$(command -v nvcc || true)
 [[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
 [[ -n $nvcc ]] || fail "no nvcc (CUDA toolkit) on PATH or in /usr/local/cuda/bin"
@@ -85,7 +98,7 @@ say "building into $build (log: $out/build.log)"
   done
   ninja -C "$build" -j"$jobs" "${targets[@]}"
 } >"$out/build.log" 2>&1 || fail "the build (tail of $out/build.log:)$(echo; tail -n 30 "$out/build.log")"
-bin="$build/benchmarks"
+fi
 
 # ---- 3. and 4. on the GPU --------------------------------------------------------------
 say "microkernels on the GPU"
@@ -116,5 +129,5 @@ if [[ $write_doc == 0 ]]; then
 fi
 python3 "$root/scripts/calibration.py" report --simulated "$out/simulated.json" --measured "$out/measured.json" \
   --measured-bench "$out/bench-measured.json" --doc "$doc" \
-  --command "bash scripts/gpu-calibrate.sh on $gpu_name, $(date -u +%Y-%m-%d)"
+  --command "$built_by on $gpu_name, $(date -u +%Y-%m-%d)"
 say "done: $doc; results in $out"

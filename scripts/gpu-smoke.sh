@@ -15,9 +15,9 @@
 #   bench_*      railyard_bench_ep_cuda with one rank (BF16 and FP8), JSON results
 #   bench_memcheck, bench_synccheck   a small benchmark run under compute-sanitizer
 #   metadata_nsys   the metadata kernel's time under nsys, where nsys is installed
-#   calibrate    the calibration microkernels and the one-GPU end to end of
-#                scripts/gpu-calibrate.sh, from this build; calibration.py's table in
-#                OUT/performance-model.md (a copy of the doc's)
+#   calibrate    scripts/gpu-calibrate.sh --no-build --no-doc on this build: the
+#                microkernels and the one-GPU end to end against the simulator's
+#                preset, the table in OUT/calibrate/performance-model.md
 #   profile_ncu  dispatch and combine at one SM under Nsight Compute; their SASS page
 #                (OUT/ncu-sass.csv) for scripts/ncu_lines.py, and the details page
 # One report file (text) says what ran, PASS / FAIL / TIMEOUT / SKIPPED with the
@@ -313,23 +313,14 @@ run_bench() {
 
 # ---- calibration and profile ----------------------------------------------------------
 run_calibrate() {
-  local cal="$build/benchmarks/railyard_calibrate_cuda"
   if [[ -n $build_reason ]]; then skip calibrate "$build_reason"; return; fi
-  if [[ $plan == 0 && ( ! -x $cal || ! -x $bench_bin ) ]]; then
-    skip calibrate "railyard_calibrate_cuda or railyard_bench_ep_cuda was not built"; return
-  fi
-  local py="$root/scripts/calibration.py" preset
   case $arch in
-    90a) preset=h100 ;;
-    100a) preset=b200 ;;
+    90a|100a) ;;  # the simulator's presets (gpu-calibrate.sh: h100, b200)
     *) skip calibrate "the simulator has no preset for $arch (h100: 90a, b200: 100a)"; return ;;
   esac
-  run_step calibrate "microkernels and the one-GPU end to end against the $preset preset; table in $out/performance-model.md" \
-    bash -c "'$cal' --json '$out/measured.json' && mapfile -t a < <(python3 '$py' e2e-args) && \
-'$bench_bin' \"\${a[@]}\" --json '$out/bench-measured.json' && cp '$root/docs/performance-model.md' '$out/performance-model.md' && \
-python3 '$py' report --simulated '$root/docs/calibration/simulated-$preset.json' --measured '$out/measured.json' \
---measured-bench '$out/bench-measured.json' --doc '$out/performance-model.md' \
---command 'scripts/gpu-smoke.sh --only calibrate, $(date -u +%Y-%m-%d)'"
+  run_step calibrate "scripts/gpu-calibrate.sh on this build; its table in $out/calibrate/performance-model.md" \
+    env RAILYARD_CALIBRATE_NVIDIA_SMI="$nvidia_smi" bash "$root/scripts/gpu-calibrate.sh" --build-dir "$build" \
+    --no-build --no-doc --out "$out/calibrate"
 }
 
 run_profile() {

@@ -6,7 +6,8 @@ The report is checked against ratios known by construction: a measured file whos
 figure is twice the reference's, a benchmark whose every median is three times its
 simulated time; the doc outside the markers must not change, and a file that is not a
 measurement must be refused. gpu-calibrate.sh must exit 3 without a GPU and 2 for a GPU
-the simulator has no preset for, before it builds anything.
+the simulator has no preset for, before it builds anything; with --no-build it must use
+the programs already built (here fakes that write such fixtures) and name a missing one.
 """
 import json
 import os
@@ -99,13 +100,30 @@ class Report(unittest.TestCase):
         self.assertIn("has no", proc.stdout)
 
 
+def executable(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o755)
+    return path
+
+
+def fake_h100(tmp):
+    return executable(os.path.join(tmp, "nvidia-smi"), '#!/bin/sh\necho "NVIDIA H100 80GB HBM3, 9.0"\n')
+
+
 class GpuCalibrateScript(unittest.TestCase):
-    def run_script(self, smi):
+    def run_script(self, smi, *options, prepare=None):
         with tempfile.TemporaryDirectory() as tmp:
             env = dict(os.environ, RAILYARD_CALIBRATE_NVIDIA_SMI=smi(tmp) if callable(smi) else smi)
-            return subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu-calibrate.sh"), "--build-dir",
-                                   os.path.join(tmp, "build")], env=env, stdout=subprocess.PIPE,
+            build = os.path.join(tmp, "build")
+            if prepare:
+                prepare(build)
+            proc = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu-calibrate.sh"), "--build-dir", build,
+                                   "--out", os.path.join(tmp, "out"), *options], env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)
+            doc = os.path.join(tmp, "out", "performance-model.md")
+            proc.doc = open(doc).read() if os.path.exists(doc) else None
+            return proc
 
     def test_no_gpu_exits_3(self):
         proc = self.run_script("/no/such/nvidia-smi")
@@ -122,6 +140,34 @@ class GpuCalibrateScript(unittest.TestCase):
         proc = self.run_script(fake)
         self.assertEqual(proc.returncode, 2, proc.stdout)
         self.assertIn("compute capability '8.0'", proc.stdout)
+
+    def test_no_build_names_a_program_that_was_not_built(self):
+        proc = self.run_script(fake_h100, "--no-build", "--no-doc")
+        self.assertEqual(proc.returncode, 1, proc.stdout)
+        self.assertRegex(proc.stdout, r"--no-build: .*/build/benchmarks/railyard_calibrate_cuda does not exist")
+
+    def test_no_build_runs_the_programs_of_the_build_given(self):
+        # Fakes of the two CUDA programs: every figure twice the reference's, every
+        # median three times its simulated time (as Report's fixtures).
+        report = Report("test_ratios_are_written_between_the_markers")
+        report.setUp()
+        measured, bench = report.measured(), report.bench()
+
+        def prepare(build):
+            bin_dir = os.path.join(build, "benchmarks")
+            os.makedirs(bin_dir)
+            executable(os.path.join(bin_dir, "railyard_calibrate_cuda"), f'#!/bin/sh\ncp {measured} "$2"\n')
+            executable(os.path.join(bin_dir, "railyard_bench_ep_cuda"),
+                       f'#!/bin/bash\nwhile [ $# -gt 0 ]; do [ "$1" = --json ] && cp {bench} "$2"; shift; done\n')
+        try:
+            proc = self.run_script(fake_h100, "--no-build", "--no-doc", prepare=prepare)
+        finally:
+            report.tearDown()
+        self.assertEqual(proc.returncode, 0, proc.stdout)
+        self.assertIn("using docs/calibration/simulated-h100.json", proc.stdout)
+        self.assertIn("by `bash scripts/gpu-calibrate.sh --no-build (the build in ", proc.doc)
+        self.assertIn("| launch_us | us | 2.5 | 2.5 | 5 | 2.00 |", proc.doc)
+        self.assertRegex(proc.doc, r"\| dispatch \[received\] \| 8 \| [\d.]+ \| [\d.]+ \| 3\.00 \|")
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
   expect_line "$report" "^PLAN bench_fp8_r1: .*railyard_bench_ep_cuda.* --ranks 1 .*--dtype fp8" "plan, bench"
   expect_line "$report" "^PLAN build: .*cmake -S '$scratch/googletest' .*ninja -C .*_gtest/build.* install.*-DCMAKE_PREFIX_PATH='$scratch/h100-build/_gtest'" "plan, GoogleTest from --gtest-src"
   expect_line "$report" "^PLAN build: .*-DCMAKE_CUDA_FLAGS=-lineinfo" "plan, line information"
-  expect_line "$report" "^PLAN calibrate: .*railyard_calibrate_cuda' --json .*calibration.py' report --simulated .*simulated-h100.json" "plan, calibrate"
+  expect_line "$report" "^PLAN calibrate: env RAILYARD_CALIBRATE_NVIDIA_SMI=.* .*/scripts/gpu-calibrate.sh --build-dir $scratch/h100-build --no-build --no-doc --out $scratch/h100/calibrate" "plan, calibrate"
   expect_line "$report" "^PLAN profile_ncu: .*--set full .*railyard_bench_ep_cuda.* --sms 1 .*--page source --csv --print-source sass" "plan, profile"
 fi
 expect_line "$report" "^RESULT: PLAN only" "plan, result"
