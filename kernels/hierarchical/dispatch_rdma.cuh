@@ -15,12 +15,12 @@
 // One warp per block, remote domains dealt to blocks round robin (block b: r = b, b +
 // blocks, ...), each with its own lane and its own ring of S chunk slots: before slot
 // c mod S is packed again, quiet(ticket) waits for the put that read it, and for no
-// later one. Lane 0 moves the
-// row bytes with TMA (global -> shared -> send ring, pieces streaming through four
-// shared-memory slots); the other fields are plain stores of the warp's lanes. Before a put the ring's bytes must be visible to lane 0,
-// which rings the doorbell: its bulk writes are waited for (bulk_wait_group, whose
-// completion PTX follows with an implicit generic-async proxy fence), the other lanes'
-// stores ordered by a warp barrier; the lane's system-scope release then covers both.
+// later one. Lane 0 moves the row bytes with TMA (global -> shared -> send ring, pieces
+// streaming through four shared-memory slots); the other fields are plain stores of
+// the warp's lanes. Before a put the ring's bytes must be visible to lane 0, which
+// rings the doorbell: its bulk writes are waited for (bulk_wait_group, whose completion
+// PTX follows with an implicit generic-async proxy fence), the other lanes' stores
+// ordered by a warp barrier; the lane's system-scope release then covers both.
 #pragma once
 
 #include <cstdint>
@@ -113,15 +113,18 @@ class RdmaSender {
     const layout::IntranodeLayout& L = H_.nvlink();
     const int64_t wire_bytes = H_.wire_dispatch_row_bytes(), row_bytes = L.dispatch_row_bytes();
     const int lane = static_cast<int>(arch::lane_idx());
+    const int32_t* tokens = p_.handle.domain_tokens + int64_t{other} * L.shape().max_tokens + first;
     for (int base = 0; base < rows; base += 32) {
       const int i = base + lane;
-      const int64_t t = i < rows ? arch::ld_global(p_.handle.domain_tokens + int64_t{other} * L.shape().max_tokens + first + i) : -1;
+      const int64_t t = i < rows ? arch::ld_global(tokens + i) : -1;
       if (i < rows) pack_fields(other, t, ring + i * wire_bytes);
       const int n = rows - base < 32 ? rows - base : 32;
       for (int j = 0; j < n; ++j) {
         const int64_t tj = __shfl_sync(arch::kFullWarpMask, t, j);
-        if (lane == 0)
-          copy_row(p_.hidden + tj * row_bytes, H_.wire_payload(ring + (base + j) * wire_bytes), static_cast<uint32_t>(row_bytes));
+        if (lane == 0) {
+          copy_row(p_.hidden + tj * row_bytes, H_.wire_payload(ring + (base + j) * wire_bytes),
+                   static_cast<uint32_t>(row_bytes));
+        }
       }
     }
   }
