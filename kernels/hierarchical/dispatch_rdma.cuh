@@ -13,7 +13,9 @@
 // from the count row it got in the metadata (count_to_domain).
 //
 // One warp per block, remote domains dealt to blocks round robin (block b: r = b, b +
-// blocks, ...), each with its own lane and its own ring of S chunk slots: before slot
+// blocks, ...), each with its own lane and its own ring of S chunk slots. Before its
+// first put to a rail peer, the rail entry: the peer has entered this dispatch too, so
+// its receive area is free (it finished the last one). Before slot
 // c mod S is packed again, quiet(ticket) waits for the put that read it, and for no
 // later one. Lane 0 moves the row bytes with TMA (global -> shared -> send ring, pieces
 // streaming through four shared-memory slots); the other fields are plain stores of
@@ -44,7 +46,8 @@ struct RdmaSendParams {
   const uint8_t* hidden = nullptr;                       // [T][dispatch row bytes], 16-byte aligned
   const float* scales = nullptr;                         // [T][num_scales] (FP8)
   const transport::mlx5::QueuePair* lanes = nullptr;     // [D - 1], remote_index order
-  pipeline::WaitPolicy wait;
+  pipeline::WaitPolicy wait;                             // the lanes' completions
+  pipeline::WaitPolicy handshake_wait;                   // the rail peers' entries
 };
 
 // The role's shared memory: kSlots slots the row bytes pass through, each with the
@@ -84,7 +87,9 @@ class RdmaSender {
         arch::ld_global(p_.handle.count_matrix + int64_t{p_.rank} * L.count_row_ints() + layout::count_to_domain(G, El, other));
     const int C = p_.shape.chunk_tokens, S = p_.shape.chunks_in_flight;
     const auto wire_bytes = static_cast<uint32_t>(H_.wire_dispatch_row_bytes());
-    transport::mlx5::Lane lane(transport::mlx5::load_queue_pair(&p_.lanes[r]), p_.wait);
+    const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p_.lanes[r]);
+    transport::mlx5::Lane lane(qp, p_.wait);
+    enter_rail(lane, qp.signal_order, r, peer, at_peer);
     uint64_t put_of_slot[layout::kMaxChunksInFlight] = {};  // the ticket after each slot's last put
     for (int64_t c = 0; c * C < packed; ++c) {
       const int slot = static_cast<int>(c % S);
@@ -104,6 +109,27 @@ class RdmaSender {
       put_of_slot[slot] = lane.ticket();
     }
     lane.quiet();  // the ring is free for the next operation
+  }
+
+  // Warp-collective: the rail entry with remote domain r's rail peer. This rank adds 1
+  // to the peer's entry signal for this domain, then waits for the peer's addition to
+  // its own: the peer has entered this dispatch, so it has finished the one before,
+  // whose forwarders read the receive area this rank is about to overwrite. Each side
+  // counts the entries it has seen (counters: only this rank touches its own).
+  RAILYARD_DEVICE void enter_rail(transport::mlx5::Lane& lane, transport::SignalOrder order, int r, int peer,
+                                  int at_peer) {
+    auto* seen = reinterpret_cast<uint64_t*>(p_.self + H_.rail_entries_offset(r));
+    const uint64_t entries = arch::ld_global(seen);
+    lane.signal({peer, static_cast<uint64_t>(H_.rail_entry_signal_offset(at_peer))}, 1);
+    lane.submit();
+    if (arch::lane_idx() == 0) {
+      transport::wait_signal(reinterpret_cast<const uint64_t*>(p_.self + H_.rail_entry_signal_offset(r)), entries + 1,
+                             order, {"dispatch RDMA send: rail peer entering the operation (rank)", peer,
+                                     static_cast<int64_t>(entries + 1)},
+                             p_.handshake_wait);
+      arch::st_global(seen, entries + 1);
+    }
+    __syncwarp();  // every lane read `seen`; the puts below follow the wait
   }
 
   // Warp-collective: packed rows [first, first + rows) for domain `other` as wire rows

@@ -197,7 +197,13 @@ TEST(BufferFootprint, AcrossDomainsRegionsAreOrderedAndEveryIndexFallsInItsRegio
       // The count rows are the group's: a key per rank and expert of the group, and
       // one per domain.
       EXPECT_EQ(L.nvlink().count_row_ints(), layout::kCountRowHeaderInts + domains * 4 * (1 + 3) + domains);
-      EXPECT_LE(L.combine_signal_offset(D1 - 1, L.chunks_per_domain() - 1) + 8, L.dispatch_recv_offset());
+      EXPECT_LE(L.rail_entry_signal_offset(D1 - 1) + 8, L.counters_offset());
+      EXPECT_EQ(L.rail_entries_offset(0), L.counters_offset());
+      EXPECT_EQ(L.dispatch_consumed_offset(0, 0, 0), L.rail_entries_offset(D1 - 1) + 8);
+      EXPECT_EQ(L.dispatch_consumed_offset(1, 0, 0), L.dispatch_consumed_offset(0, D1 - 1, L.chunks_per_domain() - 1) + 8);
+      EXPECT_EQ(L.dispatch_consumed_offset(1, D1 - 1, L.chunks_per_domain() - 1) + 8,
+                L.counters_offset() + L.num_counters() * 8);
+      EXPECT_LE(L.counters_offset() + L.num_counters() * 8, L.dispatch_recv_offset());
       EXPECT_EQ(L.dispatch_recv_row_offset(D1 - 1, M - 1) + L.wire_dispatch_row_bytes(), L.dispatch_send_offset());
       EXPECT_LE(L.dispatch_send_row_offset(D1 - 1, 1, 63) + L.wire_dispatch_row_bytes(), L.combine_recv_offset());
       EXPECT_EQ(L.combine_recv_row_offset(D1 - 1, M - 1) + L.wire_combine_row_bytes(), L.combine_send_offset());
@@ -210,6 +216,7 @@ TEST(BufferFootprint, AcrossDomainsRegionsAreOrderedAndEveryIndexFallsInItsRegio
           slots.insert(L.dispatch_signal_offset(r, ch));
           slots.insert(L.combine_signal_offset(r, ch));
         }
+        slots.insert(L.rail_entry_signal_offset(r));
       }
       EXPECT_EQ(static_cast<int64_t>(slots.size()), L.num_signals());
       EXPECT_EQ(*slots.rbegin(), L.signals_offset() + (L.num_signals() - 1) * 8);

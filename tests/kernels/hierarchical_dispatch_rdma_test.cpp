@@ -127,7 +127,8 @@ void run_case(const Case& c, uint64_t seed, const GroupSetup& setup, int blocks,
       p.hidden = hidden[g];
       p.scales = scales[g];
       p.lanes = group.lanes(g);
-      p.wait = group.domain(g).handshake_wait();
+      p.wait = group.domain(g).wait();
+      p.handshake_wait = group.domain(g).handshake_wait();
       const sim::Event start = sim::record_event(sim::default_stream(g));
       const Status st = kernels::launch<Kernel>({p}, dim3(blocks), dim3(32), Kernel::shared_memory_bytes(),
                                                 sim::default_stream(g));
@@ -158,9 +159,10 @@ void run_case(const Case& c, uint64_t seed, const GroupSetup& setup, int blocks,
           std::memcpy(&got, group.fabric().buffer(g) + H.dispatch_signal_offset(r, ch), 8);
           EXPECT_EQ(got, expected) << "rank " << g << " signal of remote domain " << r << " chunk " << ch;
         }
-        // The NIC bytes of the rail peer to this rank: its packed rows and one signal per chunk.
+        // The NIC bytes of the rail peer to this rank: its packed rows, one signal per
+        // chunk and its rail entry.
         const auto chunks = static_cast<uint64_t>((packed + C - 1) / C);
-        EXPECT_EQ(traffic.nic_sent(src, g), static_cast<uint64_t>(packed) * H.wire_dispatch_row_bytes() + 8 * chunks)
+        EXPECT_EQ(traffic.nic_sent(src, g), static_cast<uint64_t>(packed) * H.wire_dispatch_row_bytes() + 8 * (chunks + 1))
             << "NIC bytes from rank " << src << " to " << g;
       }
     }

@@ -38,6 +38,7 @@ using transport::SignalRef;
 // Buffer layout of every rank (offsets in its registered buffer).
 constexpr uint64_t kScratch = 0;     // the fetch-and-adds' old values
 constexpr uint64_t kSignal = 64;     // the signal peers add to
+constexpr uint64_t kBareSignal = 72;  // many puts: the signals added without a put
 constexpr uint64_t kSend = 4096;     // payload to send
 constexpr uint64_t kRecv = 8192;     // where the peer's payload lands
 constexpr uint64_t kLog = 16384;     // what the receiver saw, per round
@@ -154,7 +155,7 @@ TEST(Mlx5Lane, PingPongInWeakMemoryMode) {
 // ---- many puts and signals through tiny rings -------------------------------------------------
 
 struct ManyPuts {
-  int num_puts = 240;        // every 4th one signals
+  int num_puts = 240;        // every 4th one signals; after every 10th, a bare signal
   uint32_t put_bytes = 64;
   int submit_every = 5;
 };
@@ -178,12 +179,16 @@ std::function<void()> many_puts_kernel(Fabric& f, int rank, const ManyPuts& mp, 
       } else {
         lane.put(LocalRef{kSend + at}, RemoteRef{peer, kManyDst + at}, mp.put_bytes);
       }
+      if (j % 10 == 9) lane.signal(SignalRef{peer, kBareSignal}, 2);
       if (j % mp.submit_every == mp.submit_every - 1) lane.submit();
     }
     lane.quiet();
     // RC order: the last signal publishes every put before it (kOrderedSignals).
     transport::wait_signal(reinterpret_cast<const uint64_t*>(buf + kSignal), static_cast<uint64_t>(signals),
                            qp.signal_order, {"many-puts signal", peer, signals}, policy_for(rank, record));
+    transport::wait_signal(reinterpret_cast<const uint64_t*>(buf + kBareSignal), 2u * (mp.num_puts / 10),
+                           qp.signal_order, {"many-puts bare signal", peer, mp.num_puts / 10},
+                           policy_for(rank, record));
   };
 }
 
@@ -202,11 +207,15 @@ void run_many_puts(uint64_t seed, sim::MemoryModel model, bool relaxed_ordering)
     const auto* got = reinterpret_cast<const uint32_t*>(f.buffer(rank) + kManyDst);
     for (uint32_t i = 0; i < mp.put_bytes / 4 * static_cast<uint32_t>(mp.num_puts); ++i)
       ASSERT_EQ(got[i], payload_word(from, 0, i)) << "rank " << rank << " word " << i;
-    const int signals = mp.num_puts / 4;
-    EXPECT_EQ(sim::traffic().nic_sent(from, rank), static_cast<uint64_t>(mp.num_puts) * mp.put_bytes + 8u * signals);
-    // The rings wrapped: 300 WQEs through 4 slots, their CQEs through 4.
+    const int signals = mp.num_puts / 4, bare = mp.num_puts / 10;
+    EXPECT_EQ(sim::traffic().nic_sent(from, rank),
+              static_cast<uint64_t>(mp.num_puts) * mp.put_bytes + 8u * (signals + bare));
+    uint64_t raw;
+    std::memcpy(&raw, f.buffer(rank) + kBareSignal, sizeof(raw));
+    EXPECT_EQ(transport::signal_value(raw, f.qp(from, rank).signal_order), 2u * bare);
+    // The rings wrapped: 324 WQEs through 4 slots, their CQEs through 4.
     const mlx5::LaneState* state = f.qp(from, rank).state;
-    EXPECT_EQ(state->pi, static_cast<uint32_t>(mp.num_puts + signals));
+    EXPECT_EQ(state->pi, static_cast<uint32_t>(mp.num_puts + signals + bare));
     EXPECT_EQ(state->ci, state->pi);
     EXPECT_GT(state->cq_ci, 4u * 10);
   }

@@ -22,6 +22,9 @@
 //                                     on a later signal ordering earlier puts, so that
 //                                     transports with weak signals (GIN on EFA) serve
 //                                     it unchanged.
+//   signal(s, n)                      adds n to the signal s, carrying no bytes: a
+//                                     handshake (the peer that observes it knows this
+//                                     rank got as far as posting it).
 //   submit()                          lets the posted operations start (the NIC's
 //                                     doorbell); nothing is promised to move before it.
 //   quiet()                           returns once the sources of every earlier put may
@@ -73,6 +76,7 @@ template <class L>
 concept Lane = requires(L& lane, LocalRef src, RemoteRef dst, uint32_t bytes, SignalRef signal, uint64_t add) {
   { lane.put(src, dst, bytes) } -> std::same_as<void>;
   { lane.put_signal(src, dst, bytes, signal, add) } -> std::same_as<void>;
+  { lane.signal(signal, add) } -> std::same_as<void>;
   { lane.submit() } -> std::same_as<void>;
   { lane.quiet() } -> std::same_as<void>;
   { lane.ticket() } -> std::same_as<uint64_t>;

@@ -11,6 +11,7 @@
 //               an atomic does not pass earlier writes even with relaxed ordering
 //               (ibv_reg_mr(3), IBV_ACCESS_RELAXED_ORDERING), so the signal publishes
 //               the payload, and every earlier put of the lane too (kOrderedSignals).
+//   signal      the ATOMIC fetch-and-add alone (one WQE, no payload).
 //   submit      release fence at system scope, doorbell record = BE32(pi & 0xffff),
 //               fence, 8-byte doorbell = the first 8 bytes of the last WQE's ctrl
 //               segment (rdma-core providers/mlx5/qp.c: barrier, DBR, barrier, MMIO).
@@ -72,6 +73,15 @@ class Lane {
       check_peer(signal.peer RAILYARD_LOC_ARG);
       reserve(2 RAILYARD_LOC_ARG);  // both WQEs in one reservation: the pair is never split by a wait
       post_write(src, dst, bytes RAILYARD_LOC_ARG);
+      post_fetch_add(signal, add RAILYARD_LOC_ARG);
+    }
+    __syncwarp();
+  }
+
+  RAILYARD_DEVICE void signal(SignalRef signal, uint64_t add RAILYARD_LOC_PARAM) {
+    if (arch::lane_idx() == 0) {
+      check_peer(signal.peer RAILYARD_LOC_ARG);
+      reserve(1 RAILYARD_LOC_ARG);
       post_fetch_add(signal, add RAILYARD_LOC_ARG);
     }
     __syncwarp();
