@@ -27,6 +27,7 @@
 
 #include <cstdint>
 
+#include "kernels/hierarchical/rail.cuh"
 #include "railyard/arch/bulk_copy.cuh"
 #include "railyard/arch/fault.cuh"
 #include "railyard/arch/mbarrier.cuh"
@@ -89,7 +90,7 @@ class RdmaSender {
     const auto wire_bytes = static_cast<uint32_t>(H_.wire_dispatch_row_bytes());
     const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p_.lanes[r]);
     transport::mlx5::Lane lane(qp, p_.wait);
-    enter_rail(lane, qp.signal_order, r, peer, at_peer);
+    enter_rail(H_, p_.self, lane, qp.signal_order, r, peer, at_peer, p_.handshake_wait);
     uint64_t put_of_slot[layout::kMaxChunksInFlight] = {};  // the ticket after each slot's last put
     for (int64_t c = 0; c * C < packed; ++c) {
       const int slot = static_cast<int>(c % S);
@@ -109,27 +110,6 @@ class RdmaSender {
       put_of_slot[slot] = lane.ticket();
     }
     lane.quiet();  // the ring is free for the next operation
-  }
-
-  // Warp-collective: the rail entry with remote domain r's rail peer. This rank adds 1
-  // to the peer's entry signal for this domain, then waits for the peer's addition to
-  // its own: the peer has entered this dispatch, so it has finished the one before,
-  // whose forwarders read the receive area this rank is about to overwrite. Each side
-  // counts the entries it has seen (counters: only this rank touches its own).
-  RAILYARD_DEVICE void enter_rail(transport::mlx5::Lane& lane, transport::SignalOrder order, int r, int peer,
-                                  int at_peer) {
-    auto* seen = reinterpret_cast<uint64_t*>(p_.self + H_.rail_entries_offset(r));
-    const uint64_t entries = arch::ld_global(seen);
-    lane.signal({peer, static_cast<uint64_t>(H_.rail_entry_signal_offset(at_peer))}, 1);
-    lane.submit();
-    if (arch::lane_idx() == 0) {
-      transport::wait_signal(reinterpret_cast<const uint64_t*>(p_.self + H_.rail_entry_signal_offset(r)), entries + 1,
-                             order, {"dispatch RDMA send: rail peer entering the operation (rank)", peer,
-                                     static_cast<int64_t>(entries + 1)},
-                             p_.handshake_wait);
-      arch::st_global(seen, entries + 1);
-    }
-    __syncwarp();  // every lane read `seen`; the puts below follow the wait
   }
 
   // Warp-collective: packed rows [first, first + rows) for domain `other` as wire rows

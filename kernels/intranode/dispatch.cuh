@@ -22,6 +22,12 @@
 // Only each role's elected lane touches the FIFOs and the bulk copies (bulk groups
 // belong to the issuing thread); the other lanes of SendStore write the small
 // per-token fields in parallel.
+//
+// Across NVLink domains (the Remote parameter: kernels/hierarchical/dispatch.cuh) the
+// same kernel sends only to the ranks of its own domain (DomainParams::nvlink_*), a
+// sixth warp puts this rank's rows for the other domains over RDMA, and the send side
+// forwards, after this rank's own tokens, the wire rows its rail peers put into its
+// receive areas, each as the source would have sent it. NoRemote: one domain.
 #pragma once
 
 #include <cstddef>
@@ -46,7 +52,16 @@
 
 namespace railyard::kernels::intranode {
 
-template <uint32_t SlotBytes = kDispatchSlotBytes, int Stages = kDispatchStages>
+// The one-domain dispatch: nothing crosses a NIC, no rows are forwarded.
+struct NoRemote {
+  static constexpr bool kForwards = false;
+  static constexpr uint32_t kWarps = 0;
+  struct Params {};
+  template <uint32_t SlotBytes>
+  struct Storage {};
+};
+
+template <uint32_t SlotBytes = kDispatchSlotBytes, int Stages = kDispatchStages, class Remote = NoRemote>
 struct Dispatch {
   static_assert(Stages >= 1);
   static_assert(SlotBytes > 0 && SlotBytes % arch::kBulkCopyAlign == 0,
@@ -56,8 +71,15 @@ struct Dispatch {
   static constexpr int kStages = Stages;
   static constexpr const char* kName = "IntranodeDispatch";
 
-  enum class WarpRole : uint32_t { SendLoad = 0, SendStore = 1, CopyOutLoad = 2, CopyOutStore = 3, RowFields = 4 };
-  static constexpr uint32_t kNumWarps = 5;
+  enum class WarpRole : uint32_t {
+    SendLoad = 0,
+    SendStore = 1,
+    CopyOutLoad = 2,
+    CopyOutStore = 3,
+    RowFields = 4,
+    RdmaSend = 5,  // Remote::kWarps == 1 only
+  };
+  static constexpr uint32_t kNumWarps = 5 + Remote::kWarps;
   static constexpr uint32_t kMaxThreadsPerBlock = kNumWarps * arch::kWarpSize;
   static constexpr uint32_t kMinBlocksPerSm = 1;
 
@@ -100,6 +122,7 @@ struct Dispatch {
     arch::SharedVar<uint8_t> send_bytes[kMaxRanks];
     arch::SharedVar<int16_t> send_entries[kMaxRanks];
     arch::SharedVar<int32_t> publish_count;
+    typename Remote::template Storage<SlotBytes> remote;
   };
   static_assert(sizeof(SharedStorage) <= arch::kMaxDynamicSmemBytes,
                 "Dispatch FIFOs exceed the 227 KiB shared-memory budget");
@@ -121,6 +144,7 @@ struct Dispatch {
     int num_tokens;
     int chunk_rows;
     DispatchOutput output;
+    typename Remote::Params remote;
   };
 
   static constexpr std::size_t shared_memory_bytes() { return sizeof(SharedStorage); }
@@ -183,6 +207,7 @@ struct Dispatch {
     if (thread == 0) {
       Pipeline::init(storage.send_pipe, /*producer_arrivals=*/1, /*consumer_arrivals=*/1);
       Pipeline::init(storage.copy_pipe, /*producer_arrivals=*/1, /*consumer_arrivals=*/1);
+      if constexpr (Remote::kWarps > 0) Remote::init(storage.remote);
       arch::fence_mbarrier_init_release_cluster();  // the TMA completes on the barriers
     }
     const Context ctx(params);
@@ -213,6 +238,9 @@ struct Dispatch {
       case WarpRole::CopyOutLoad: copy_out_load(params, ctx, storage, seq); break;
       case WarpRole::CopyOutStore: copy_out_store(params, ctx, storage); break;
       case WarpRole::RowFields: row_fields(params, ctx, seq); break;
+      case WarpRole::RdmaSend:
+        if constexpr (Remote::kWarps > 0) Remote::send(params.remote, storage.remote);
+        break;
     }
     op_end(params.domain, seq);
   }
@@ -232,6 +260,7 @@ struct Dispatch {
     uint32_t row_bytes;
     int num_scales;  // fp32 scales a row (FP8), else 0
     int ranks_per_domain, num_local_experts, max_topk, max_entries;
+    int dest_begin, dest_end;  // the ranks this one sends to: its NVLink domain's
     bool grouped;  // ExpertGrouped output
     int64_t copy_rows;      // received rows whose header this rank waits for
     int64_t recv_keep;      // received rows below max_recv_rows (received-row outputs)
@@ -246,6 +275,8 @@ struct Dispatch {
           num_local_experts(p.domain.shape.num_local_experts),
           max_topk(p.domain.shape.max_topk),
           max_entries(layout.max_entries()),
+          dest_begin(p.domain.nvlink_begin()),
+          dest_end(p.domain.nvlink_end()),
           grouped(p.output == DispatchOutput::ExpertGrouped) {
       const int32_t* mine = count_row(p, p.domain.rank);
       const int64_t num_recv = arch::ld_global(p.handle.totals + static_cast<int>(layout::Total::NumRecv));
@@ -265,53 +296,116 @@ struct Dispatch {
     }
   };
 
-  // What a lane reads of token t once, for the routing functions below: its first
-  // destination's received-row position (recv_pos[t][lane]) and its first slot
-  // (slot_expert and slot_pos [t][lane], packed), -1 past the end, with that slot's
-  // destination rank and prob. Destinations and slots beyond 32 are read again where
-  // used (rounds of 32). One load each per lane, issued together, instead of each
-  // function re-reading them one after another; the destination is divided out once
-  // per lane, not in the loops over the token's slots.
+  // What a lane reads of a token once, for the routing functions below: its first
+  // destination's received-row position (recv_pos[t][dest_begin + lane]) and its first
+  // slot (slot_expert and slot_pos [t][lane], packed), -1 past the end, with that
+  // slot's destination rank and prob. Destinations and slots beyond 32 are read again
+  // where used (rounds of 32). One load each per lane, issued together, instead of
+  // each function re-reading them one after another; the destination is divided out
+  // once per lane, not in the loops over the token's slots. A forwarded token (Remote)
+  // is read from its wire row instead of the handle: the same fields, as its source
+  // packed them.
   struct TokenView {
-    int64_t t;
-    int32_t pos;    // recv_pos[t][lane]
-    uint64_t slot;  // slot_expert[t][lane] | slot_pos[t][lane] << 32
-    int32_t dest;   // the rank of slot `lane`'s expert, -1 for none
-    float prob;     // slot_prob[t][lane], 0 past max_topk
+    int64_t t;             // this rank's token, or the forwarded row's source token
+    const uint8_t* wire;   // the forwarded wire row, null for this rank's own token
+    int64_t forwarded;     // its row of HandleView::forward_pos (source domain x M + packed row)
+    int32_t src_rank;      // the token's rank (in the group)
+    int32_t pos;           // recv_pos[t][dest_begin + lane]
+    uint64_t slot;         // slot_expert[t][lane] | slot_pos[t][lane] << 32
+    int32_t dest;          // the rank of slot `lane`'s expert, -1 for none
+    float prob;            // slot_prob[t][lane], 0 past max_topk
   };
-  RAILYARD_DEVICE static uint64_t load_slot(const Params& p, const Context& c, int64_t t, int k) {
+  RAILYARD_DEVICE static uint64_t load_slot(const Params& p, const Context& c, const TokenView& v, int k) {
     if (k >= c.max_topk) return ~uint64_t{0};  // expert -1, slot_pos -1
-    const auto e = static_cast<uint32_t>(arch::ld_global(p.handle.slot_expert + t * c.max_topk + k));
-    const auto q = static_cast<uint32_t>(arch::ld_global(p.handle.slot_pos + t * c.max_topk + k));
+    const int32_t* expert = p.handle.slot_expert + v.t * c.max_topk + k;
+    const int32_t* slot_pos = p.handle.slot_pos + v.t * c.max_topk + k;
+    if constexpr (Remote::kForwards) {
+      if (v.wire != nullptr) {
+        expert = &(Remote::slots(p.remote, v.wire) + k)->expert;
+        slot_pos = &(Remote::slots(p.remote, v.wire) + k)->permuted_pos;
+      }
+    }
+    const auto e = static_cast<uint32_t>(arch::ld_global(expert));
+    const auto q = static_cast<uint32_t>(arch::ld_global(slot_pos));
     return uint64_t{e} | uint64_t{q} << 32;
   }
-  RAILYARD_DEVICE static int32_t load_pos(const Params& p, const Context& c, int64_t t, int d) {
-    return d < c.ranks_per_domain ? arch::ld_global(p.handle.recv_pos + t * c.ranks_per_domain + d) : -1;
+  // -1 for a rank outside this one's NVLink domain: the token reaches it through its
+  // rail peer in that domain, not from here.
+  RAILYARD_DEVICE static int32_t load_pos(const Params& p, const Context& c, const TokenView& v, int d) {
+    if (d < c.dest_begin || d >= c.dest_end) return -1;
+    if constexpr (Remote::kForwards) {
+      if (v.wire != nullptr) return arch::ld_global(Remote::recv_pos(p.remote, v.wire) + (d - c.dest_begin));
+    }
+    return arch::ld_global(p.handle.recv_pos + v.t * c.ranks_per_domain + d);
   }
-  RAILYARD_DEVICE static float load_prob(const Params& p, const Context& c, int64_t t, int k) {
-    return k < c.max_topk ? arch::ld_global(p.handle.slot_prob + t * c.max_topk + k) : 0.0f;
+  RAILYARD_DEVICE static float load_prob(const Params& p, const Context& c, const TokenView& v, int k) {
+    if (k >= c.max_topk) return 0.0f;
+    if constexpr (Remote::kForwards) {
+      if (v.wire != nullptr) return arch::ld_global(&(Remote::slots(p.remote, v.wire) + k)->prob);
+    }
+    return arch::ld_global(p.handle.slot_prob + v.t * c.max_topk + k);
+  }
+  // The token's row bytes and FP8 scales.
+  RAILYARD_DEVICE static const uint8_t* row_of(const Params& p, const Context& c, const TokenView& v) {
+    if constexpr (Remote::kForwards) {
+      if (v.wire != nullptr) return Remote::payload(p.remote, v.wire);
+    }
+    return p.hidden + v.t * c.row_bytes;
+  }
+  RAILYARD_DEVICE static const float* scales_of(const Params& p, const Context& c, const TokenView& v) {
+    if constexpr (Remote::kForwards) {
+      if (v.wire != nullptr) return Remote::scales(p.remote, v.wire);
+    }
+    return p.scales + v.t * c.num_scales;
   }
   RAILYARD_DEVICE static int32_t dest_of(const Context& c, uint64_t slot) {
     const int32_t e = expert_of(slot);
     return e >= 0 ? e / c.num_local_experts : -1;
   }
-  RAILYARD_DEVICE static TokenView view_token(const Params& p, const Context& c, int64_t t) {
+  RAILYARD_DEVICE static bool sends_to(const Context& c, int32_t dest) { return dest >= c.dest_begin && dest < c.dest_end; }
+  // Token t of this rank (wire null), or the forwarded wire row `wire`, row `forwarded`
+  // of the handle's forward_pos.
+  RAILYARD_DEVICE static TokenView view_token(const Params& p, const Context& c, int64_t t, const uint8_t* wire,
+                                              int64_t forwarded = -1) {
     const int lane = static_cast<int>(arch::lane_idx());
-    const uint64_t slot = load_slot(p, c, t, lane);
-    return {t, load_pos(p, c, t, lane), slot, dest_of(c, slot), load_prob(p, c, t, lane)};
+    TokenView v{t, wire, forwarded, p.domain.rank, -1, 0, -1, 0.0f};
+    if constexpr (Remote::kForwards) {
+      if (wire != nullptr) {
+        v.t = arch::ld_global(&Remote::header(p.remote, wire)->src_token);
+        v.src_rank = arch::ld_global(&Remote::header(p.remote, wire)->src_rank);
+      }
+    }
+    v.slot = load_slot(p, c, v, lane);
+    v.pos = load_pos(p, c, v, c.dest_begin + lane);
+    v.dest = dest_of(c, v.slot);
+    v.prob = load_prob(p, c, v, lane);
+    return v;
   }
   // Calls fn(view) for this block's tokens in order, each token's view loaded before
   // fn runs on the one before it: a role spends one token's work, not its own, waiting
-  // for the next token's loads. Warp-collective.
+  // for the next token's loads. Then, across domains, the same for the wire rows of
+  // this block's received chunks, each chunk once its signal says it landed (`role`
+  // counts the signals it consumed). Warp-collective.
   template <class Fn>
-  RAILYARD_DEVICE static void for_each_token_view(const Params& p, const Context& c, Fn&& fn) {
+  RAILYARD_DEVICE static void for_each_token_view(const Params& p, const Context& c, WarpRole role, Fn&& fn) {
     BlockChunks tokens(p.num_tokens, p.chunk_rows);
-    TokenView next = tokens.valid() ? view_token(p, c, tokens.item) : TokenView{};
+    TokenView next = tokens.valid() ? view_token(p, c, tokens.item, nullptr) : TokenView{};
     while (tokens.valid()) {
       const TokenView current = next;
       tokens.advance();
-      if (tokens.valid()) next = view_token(p, c, tokens.item);
+      if (tokens.valid()) next = view_token(p, c, tokens.item, nullptr);
       fn(current);
+    }
+    if constexpr (Remote::kForwards) {
+      Remote::for_each_chunk(p.remote, static_cast<int>(role),
+                             [&](const uint8_t* rows, int n, int64_t stride, int64_t forwarded) {
+                               TokenView ahead = view_token(p, c, 0, rows, forwarded);
+                               for (int i = 0; i < n; ++i) {
+                                 const TokenView current = ahead;
+                                 if (i + 1 < n) ahead = view_token(p, c, 0, rows + (i + 1) * stride, forwarded + i + 1);
+                                 fn(current);
+                               }
+                             });
     }
   }
   RAILYARD_DEVICE static int32_t expert_of(uint64_t slot) { return static_cast<int32_t>(static_cast<uint32_t>(slot)); }
@@ -328,13 +422,15 @@ struct Dispatch {
     const int lane = static_cast<int>(arch::lane_idx());
     bool sends = false;
     if (c.grouped) {
-      // A kept permuted position (slot_pos >= 0) is a row its rank copies out.
+      // A kept permuted position (slot_pos >= 0) at a rank this one sends to is a row
+      // that rank copies out.
       for (int base = 0; base < c.max_topk; base += static_cast<int>(arch::kWarpSize)) {
-        sends |= slot_pos_of(base == 0 ? v.slot : load_slot(p, c, v.t, base + lane)) >= 0;
+        const uint64_t slot = base == 0 ? v.slot : load_slot(p, c, v, base + lane);
+        sends |= slot_pos_of(slot) >= 0 && sends_to(c, base == 0 ? v.dest : dest_of(c, slot));
       }
     } else {
-      for (int d = lane; d < c.ranks_per_domain; d += static_cast<int>(arch::kWarpSize)) {
-        const int32_t pos = d == lane ? v.pos : load_pos(p, c, v.t, d);
+      for (int d = c.dest_begin + lane; d < c.dest_end; d += static_cast<int>(arch::kWarpSize)) {
+        const int32_t pos = d == c.dest_begin + lane ? v.pos : load_pos(p, c, v, d);
         const int32_t bound = s.recv_bound[d].load();
         sends |= pos >= 0 && (bound < 0 || pos < bound);
       }
@@ -349,7 +445,7 @@ struct Dispatch {
   RAILYARD_DEVICE static void for_each_slot(const Params& p, const Context& c, const TokenView& v, Fn&& fn) {
     const int K = c.max_topk;
     for (int base = 0; base < K; base += static_cast<int>(arch::kWarpSize)) {
-      const uint64_t mine = base == 0 ? v.slot : load_slot(p, c, v.t, base + static_cast<int>(arch::lane_idx()));
+      const uint64_t mine = base == 0 ? v.slot : load_slot(p, c, v, base + static_cast<int>(arch::lane_idx()));
       const int32_t dest = base == 0 ? v.dest : dest_of(c, mine);
       const int n = K - base < static_cast<int>(arch::kWarpSize) ? K - base : static_cast<int>(arch::kWarpSize);
       for (int j = 0; j < n; ++j)
@@ -363,9 +459,9 @@ struct Dispatch {
     const bool leader = arch::elect_one_sync();
     Pipeline pipe(s.send_pipe, p.domain.wait());  // used by the leader only
     PipelineState state;
-    for_each_token_view(p, c, [&](const TokenView& view) {
+    for_each_token_view(p, c, WarpRole::SendLoad, [&](const TokenView& view) {
       if (!token_sends_row(p, c, s, view) || !leader) return;
-      const uint8_t* src = p.hidden + view.t * c.row_bytes;
+      const uint8_t* src = row_of(p, c, view);
       for (uint32_t offset = 0; offset < c.row_bytes; offset += SlotBytes) {
         const uint32_t bytes = piece_bytes(c.row_bytes, offset);
         pipe.producer_acquire(state, bytes);
@@ -385,7 +481,7 @@ struct Dispatch {
     RAILYARD_DEVICE void piece(const Params& p, const Context& c, SharedStorage& s, int ring, uint32_t offset) {
       const uint32_t bytes = piece_bytes(c.row_bytes, offset);
       const uint32_t slot = fifo.wait();
-      for (int d = 0; d < c.ranks_per_domain; ++d) {
+      for (int d = c.dest_begin; d < c.dest_end; ++d) {
         if (!s.send_bytes[d].load()) continue;
         uint8_t* row = c.layout.stage_row(p.domain.peers.base(d), s.send_pos[ring][d].load());
         transport::nvlink::put_bulk(row + offset, s.send_slots[slot], bytes);
@@ -419,7 +515,7 @@ struct Dispatch {
     const bool leader = arch::elect_one_sync();
     SendIssuer issuer(s, p.domain.wait());  // used by the leader only
     int64_t issued = 0, published = 0;      // this block's tokens so far
-    for_each_token_view(p, c, [&](const TokenView& view) {
+    for_each_token_view(p, c, WarpRole::SendStore, [&](const TokenView& view) {
       const int ring = static_cast<int>(issued % kPendingTokens);
       route_token(p, c, s, view, ring);
       const bool sends = token_sends_row(p, c, s, view);
@@ -452,13 +548,12 @@ struct Dispatch {
   // with a warp barrier: the leader reads every destination's entry.
   RAILYARD_DEVICE static void route_token(const Params& p, const Context& c, SharedStorage& s, const TokenView& v,
                                           int ring) {
-    const int R = c.ranks_per_domain;
-    // A lane per destination d, 32 a round (every lane takes every round: the slots
-    // come by shuffles).
-    for (int base = 0; base < R; base += static_cast<int>(arch::kWarpSize)) {
+    // A lane per destination d of this rank's domain, 32 a round (every lane takes
+    // every round: the slots come by shuffles).
+    for (int base = c.dest_begin; base < c.dest_end; base += static_cast<int>(arch::kWarpSize)) {
       const int d = base + static_cast<int>(arch::lane_idx());
-      const int32_t pos = base == 0 ? v.pos : load_pos(p, c, v.t, d);
-      const int32_t bound = d < R ? s.recv_bound[d].load() : -1;
+      const int32_t pos = base == c.dest_begin ? v.pos : load_pos(p, c, v, d);
+      const int32_t bound = d < c.dest_end ? s.recv_bound[d].load() : -1;
       int entries = 0;      // the token's experts on d
       bool kept = false;    // one of them has a kept permuted position (grouped)
       for_each_slot(p, c, v, [&](int, uint64_t slot, int32_t dest) {
@@ -467,7 +562,16 @@ struct Dispatch {
           kept |= slot_pos_of(slot) >= 0;
         }
       });
-      if (d >= R) continue;
+      if (d >= c.dest_end) continue;
+      if constexpr (Remote::kForwards) {
+        // What the combine's partial of a forwarded row sums: its staged rows below
+        // their ranks' bounds (in either layout).
+        if (v.forwarded >= 0) {
+          const int span = c.dest_end - c.dest_begin;
+          arch::st_global(p.handle.forward_pos + v.forwarded * span + (d - c.dest_begin),
+                          pos >= 0 && (bound < 0 || pos < bound) ? pos : -1);
+        }
+      }
       const bool header = pos >= 0 && (c.grouped || bound < 0 || pos < bound);
       const bool bytes = header && (!c.grouped || kept);
       s.send_pos[ring][d].store(header ? pos : -1);
@@ -483,39 +587,38 @@ struct Dispatch {
   // has landed.
   RAILYARD_DEVICE static void write_header(const Params& p, const Context& c, SharedStorage& s, const TokenView& v,
                                            int ring) {
-    const int64_t t = v.t;
     const int lane = static_cast<int>(arch::lane_idx());
-    const int R = c.ranks_per_domain, K = c.max_topk, El = c.num_local_experts;
-    for (int d = lane; d < R; d += static_cast<int>(arch::kWarpSize)) {
+    const int K = c.max_topk, El = c.num_local_experts;
+    for (int d = c.dest_begin + lane; d < c.dest_end; d += static_cast<int>(arch::kWarpSize)) {
       const int32_t pos = s.send_pos[ring][d].load();
       if (pos < 0) continue;
       layout::RowHeader* header = c.layout.header(p.domain.peers.base(d), pos);
-      transport::nvlink::put(&header->src_token, static_cast<int32_t>(t));
+      transport::nvlink::put(&header->src_token, static_cast<int32_t>(v.t));
       transport::nvlink::put(&header->num_entries, s.send_entries[d].load());
-      transport::nvlink::put(&header->src_rank, static_cast<int16_t>(p.domain.rank));
+      transport::nvlink::put(&header->src_rank, static_cast<int16_t>(v.src_rank));
     }
     // A lane per slot k, 32 a round (every lane takes every round: the other slots
     // come by shuffles).
     for (int base = 0; base < K; base += static_cast<int>(arch::kWarpSize)) {
       const int k = base + lane;
-      const uint64_t slot = base == 0 ? v.slot : load_slot(p, c, t, k);
+      const uint64_t slot = base == 0 ? v.slot : load_slot(p, c, v, k);
       const int32_t e = expert_of(slot), slot_pos = slot_pos_of(slot);
       const int32_t d = base == 0 ? v.dest : dest_of(c, slot);
       int32_t index = 0;  // this entry's place among the token's experts on d
       for_each_slot(p, c, v, [&](int, uint64_t other, int32_t other_dest) {
         index += (other_dest == d && expert_of(other) < e) ? 1 : 0;
       });
-      if (e < 0) continue;
+      if (e < 0 || !sends_to(c, d)) continue;
       const int32_t pos = s.send_pos[ring][d].load();
       if (pos < 0) continue;
       layout::HeaderEntry* entry = c.layout.header_entries(p.domain.peers.base(d), pos) + index;
       transport::nvlink::put(&entry->local_expert, static_cast<int32_t>(e - d * El));
-      transport::nvlink::put(&entry->prob, base == 0 ? v.prob : load_prob(p, c, t, k));
+      transport::nvlink::put(&entry->prob, base == 0 ? v.prob : load_prob(p, c, v, k));
       transport::nvlink::put(&entry->permuted_pos, slot_pos);
     }
     for (int i = lane; i < c.num_scales; i += static_cast<int>(arch::kWarpSize)) {
-      const float scale = arch::ld_global(p.scales + t * c.num_scales + i);
-      for (int d = 0; d < R; ++d) {
+      const float scale = arch::ld_global(scales_of(p, c, v) + i);
+      for (int d = c.dest_begin; d < c.dest_end; ++d) {
         if (s.send_bytes[d].load())
           transport::nvlink::put(c.layout.stage_scales(p.domain.peers.base(d), s.send_pos[ring][d].load()) + i, scale);
       }
@@ -523,15 +626,16 @@ struct Dispatch {
   }
 
   // SendStore step 4, every lane, after the warp barrier behind the leader's landed():
-  // `seq` of the publish_count tokens from `published` on, at destination lane (+32,
-  // ...). One fence.acq_rel.sys per lane and batch, then relaxed stores: the release
+  // `seq` of the publish_count tokens from `published` on, at destination dest_begin +
+  // lane (+32, ...), the ones route_token gave the lane. One fence.acq_rel.sys per lane and batch, then relaxed stores: the release
   // pattern, which covers every lane's header writes (the warp barrier) and the
   // leader's completed bulk stores. Each lane reads and writes only its own
   // destinations' ring entries, so the next token's route_token needs no barrier.
   RAILYARD_DEVICE static int publish(const Params& p, const Context& c, const SharedStorage& s, uint64_t seq,
                                      int64_t published) {
     const int count = s.publish_count.load();
-    for (int d = static_cast<int>(arch::lane_idx()); d < c.ranks_per_domain; d += static_cast<int>(arch::kWarpSize)) {
+    for (int d = c.dest_begin + static_cast<int>(arch::lane_idx()); d < c.dest_end;
+         d += static_cast<int>(arch::kWarpSize)) {
       bool fenced = false;
       for (int i = 0; i < count; ++i) {
         const int32_t pos = s.send_pos[(published + i) % kPendingTokens][d].load();

@@ -87,15 +87,22 @@ RAILYARD_DEVICE uint64_t op_begin(const DomainParams& p RAILYARD_LOC_PARAM) {
 // warp, whose warp barriers follow its op_begin): no thread of the block reads
 // local_state after that. The last block to finish (counted in blocks_finished)
 // resets the count and stores `seq` as done.
-RAILYARD_DEVICE void op_end(const DomainParams& p, uint64_t seq RAILYARD_LOC_PARAM) {
+// `last()` runs there too, first: what the kernel keeps from one operation to the next
+// and every block read at its start (before its thread 0 got here).
+template <class Last>
+RAILYARD_DEVICE void op_end(const DomainParams& p, uint64_t seq, Last&& last RAILYARD_LOC_PARAM) {
   if (threadIdx.x != 0) return;
   const layout::IntranodeLayout layout(p.shape);
   uint32_t* blocks_finished = layout.blocks_finished(p.self());
   const uint32_t finished = arch::atomic_add_release_gpu(blocks_finished, 1u RAILYARD_LOC_ARG);
   if (finished + 1 == gridDim.x) {
+    last();
     arch::st_relaxed_gpu(blocks_finished, 0u RAILYARD_LOC_ARG);
     arch::st_release_gpu(layout.local_state(p.self()), seq RAILYARD_LOC_ARG);
   }
+}
+RAILYARD_DEVICE void op_end(const DomainParams& p, uint64_t seq RAILYARD_LOC_PARAM) {
+  op_end(p, seq, [] {} RAILYARD_LOC_ARG);
 }
 
 // How rank `peer` has shown this rank that it entered operation `seq`: by its barrier
@@ -122,18 +129,20 @@ RAILYARD_DEVICE bool arrived_operation(const DomainParams& p, int peer, uint64_t
 // rank 0's. Every rank that gets here reports the same disagreement.
 [[noreturn]] RAILYARD_DEVICE void report_mixed_handshakes(const DomainParams& p, uint64_t seq RAILYARD_LOC_PARAM) {
   layout::OpDescriptor op{};
-  for (int r = 0; r < p.shape.ranks_per_domain; ++r) {
+  const int first = p.nvlink_begin(), end = p.nvlink_end();
+  for (int r = first; r < end; ++r) {
     pipeline::timeout_while([&] { return !arrived_operation(p, r, seq, op RAILYARD_LOC_ARG); },
                             {"rank entering the operation (a mismatch was seen)", r, static_cast<int64_t>(seq)},
                             p.handshake_wait() RAILYARD_LOC_ARG);
   }
   // No rank passes `seq` now, so what each one shows stays. Two ranks differ (this one
-  // and the peer that showed the other handshake), so some rank differs from rank 0.
+  // and the peer that showed the other handshake), so some rank differs from the
+  // domain's first.
   layout::OpDescriptor rank0s{};
-  (void)arrived_operation(p, 0, seq, rank0s RAILYARD_LOC_ARG);
+  (void)arrived_operation(p, first, seq, rank0s RAILYARD_LOC_ARG);
   OperationDifference d;
-  int r = 0;
-  while (d.reason == pipeline::AbortReason::None && ++r < p.shape.ranks_per_domain) {
+  int r = first;
+  while (d.reason == pipeline::AbortReason::None && ++r < end) {
     (void)arrived_operation(p, r, seq, op RAILYARD_LOC_ARG);
     d = first_difference(op, rank0s);
   }
@@ -142,7 +151,8 @@ RAILYARD_DEVICE bool arrived_operation(const DomainParams& p, int peer, uint64_t
 }
 
 // Run by every warp after the entry barrier of operation `seq`: every rank's
-// descriptor must equal rank 0's, and the first rank that differs is reported, so
+// descriptor must equal rank 0's (across NVLink domains: the first rank of this
+// rank's domain, nvlink_begin()), and the first rank that differs is reported, so
 // every rank reports the same disagreement. Only block 0 reports it (its threads have
 // stored this rank's flags on every peer, so the trap cannot keep a peer from passing
 // the barrier and reporting too); the warps of other blocks wait for that report
@@ -155,11 +165,12 @@ RAILYARD_DEVICE bool arrived_operation(const DomainParams& p, int peer, uint64_t
 RAILYARD_DEVICE void check_same_operation(const DomainParams& p, uint64_t seq RAILYARD_LOC_PARAM) {
   const layout::IntranodeLayout layout(p.shape);
   const auto parity = static_cast<uint32_t>(seq & 1u);
-  const layout::OpDescriptor rank0s = arch::ld_global(layout.op_descriptor(p.self(), parity, 0) RAILYARD_LOC_ARG);
-  for (int base = 0; base < p.shape.ranks_per_domain; base += static_cast<int>(arch::kWarpSize)) {
+  const int first = p.nvlink_begin(), end = p.nvlink_end();
+  const layout::OpDescriptor rank0s = arch::ld_global(layout.op_descriptor(p.self(), parity, first) RAILYARD_LOC_ARG);
+  for (int base = first; base < end; base += static_cast<int>(arch::kWarpSize)) {
     const int r = base + static_cast<int>(arch::lane_idx());
     const OperationDifference d =
-        r < p.shape.ranks_per_domain
+        r < end
             ? first_difference(arch::ld_global(layout.op_descriptor(p.self(), parity, r) RAILYARD_LOC_ARG), rank0s)
             : OperationDifference{};
     const uint32_t differs = __ballot_sync(arch::kFullWarpMask, d.reason != pipeline::AbortReason::None);
@@ -170,11 +181,11 @@ RAILYARD_DEVICE void check_same_operation(const DomainParams& p, uint64_t seq RA
                               p.handshake_wait() RAILYARD_LOC_ARG);
     }
     if (differs != 0u) {
-      const int first = __ffs(static_cast<int>(differs)) - 1;
-      const auto reason = __shfl_sync(arch::kFullWarpMask, static_cast<int32_t>(d.reason), first);
-      const int64_t theirs = __shfl_sync(arch::kFullWarpMask, d.theirs, first);
-      const int64_t rank0_value = __shfl_sync(arch::kFullWarpMask, d.rank0s, first);
-      pipeline::fail_operation(p.failure_record, pipeline::FailureKind::Mismatch, base + first, reason, base + first,
+      const int lowest = __ffs(static_cast<int>(differs)) - 1;
+      const auto reason = __shfl_sync(arch::kFullWarpMask, static_cast<int32_t>(d.reason), lowest);
+      const int64_t theirs = __shfl_sync(arch::kFullWarpMask, d.theirs, lowest);
+      const int64_t rank0_value = __shfl_sync(arch::kFullWarpMask, d.rank0s, lowest);
+      pipeline::fail_operation(p.failure_record, pipeline::FailureKind::Mismatch, base + lowest, reason, base + lowest,
                                theirs, rank0_value RAILYARD_LOC_ARG);
     }
   }
@@ -182,22 +193,23 @@ RAILYARD_DEVICE void check_same_operation(const DomainParams& p, uint64_t seq RA
 
 // Entry barrier: block 0 stores this rank's descriptor of the operation (`op`) into
 // its slot on every peer, then `seq` into its flag there (release); every block then
-// waits until every peer's flag in its own buffer has reached `seq`. Passing it proves
+// waits until every peer's flag in its own buffer has reached `seq` (the peers of its
+// NVLink domain: nvlink_begin() .. nvlink_end()). Passing it proves
 // every peer finished its previous operation; then every rank's descriptor must be
 // rank 0's (a mismatched collective traps with the same report on every rank). Uses
 // all threads of the block.
 RAILYARD_DEVICE void entry_barrier(const DomainParams& p, uint64_t seq,
                                    const layout::OpDescriptor& op RAILYARD_LOC_PARAM) {
   const layout::IntranodeLayout layout(p.shape);
-  const int ranks_per_domain = p.shape.ranks_per_domain;
+  const int first = p.nvlink_begin(), end = p.nvlink_end();
   if (blockIdx.x == 0) {
     const auto parity = static_cast<uint32_t>(seq & 1u);
-    for (int peer = static_cast<int>(threadIdx.x); peer < ranks_per_domain; peer += static_cast<int>(blockDim.x)) {
+    for (int peer = first + static_cast<int>(threadIdx.x); peer < end; peer += static_cast<int>(blockDim.x)) {
       transport::nvlink::put(layout.op_descriptor(p.peers.base(peer), parity, p.rank), op RAILYARD_LOC_ARG);
       transport::nvlink::signal_release(layout.barrier_flag(p.peers.base(peer), p.rank), flag_of(seq) RAILYARD_LOC_ARG);
     }
   }
-  for (int peer = static_cast<int>(threadIdx.x); peer < ranks_per_domain; peer += static_cast<int>(blockDim.x)) {
+  for (int peer = first + static_cast<int>(threadIdx.x); peer < end; peer += static_cast<int>(blockDim.x)) {
     const uint32_t* flag = layout.barrier_flag(p.self(), peer);
     const uint32_t* count_flag = layout.count_flag(p.self(), peer);
     bool in_metadata = false;  // the peer runs a metadata kernel at `seq` instead

@@ -38,53 +38,9 @@ namespace {
 namespace ref = railyard::reference;
 using namespace test;  // NOLINT: the call machinery of intranode_call.hpp
 
-// memcmp of `count` elements with the first differing index in the message.
-template <class T>
-void expect_bytes_eq(const T* got, const T* want, std::size_t count, std::size_t elems_per_row, const std::string& what) {
-  if (count == 0 || std::memcmp(got, want, count * sizeof(T)) == 0) return;
-  std::size_t i = 0;
-  while (std::memcmp(got + i, want + i, sizeof(T)) == 0) ++i;
-  ADD_FAILURE() << what << ": first difference at element " << i << " (row " << i / elems_per_row << ")";
-}
-
 void check_call(const IntranodeWorld& w, const Call& call, const std::string& where) {
-  const IntranodeLayout& L = w.layout();
-  const int El = call.c.local_experts, ns = L.num_scales();
-  const std::size_t row_bytes = static_cast<std::size_t>(L.dispatch_row_bytes());
-  for (int d = 0; d < call.c.num_ranks; ++d) {
-    const RankBuffers& b = call.ranks[d];
-    const ref::ReceivedRows& rr = call.reference.received.ranks[d];
-    const std::string at = where + " rank " + std::to_string(d);
-    const auto nr = static_cast<std::size_t>(b.recv_rows);
-    const auto n = static_cast<std::size_t>(b.out_rows);
-    // Received-row outputs, either layout.
-    expect_bytes_eq(b.out_src_rank, rr.src_rank.data(), nr, 1, at + ": src_rank");
-    expect_bytes_eq(b.out_src_token, rr.src_token.data(), nr, 1, at + ": src_token");
-    expect_bytes_eq(b.out_routing_map, rr.routing_map.data(), nr * El, El, at + ": routing_map");
-    if (call.c.output == DispatchOutput::Received) {
-      expect_bytes_eq(b.out_hidden, rr.hidden.bytes.data(), n * row_bytes, row_bytes, at + ": hidden");
-      expect_bytes_eq(b.out_scales, rr.hidden.scales.data(), n * ns, std::max(ns, 1), at + ": scales");
-      expect_bytes_eq(b.out_probs, rr.probs.data(), n * El, El, at + ": probs");
-    } else {
-      const ref::PermutedRows& pr = call.reference.permuted[d];
-      expect_bytes_eq(b.out_hidden, pr.hidden.bytes.data(), n * row_bytes, row_bytes, at + ": permuted hidden");
-      expect_bytes_eq(b.out_scales, pr.hidden.scales.data(), n * ns, std::max(ns, 1), at + ": permuted scales");
-      expect_bytes_eq(b.out_probs, pr.probs.data(), n, 1, at + ": permuted probs");
-      expect_bytes_eq(b.out_recv_row, pr.recv_row.data(), n, 1, at + ": recv_row");
-    }
-    // The handle's expert side: what combine reads.
-    std::vector<uint8_t> want_bytes = test::reference_handle(L, call.reference, d, call.capacity);
-    const auto want = layout::HandleView::carve(L, want_bytes.data(), call.capacity);
-    const auto got = layout::HandleView::carve(L, b.handle, call.capacity);
-    const std::size_t kept = static_cast<std::size_t>(std::min<int64_t>(b.recv_rows, call.capacity));
-    expect_bytes_eq(got.recv_src, want.recv_src, 2 * kept, 2, at + ": handle recv_src");
-    expect_bytes_eq(got.recv_num_entries, want.recv_num_entries, kept, 1, at + ": handle recv_num_entries");
-    for (std::size_t r = 0; r < kept; ++r) {
-      const int n_entries = want.recv_num_entries[r];
-      expect_bytes_eq(got.recv_entries + r * L.max_entries(), want.recv_entries + r * L.max_entries(),
-                      static_cast<std::size_t>(n_entries), 1, at + ": handle recv_entries of row " + std::to_string(r));
-    }
-  }
+  for (int d = 0; d < call.c.num_ranks; ++d)
+    expect_dispatch_outputs(w.layout(), call.reference, d, call.ranks[d], call.c.output, call.capacity, where);
 }
 
 void run_case(const Case& c, uint64_t seed) {

@@ -104,6 +104,13 @@ class Group {
     return p;
   }
 
+  // Device memory of `rank`, poisoned (0xA5) so that unwritten bytes show.
+  template <class T>
+  T* alloc(int rank, std::size_t count, const std::string& label) {
+    auto* p = static_cast<T*>(sim::malloc_device(rank, std::max<std::size_t>(count, 1) * sizeof(T), label));
+    allocations_.push_back(p);
+    return p;
+  }
   template <class T>
   T* copy_in(int rank, const std::vector<T>& host, const char* label) {
     auto* p = static_cast<T*>(sim::malloc_device(rank, std::max<std::size_t>(host.size(), 1) * sizeof(T), label));

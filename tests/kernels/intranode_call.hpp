@@ -13,6 +13,7 @@
 
 #include "kernels/intranode/dispatch.hpp"
 #include "kernels/intranode/metadata.hpp"
+#include "tests/kernels/dispatch_check.hpp"
 #include "tests/kernels/intranode_harness.hpp"
 
 namespace railyard::test {
@@ -65,25 +66,6 @@ inline int max_of(const std::vector<int>& v) {
   return m;
 }
 
-// One rank's device arrays for a call.
-struct RankBuffers {
-  // inputs
-  uint8_t* hidden = nullptr;
-  float* scales = nullptr;
-  DeviceRouting routing;
-  uint8_t* handle = nullptr;
-  // outputs, sized to exactly the rows a correct dispatch writes
-  int64_t out_rows = 0;   // received rows below the bound, or permuted rows below it
-  int64_t recv_rows = 0;  // received rows below the bound
-  uint8_t* out_hidden = nullptr;
-  float* out_scales = nullptr;
-  float* out_probs = nullptr;
-  int64_t* out_recv_row = nullptr;
-  uint8_t* out_routing_map = nullptr;
-  int32_t* out_src_rank = nullptr;
-  int32_t* out_src_token = nullptr;
-};
-
 // Everything of one call: world, reference, per-rank buffers.
 struct Call {
   Case c;
@@ -93,16 +75,12 @@ struct Call {
   std::vector<RankBuffers> ranks;
 };
 
-inline int64_t clip(int64_t count, int64_t bound) { return bound < 0 ? count : std::min(count, bound); }
-
 inline Call prepare(IntranodeWorld& w, const Case& c, uint64_t seed) {
-  const int El = c.local_experts;
-  ref::World world{c.num_ranks, c.num_ranks, c.num_ranks * El, c.hidden, max_of(c.tokens)};
+  ref::World world{c.num_ranks, c.num_ranks, c.num_ranks * c.local_experts, c.hidden, max_of(c.tokens)};
   InputSpec spec{world, c.tokens, c.topk, c.dtype, c.routing, c.routing_map, seed};
   Call call{c, world, test::reference_call(world, test::make_inputs(spec), c.options), 0, {}};
   const IntranodeLayout& L = w.layout();
   call.capacity = c.recv_capacity < 0 ? L.stage_capacity_rows() : c.recv_capacity;
-  const int64_t row_bytes = L.dispatch_row_bytes();
   const int ns = L.num_scales();
   for (int r = 0; r < c.num_ranks; ++r) {
     const ref::RankInput& in = call.reference.inputs[r];
@@ -118,23 +96,7 @@ inline Call prepare(IntranodeWorld& w, const Case& c, uint64_t seed) {
       const int64_t begin = L.recv_src_offset();
       std::memset(b.handle + begin, 0xA5, bytes.size() - begin);
     }
-    b.recv_rows = clip(call.reference.received.ranks[r].num_recv_tokens, c.options.recv_bound(r));
-    b.out_rows = c.output == DispatchOutput::Received
-                     ? b.recv_rows
-                     : clip(call.reference.permuted[r].num_permuted_rows, c.options.permuted_bound(r));
-    const auto n = static_cast<std::size_t>(b.out_rows);
-    const auto nr = static_cast<std::size_t>(b.recv_rows);
-    b.out_hidden = w.alloc<uint8_t>(r, n * row_bytes, "out_hidden");
-    if (ns > 0) b.out_scales = w.alloc<float>(r, n * ns, "out_scales");
-    if (c.output == DispatchOutput::Received) {
-      b.out_probs = w.alloc<float>(r, n * El, "out_probs");
-    } else {
-      b.out_probs = w.alloc<float>(r, n, "out_probs");
-      b.out_recv_row = w.alloc<int64_t>(r, n, "out_recv_row");
-    }
-    b.out_routing_map = w.alloc<uint8_t>(r, nr * El, "out_routing_map");
-    b.out_src_rank = w.alloc<int32_t>(r, nr, "out_src_rank");
-    b.out_src_token = w.alloc<int32_t>(r, nr, "out_src_token");
+    allocate_outputs(w, L, call.reference, r, c.output, b);
     call.ranks.push_back(b);
   }
   return call;

@@ -346,6 +346,27 @@ inline std::vector<uint8_t> reference_handle(const IntranodeLayout& L, const Ref
       h.domain_pos[static_cast<std::size_t>(t) * Dk + n] = goes ? packed : -1;
       if (goes) h.domain_tokens[static_cast<std::size_t>(n) * M + packed++] = t;
     }
+  // Forwarding side: the packed rows this rank's rail peer in each other domain n'
+  // put to it, each one's staged position at every rank j of this rank's domain below
+  // j's bound on received rows (-1 otherwise).
+  if (Dk > 0) {
+    const int mine = rank / per_domain;
+    for (int other = 0; other < Dk; ++other) {
+      if (other == mine) continue;
+      const int src = other * per_domain + rank % per_domain;
+      const std::vector<std::vector<int64_t>> src_at = positions_of(src);
+      for (int t = 0, packed = 0; t < call.inputs[src].num_tokens; ++t) {
+        if (!goes_to_domain(src_at, t, mine)) continue;
+        for (int j = 0; j < per_domain; ++j) {
+          const int d = mine * per_domain + j;
+          const int64_t pos = src_at[d][t], bound = call.options.recv_bound(d);
+          h.forward_pos[(static_cast<std::size_t>(other) * M + packed) * per_domain + j] =
+              static_cast<int32_t>(pos >= 0 && (bound < 0 || pos < bound) ? pos : -1);
+        }
+        ++packed;
+      }
+    }
+  }
   // Count matrix: every rank's count row.
   for (int src = 0; src < R; ++src) {
     int32_t* row = h.count_matrix + static_cast<std::size_t>(src) * L.count_row_ints();

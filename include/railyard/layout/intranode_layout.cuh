@@ -242,6 +242,11 @@ class IntranodeLayout {
   //                expert in domain n (its packed row for that domain), -1 if none
   //   domain_tokens int32 [domain_keys()][M]  the inverse: packed row i for domain n is
   //                token domain_tokens[n][i] (i below the count row's tokens to n)
+  // Across domains, forwarding side (written by the dispatch, read by the combine):
+  //   forward_pos int32 [domain_keys()][M][R / D]  the packed row i that this rank's
+  //                rail peer in domain n put to it: its staged position at rank j of
+  //                this rank's NVLink domain, -1 where it was not sent (none, or at or
+  //                past j's bound); rows of this rank's own domain unused
   // Counts:
   //   count_matrix int32 [R][count_row_ints]  every rank's count row, as exchanged
   //   totals       int64 [4 + 2 E_local]      num_recv, num_permuted, overflow_recv,
@@ -283,8 +288,13 @@ class IntranodeLayout {
   RAILYARD_HOST_DEVICE int64_t domain_tokens_offset(int64_t recv_capacity) const {
     return domain_pos_offset(recv_capacity) + round_up(int64_t{s_.max_tokens} * domain_keys() * 4, 16);
   }
-  RAILYARD_HOST_DEVICE int64_t handle_bytes(int64_t recv_capacity) const {
+  RAILYARD_HOST_DEVICE int64_t forward_pos_offset(int64_t recv_capacity) const {
     return domain_tokens_offset(recv_capacity) + round_up(int64_t{s_.max_tokens} * domain_keys() * 4, 16);
+  }
+  RAILYARD_HOST_DEVICE int64_t handle_bytes(int64_t recv_capacity) const {
+    // domain_keys() x M x (R / D) = M x R positions across domains, none on one.
+    const int64_t forward = domain_keys() > 0 ? round_up(int64_t{s_.max_tokens} * s_.ranks_per_domain * 4, 16) : 0;
+    return forward_pos_offset(recv_capacity) + forward;
   }
 
  private:
@@ -308,6 +318,7 @@ struct HandleView {
   uint64_t* made_by_op = nullptr;
   int32_t* domain_pos = nullptr;     // null on one domain
   int32_t* domain_tokens = nullptr;  // null on one domain
+  int32_t* forward_pos = nullptr;    // null on one domain
   int64_t recv_capacity = 0;
 
   RAILYARD_HOST_DEVICE static HandleView carve(const IntranodeLayout& layout, uint8_t* base, int64_t recv_capacity) {
@@ -325,6 +336,7 @@ struct HandleView {
     if (layout.domain_keys() > 0) {
       v.domain_pos = reinterpret_cast<int32_t*>(base + layout.domain_pos_offset(recv_capacity));
       v.domain_tokens = reinterpret_cast<int32_t*>(base + layout.domain_tokens_offset(recv_capacity));
+      v.forward_pos = reinterpret_cast<int32_t*>(base + layout.forward_pos_offset(recv_capacity));
     }
     v.recv_capacity = recv_capacity;
     return v;

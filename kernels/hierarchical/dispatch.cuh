@@ -1,0 +1,125 @@
+// Railyard hierarchical dispatch: the intra-node dispatch (kernels/intranode/dispatch.cuh)
+// over a group of D NVLink domains of R ranks, with Forwarding as its Remote part. See
+// docs/design-internode.md, "Dispatch across domains".
+//
+// - This rank's tokens go over NVLink to the ranks of its own domain only.
+// - A sixth warp (RdmaSender, dispatch_rdma.cuh) packs this rank's rows for every
+//   other domain into wire rows and puts them, a chunk of C rows with a signal at a
+//   time, into its rail peer's receive area there. A token crosses each NIC once per
+//   destination domain.
+// - After its own tokens, the send side forwards the wire rows its rail peers put into
+//   this rank's receive areas, chunk by chunk, each chunk once its signal has counted
+//   this operation: exactly as the source would have sent the row within its own
+//   domain (the same staging row, header, entries and scales).
+// Copy-out is the intra-node one: every received row, local or forwarded, lands at
+// the position the group's metadata gave it.
+//
+// A chunk signal grows only in the operations whose source packed that chunk, so the
+// receiver keeps, per forwarding role (SendLoad, SendStore) and chunk, how far it has
+// consumed the signal (HierarchicalLayout counters): each role waits for its own
+// count + 1. A chunk is dealt to one block per operation; blocks may differ between
+// operations, the counts live in global memory and the kernel boundary orders them.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/hierarchical/dispatch_rdma.cuh"
+#include "kernels/intranode/dispatch.cuh"
+#include "railyard/arch/memory.cuh"
+#include "railyard/arch/thread.cuh"
+#include "railyard/layout/hierarchical_layout.cuh"
+#include "railyard/transport/contract.cuh"
+#include "railyard/transport/mlx5/lane.cuh"
+
+namespace railyard::kernels::hierarchical {
+
+struct Forwarding {
+  static constexpr bool kForwards = true;
+  static constexpr uint32_t kWarps = 1;
+
+  // Where a wire row's parts lie (HierarchicalLayout::wire_*), computed on the host.
+  struct WireFormat {
+    int64_t slots, recv_pos, scales, payload, row_bytes;
+  };
+  struct Params {
+    RdmaSendParams send;  // this rank, its buffer, handle, tokens, lanes and waits
+    WireFormat wire;
+  };
+  template <uint32_t SlotBytes>
+  using Storage = RdmaSendStorage<SlotBytes>;
+
+  static Params make(const RdmaSendParams& send) {
+    const layout::HierarchicalLayout H(send.shape);
+    return {send, {H.wire_slots_offset(), H.wire_recv_pos_offset(), H.wire_header_bytes(), H.wire_payload_offset(),
+                   H.wire_dispatch_row_bytes()}};
+  }
+
+  template <uint32_t SlotBytes>
+  RAILYARD_DEVICE static void init(RdmaSendStorage<SlotBytes>& s) {
+    s.init();
+  }
+  // The RDMA send warp of this block.
+  template <uint32_t SlotBytes>
+  RAILYARD_DEVICE static void send(const Params& p, RdmaSendStorage<SlotBytes>& s) {
+    RdmaSender<SlotBytes>(p.send, s).run(static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+  }
+
+  // A wire row's parts.
+  RAILYARD_DEVICE static const layout::WireHeader* header(const Params&, const uint8_t* row) {
+    return reinterpret_cast<const layout::WireHeader*>(row);
+  }
+  RAILYARD_DEVICE static const layout::WireSlot* slots(const Params& p, const uint8_t* row) {
+    return reinterpret_cast<const layout::WireSlot*>(row + p.wire.slots);
+  }
+  RAILYARD_DEVICE static const int32_t* recv_pos(const Params& p, const uint8_t* row) {
+    return reinterpret_cast<const int32_t*>(row + p.wire.recv_pos);
+  }
+  RAILYARD_DEVICE static const float* scales(const Params& p, const uint8_t* row) {
+    return reinterpret_cast<const float*>(row + p.wire.scales);
+  }
+  RAILYARD_DEVICE static const uint8_t* payload(const Params& p, const uint8_t* row) { return row + p.wire.payload; }
+
+  // Warp-collective, by forwarding role `role` (0 or 1): fn(rows, n, stride, forwarded)
+  // for each chunk of received wire rows dealt to this block, once its signal has
+  // counted this operation; `forwarded` is the chunk's first row in the handle's
+  // forward_pos (source domain x M + packed row). Chunks (remote domain r, chunk c) are dealt to blocks round robin in
+  // the order of r, then c; the count of rows comes from the rail peer's count row
+  // (count_to_domain of this domain), which the metadata relayed.
+  template <class Fn>
+  RAILYARD_DEVICE static void for_each_chunk(const Params& p, int role, Fn&& fn) {
+    const RdmaSendParams& q = p.send;
+    const layout::HierarchicalLayout H(q.shape);
+    const layout::IntranodeLayout& L = H.nvlink();
+    const int R = q.shape.domain.ranks_per_domain, mine = q.rank / R, C = q.shape.chunk_tokens;
+    const int G = L.shape().ranks_per_domain, El = L.shape().num_local_experts;
+    int64_t dealt = 0;
+    for (int r = 0; r < H.remote_domains(); ++r) {
+      const int other = r < mine ? r : r + 1, src = other * R + q.rank % R;
+      const int32_t rows = arch::ld_global(q.handle.count_matrix + int64_t{src} * L.count_row_ints() +
+                                           layout::count_to_domain(G, El, mine));
+      const transport::SignalOrder order = transport::mlx5::load_queue_pair(&q.lanes[r]).signal_order;
+      for (int64_t c = 0; c * C < rows; ++c, ++dealt) {
+        if (dealt % gridDim.x != blockIdx.x) continue;
+        if (arch::lane_idx() == 0) {
+          auto* consumed = reinterpret_cast<uint64_t*>(q.self + H.dispatch_consumed_offset(role, r, c));
+          const uint64_t target = arch::ld_global(consumed) + 1;
+          transport::wait_signal(reinterpret_cast<const uint64_t*>(q.self + H.dispatch_signal_offset(r, c)), target,
+                                 order, {"dispatch forwarding: wire rows of chunk (index) from rank (value)", c, src},
+                                 q.handshake_wait);
+          arch::st_global(consumed, target);
+        }
+        // Lane 0's acquire, then the warp barrier: every lane reads the rows; the
+        // proxy fence orders them before the TMA loads of their bytes (SendLoad).
+        __syncwarp();
+        arch::fence_proxy_async_global();
+        const int n = rows - c * C < C ? static_cast<int>(rows - c * C) : C;
+        fn(q.self + H.dispatch_recv_row_offset(r, c * C), n, p.wire.row_bytes,
+           int64_t{other} * q.shape.domain.max_tokens + c * C);
+      }
+    }
+  }
+};
+
+using Dispatch = intranode::Dispatch<intranode::kDispatchSlotBytes, intranode::kDispatchStages, Forwarding>;
+
+}  // namespace railyard::kernels::hierarchical

@@ -1,0 +1,33 @@
+// Railyard hierarchical dispatch: host interface. The kernel is in dispatch.cuh, the
+// launcher in src/kernels/hierarchical_dispatch.cu. See docs/design-internode.md,
+// "Dispatch across domains".
+#pragma once
+
+#include "kernels/intranode/dispatch.hpp"
+#include "railyard/common/gpu_stream.hpp"
+#include "railyard/common/status.hpp"
+#include "railyard/layout/hierarchical_layout.cuh"
+#include "railyard/transport/mlx5/queue_pair.hpp"
+
+namespace railyard::kernels::hierarchical {
+
+struct DispatchArguments {
+  // The call as on one NVLink domain, over the whole group (as for the metadata):
+  // dispatch.domain.shape is HierarchicalLayout(shape).nvlink().shape(), its rank the
+  // rank in the group, its NVLink ranks those of its domain; the handle is the one the
+  // hierarchical metadata of this call filled. Outputs as on one domain.
+  intranode::DispatchArguments dispatch;
+  layout::HierarchicalShape shape;
+  // A lane towards each rail peer (the rank of this local index in every other
+  // domain), in GPU memory, D - 1 of them in the order of
+  // HierarchicalLayout::remote_index. Block b drives the lanes of remote domains b,
+  // b + num_blocks, ...: a lane is driven by one warp of one block.
+  const transport::mlx5::QueuePair* lanes = nullptr;
+};
+
+// Checks the arguments (errors name the argument and the expected value) and the
+// device, then enqueues the dispatch on `stream`. Every rank of the group must call
+// it, after its hierarchical metadata of the same call.
+Status launch_dispatch(const DispatchArguments& args, GpuStream stream);
+
+}  // namespace railyard::kernels::hierarchical
