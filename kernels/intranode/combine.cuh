@@ -31,6 +31,14 @@
 // accumulators (128 for 16 KiB slots), and arrives on the FIFO barriers itself (no
 // warp converges per piece). The fixed order (entries ascending, ranks ascending)
 // makes the result bitwise independent of the interleaving.
+//
+// Across NVLink domains (the Remote parameter: kernels/hierarchical/combine.cuh) a
+// rank pulls over NVLink only from its own domain; between its stage and gather jobs
+// it runs partial jobs: for each token its rail peers forwarded to this domain at
+// dispatch, the fp32 sum of the domain's staged rows, rounded to BF16 (the domain's
+// partial), into the send ring, which a seventh warp puts to the token's home rank a
+// chunk at a time; a gather job adds those partials, in ascending domain order, to
+// its own domain's. NoRemoteCombine: one domain.
 #pragma once
 
 #include <cstddef>
@@ -55,7 +63,18 @@
 
 namespace railyard::kernels::intranode {
 
-template <uint32_t SlotBytes, int Stages>
+// The one-domain combine: no partials cross a NIC.
+struct NoRemoteCombine {
+  static constexpr bool kPartials = false;
+  static constexpr uint32_t kWarps = 0;
+  struct Params {};
+  struct Storage {};
+  struct Gather {
+    RAILYARD_HOST_DEVICE Gather(const Params&, const layout::HandleView&) {}
+  };
+};
+
+template <uint32_t SlotBytes, int Stages, class Remote = NoRemoteCombine>
 struct Combine {
   static_assert(Stages >= 1);
   static_assert(SlotBytes > 0 && SlotBytes % arch::kBulkCopyAlign == 0,
@@ -65,9 +84,9 @@ struct Combine {
   static constexpr int kStages = Stages;
   static constexpr const char* kName = "intranode::Combine";
 
-  enum class WarpRole : uint32_t { Load, Reduce, Store };
+  enum class WarpRole : uint32_t { Load, Reduce, Store, RdmaSend };
   static constexpr uint32_t kNumReduceWarps = 4;
-  static constexpr uint32_t kNumWarps = 1 + kNumReduceWarps + 1;
+  static constexpr uint32_t kNumWarps = 1 + kNumReduceWarps + 1 + Remote::kWarps;
   static constexpr uint32_t kMaxThreadsPerBlock = kNumWarps * arch::kWarpSize;
   static constexpr uint32_t kMinBlocksPerSm = 1;
   static constexpr uint32_t kNumReduceThreads = kNumReduceWarps * arch::kWarpSize;
@@ -113,6 +132,8 @@ struct Combine {
     kDone = 1u << 5,          // no more jobs: pass it on and stop
     kFlush = 1u << 6,         // the stage jobs are over: pass it on; the store lane
                               // publishes every staged row before the gather jobs
+    kChunkBegin = 1u << 7,    // (Remote) the piece begins a send-ring chunk: wait for its slot
+    kChunkEnd = 1u << 8,      // (Remote) the piece ends the chunk: hand it to the RDMA warp
   };
   struct SlotTag {
     uint8_t* dst;         // where the reduced piece goes
@@ -137,6 +158,7 @@ struct Combine {
     arch::SharedVar<uint32_t> staged_groups[kPendingRows];
     typename LoadPipeline::SharedStorage load_pipe;
     typename StorePipeline::SharedStorage store_pipe;
+    typename Remote::Storage remote;
   };
   static_assert(sizeof(SharedStorage) <= arch::kMaxDynamicSmemBytes,
                 "Combine FIFOs exceed the 227 KiB shared-memory budget");
@@ -155,6 +177,7 @@ struct Combine {
     const float* input_probs;  // null: no probs combine
     float* combined_probs;
     uint8_t* out;
+    typename Remote::Params remote;
   };
 
   static constexpr std::size_t shared_memory_bytes() { return sizeof(SharedStorage); }
@@ -222,6 +245,7 @@ struct Combine {
       // One elected producer lane loads and one stores; every reduction thread arrives.
       LoadPipeline::init(storage.load_pipe, /*producer_arrivals=*/1, /*consumer_arrivals=*/kNumReduceThreads);
       StorePipeline::init(storage.store_pipe, /*producer_arrivals=*/kNumReduceThreads, /*consumer_arrivals=*/1);
+      if constexpr (Remote::kPartials) Remote::init(storage.remote);
       arch::fence_mbarrier_init_release_cluster();  // the TMA completes on the load barriers
     }
     const uint64_t seq = op_begin(dom);
@@ -236,15 +260,22 @@ struct Combine {
       run_load(p, storage, load_pipe, seq);
     } else if (role == WarpRole::Reduce) {
       run_reduce(storage, load_pipe, store_pipe);
-    } else {
+    } else if (role == WarpRole::Store) {
       run_store(p, storage, seq);
+    } else {
+      if constexpr (Remote::kPartials) Remote::send(p.remote, p.handle, storage.remote);
     }
-    op_end(dom, seq);
+    op_end(dom, seq, [&] {
+      if constexpr (Remote::kPartials) Remote::finish(p.remote, p.handle);
+    });
   }
 
  private:
   RAILYARD_DEVICE static WarpRole role_of_warp(uint32_t warp) {
-    return warp == 0 ? WarpRole::Load : warp <= kNumReduceWarps ? WarpRole::Reduce : WarpRole::Store;
+    return warp == 0                  ? WarpRole::Load
+           : warp <= kNumReduceWarps  ? WarpRole::Reduce
+           : warp == kNumReduceWarps + 1 ? WarpRole::Store
+                                      : WarpRole::RdmaSend;
   }
   RAILYARD_DEVICE static int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
   RAILYARD_DEVICE static uint32_t piece_bytes(uint32_t row_bytes, uint32_t offset) {
@@ -269,15 +300,19 @@ struct Combine {
     ++state;
   }
 
-  // Lane 0: every piece of a job, and for each piece every source in order.
+  // Lane 0: every piece of a job, and for each piece every source in order. `chunk`
+  // (kChunkBegin, kChunkEnd or both, Remote's partial jobs): flags the store lane sees
+  // on the job's first piece (begin) and last piece (end).
   RAILYARD_DEVICE static void push_job(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
                                        typename LoadPipeline::State& state, int first, int num_sources,
-                                       uint8_t* dst, int64_t publish_row, bool gather) {
+                                       uint8_t* dst, int64_t publish_row, bool gather, uint32_t chunk = 0) {
     const uint32_t row_bytes = static_cast<uint32_t>(layout::IntranodeLayout(p.domain.shape).combine_row_bytes());
     for (uint32_t offset = 0; offset < row_bytes; offset += SlotBytes) {
       const uint32_t bytes = piece_bytes(row_bytes, offset);
       const bool last_piece = offset + bytes == row_bytes;
-      const uint32_t job_flags = gather ? static_cast<uint32_t>(kDomainRounded) : 0u;
+      uint32_t job_flags = gather ? static_cast<uint32_t>(kDomainRounded) : 0u;
+      if (offset == 0) job_flags |= chunk & kChunkBegin;
+      if (last_piece) job_flags |= chunk & kChunkEnd;
       if (num_sources == 0) {  // a token routed nowhere (or only to dropped rows): zeros
         push_slot(storage, pipe, state,
                   SlotTag{dst + offset, -1, bytes, job_flags | kFirst | kDomainEnd | kLast}, nullptr);
@@ -377,11 +412,16 @@ struct Combine {
     // The store lane publishes every staged row before any gather job waits for one.
     if (lane == 0) push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kFlush}, nullptr);
 
+    // ---- partial jobs (across domains): before the gather jobs, which may wait for
+    // other domains' partials, while partial jobs wait only for staged rows ---------------
+    if constexpr (Remote::kPartials) push_partials(p, storage, pipe, state, seq);
+
     // ---- gather jobs: this rank's tokens, pulled from every rank that holds them -------
     // The warp waits for the rows of `batch` tokens at once, a lane per (token, rank)
     // pair, so that their NVLink round trips overlap.
     const int E = R * El;
     const int batch = R >= static_cast<int>(arch::kWarpSize) ? 1 : static_cast<int>(arch::kWarpSize) / R;
+    typename Remote::Gather remote(p.remote, p.handle);  // lane 0's
     for_each_batch_in_block_chunks(p.num_tokens, p.chunk_rows, batch, [&](int64_t t0, int n) {
       __syncwarp();  // lane 0 is done with the previous batch's sources
       if (with_probs) {
@@ -398,7 +438,9 @@ struct Combine {
         const int64_t t = t0 + i;
         bool has_row = false;
         const uint8_t* row = nullptr;
-        if (q < n * R) {
+        // Across domains, only this rank's domain is pulled over NVLink: the others'
+        // rows arrive as their domains' partials (added below).
+        if (q < n * R && d >= dom.nvlink_begin() && d < dom.nvlink_end()) {
           const int32_t pos = arch::ld_global(&h.recv_pos[t * R + d]);
           // A row at or past d's bound on received rows was never dispatched: its
           // pair is skipped without touching d. (Read here rather than kept in a
@@ -444,13 +486,95 @@ struct Combine {
       if (lane == 0) {
         arch::fence_proxy_async_global();
         for (int i = 0; i < n; ++i) {
-          const int num_sources = n == 1 ? running : __popc((holders >> (i * R)) & ((1u << R) - 1u));
+          int num_sources = n == 1 ? running : __popc((holders >> (i * R)) & ((1u << R) - 1u));
+          if constexpr (Remote::kPartials) {
+            // The other domains' partials, in domain order around this domain's rows;
+            // their signal waits are acquires, fenced again for the TMA loads.
+            num_sources = add_partials(storage, remote, t0 + i, i * R, num_sources);
+            arch::fence_proxy_async_global();
+          }
           push_job(p, storage, pipe, state, i * R, num_sources, p.out + (t0 + i) * row_bytes, -1, /*gather=*/true);
         }
       }
     });
 
     if (lane == 0) push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kDone}, nullptr);
+  }
+
+  // ---- partials (Remote) ----------------------------------------------------------
+
+  // Warp-collective: one partial job per row this block sends to another domain
+  // (Remote::for_each_partial_row: the tokens rail peers forwarded here at dispatch):
+  // its sources are the staged rows of this domain's ranks, in ascending rank order
+  // (a lane per rank, waiting for each header as a gather job does), summed in fp32
+  // and rounded once to BF16, into its send-ring row.
+  RAILYARD_DEVICE static void push_partials(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
+                                            typename LoadPipeline::State& state, uint64_t seq) {
+    const DomainParams& dom = p.domain;
+    const layout::IntranodeLayout lay(dom.shape);
+    const uint32_t lane = arch::lane_idx();
+    const uint32_t lower_lanes = (1u << lane) - 1u;
+    const int first = dom.nvlink_begin(), span = dom.nvlink_end() - first;
+    Remote::for_each_partial_row(p.remote, p.handle, [&](uint8_t* dst, const int32_t* positions, bool begin, bool end) {
+      const uint32_t chunk = (begin ? static_cast<uint32_t>(kChunkBegin) : 0u) | (end ? static_cast<uint32_t>(kChunkEnd) : 0u);
+      __syncwarp();  // lane 0 is done with the previous job's sources
+      int num_sources = 0;
+      for (int base = 0; base < span; base += 32) {
+        const int j = base + static_cast<int>(lane);
+        const uint8_t* row = nullptr;
+        if (j < span) {
+          const int32_t pos = arch::ld_global(positions + j);
+          if (pos >= 0) {
+            uint8_t* peer = dom.peers.base(first + j);
+            const layout::RowHeader* header = lay.header(peer, pos);
+            pipeline::wait_at_least_acquire(&header->seq, seq,
+                                            {"combine: staged row header seq of peer rank (index) at row (value)",
+                                             first + j, pos},
+                                            dom.wait());
+            if (arch::ld_global(&header->num_entries) > 0) row = lay.stage_row(peer, pos);
+          }
+        }
+        const uint32_t holders = __ballot_sync(arch::kFullWarpMask, row != nullptr);
+        if (row != nullptr) {
+          const int idx = num_sources + __popc(holders & lower_lanes);
+          storage.sources[idx].store(row);
+          storage.source_rank[idx].store(static_cast<int16_t>(first + j));
+        }
+        num_sources += __popc(holders);
+      }
+      __syncwarp();  // the holders' acquires, before lane 0's TMA loads of their rows
+      if (lane == 0) {
+        arch::fence_proxy_async_global();
+        push_job(p, storage, pipe, state, 0, num_sources, dst, -1, /*gather=*/false, chunk);
+      }
+    });
+  }
+
+  // Lane 0: token t's partials from the other domains (Remote::Gather::row: null where
+  // the token sent nothing there) put around this domain's `own` sources at `first`,
+  // in ascending domain order. Returns the token's sources.
+  RAILYARD_DEVICE static int add_partials(SharedStorage& storage, typename Remote::Gather& remote, int64_t t,
+                                          int first, int own) {
+    const int D = remote.num_domains(), mine = remote.own_domain();
+    int before = 0;
+    for (int n = 0; n < mine; ++n) before += remote.row(t, n) != nullptr ? 1 : 0;
+    for (int k = own - 1; k >= 0; --k) {
+      storage.sources[first + before + k].store(storage.sources[first + k].load());
+      storage.source_rank[first + before + k].store(storage.source_rank[first + k].load());
+    }
+    int idx = 0;
+    for (int n = 0; n < D; ++n) {
+      if (n == mine) {
+        idx += own;
+        continue;
+      }
+      const uint8_t* row = remote.row(t, n);
+      if (row == nullptr) continue;
+      storage.sources[first + idx].store(row);
+      storage.source_rank[first + idx].store(static_cast<int16_t>(remote.rank_in(n)));
+      ++idx;
+    }
+    return idx;
   }
 
   // ---- Reduce ------------------------------------------------------------------------------
@@ -554,6 +678,7 @@ struct Combine {
     const layout::IntranodeLayout lay(p.domain.shape);
     StoreConsumer fifo(storage.store_pipe, p.domain.wait());
     int64_t staged = 0, published = 0;  // staged rows whose store is issued, and released
+    [[maybe_unused]] uint32_t chunks = 0;  // partial chunks stored (Remote)
     for (;;) {
       const uint32_t slot = fifo.wait();
       const SlotTag tag = storage.store_tags[slot].load();
@@ -563,8 +688,22 @@ struct Combine {
         if (tag.flags & kDone) break;
         continue;
       }
+      if constexpr (Remote::kPartials) {
+        // The ring slot of a partial chunk is free once the RDMA warp's put of the
+        // chunk S before it has completed.
+        if (tag.flags & kChunkBegin) Remote::ring_acquire(storage.remote, p.remote, chunks);
+      }
       arch::bulk_copy_s2g(tag.dst, storage.store_slots[slot], tag.bytes);
       fifo.commit();
+      if constexpr (Remote::kPartials) {
+        if (tag.flags & kChunkEnd) {
+          // The chunk's rows have landed (and, the wait completed, are visible to the
+          // generic proxy); the barrier arrival releases them to the RDMA warp, whose
+          // release before the doorbell then covers them.
+          arch::bulk_wait_group<0>();
+          Remote::ring_commit(storage.remote, p.remote, chunks++);
+        }
+      }
       if (tag.publish_row >= 0) {
         storage.staged_row[staged % kPendingRows].store(tag.publish_row);
         storage.staged_groups[staged % kPendingRows].store(fifo.committed);

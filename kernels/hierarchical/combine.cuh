@@ -1,0 +1,218 @@
+// Railyard hierarchical combine: the intra-node combine (kernels/intranode/combine.cuh)
+// over a group of D NVLink domains of R ranks, with Partials as its Remote part. See
+// docs/design-internode.md, "Combine across domains".
+//
+// - Stage jobs as on one domain: every rank stages its expert outputs' rows.
+// - Partial jobs: for each token a rail peer forwarded to this domain at dispatch
+//   (HandleView::forward_pos, written by the dispatch), the fp32 sum of this domain's
+//   staged rows of it in ascending rank order, rounded to BF16 (semantics.md 7: BF16
+//   between domains), into the send ring of the token's domain.
+// - A seventh warp puts each ring chunk, once the store lane says its rows landed, to
+//   the rail peer's combine receive area with a signal, and frees the ring slot once
+//   the put completed (quiet(ticket)).
+// - Gather jobs pull this domain's rows over NVLink, and add the other domains'
+//   partials in ascending domain order, each domain's once its signal counts all of
+//   the chunks this rank's token rows for it make (packed as at dispatch:
+//   domain_pos). Any block may read any chunk, so the receiver counts a combine's
+//   chunks per remote domain (counters, written by the combine's last block).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/hierarchical/rail.cuh"
+#include "kernels/intranode/combine.cuh"
+#include "railyard/arch/mbarrier.cuh"
+#include "railyard/arch/memory.cuh"
+#include "railyard/arch/thread.cuh"
+#include "railyard/layout/hierarchical_layout.cuh"
+#include "railyard/pipeline/wait.cuh"
+#include "railyard/transport/contract.cuh"
+#include "railyard/transport/mlx5/lane.cuh"
+
+namespace railyard::kernels::hierarchical {
+
+struct Partials {
+  static constexpr bool kPartials = true;
+  static constexpr uint32_t kWarps = 1;
+
+  struct Params {
+    layout::HierarchicalShape shape;
+    int rank = 0;             // in the group
+    uint8_t* self = nullptr;  // this rank's registered buffer
+    const transport::mlx5::QueuePair* lanes = nullptr;  // [D - 1], remote_index order
+    pipeline::WaitPolicy wait;            // the ring hand-offs, the lanes' completions
+    pipeline::WaitPolicy handshake_wait;  // rail entries, other domains' partials
+  };
+  // The send ring's hand-off between the store lane and the RDMA warp, per ring slot
+  // (chunk k uses slot k mod S): `stored` completes once the chunk's rows landed,
+  // `sent` once its put completed.
+  struct Storage {
+    uint64_t stored[layout::kMaxChunksInFlight];
+    uint64_t sent[layout::kMaxChunksInFlight];
+  };
+
+  // By thread 0, before the pipelines' fence and the block barrier.
+  RAILYARD_DEVICE static void init(Storage& s) {
+    for (int k = 0; k < layout::kMaxChunksInFlight; ++k) {
+      arch::mbarrier_init(&s.stored[k], 1);
+      arch::mbarrier_init(&s.sent[k], 1);
+    }
+  }
+
+  // Calls fn(dst, positions, begin, end) for each partial row this block sends, in the
+  // order the RDMA warp puts their chunks: remote domains dealt to blocks round robin
+  // (r = block, block + blocks, ...), then the rows the rail peer there forwarded, in
+  // packed order. `positions`: the row's staged positions at this domain's ranks
+  // (forward_pos); `begin`, `end`: whether it begins or ends a chunk.
+  template <class Fn>
+  RAILYARD_DEVICE static void for_each_partial_row(const Params& p, const layout::HandleView& h, Fn&& fn) {
+    const layout::HierarchicalLayout H(p.shape);
+    const int R = p.shape.domain.ranks_per_domain, mine = p.rank / R, C = p.shape.chunk_tokens;
+    const int S = p.shape.chunks_in_flight, M = p.shape.domain.max_tokens;
+    uint32_t k = 0;  // the block's chunks so far
+    for (int r = static_cast<int>(blockIdx.x); r < H.remote_domains(); r += static_cast<int>(gridDim.x)) {
+      const int other = r < mine ? r : r + 1;
+      const int32_t rows = rows_from(p, H, h, other, mine);
+      for (int32_t i = 0; i < rows; ++i) {
+        const uint32_t chunk = k + static_cast<uint32_t>(i / C);
+        uint8_t* dst = p.self + H.combine_send_row_offset(r, static_cast<int>(chunk % S), i % C);
+        fn(dst, h.forward_pos + (int64_t{other} * M + i) * R, i % C == 0, i % C == C - 1 || i == rows - 1);
+      }
+      k += static_cast<uint32_t>((rows + C - 1) / C);
+    }
+  }
+
+  // The store lane: before the first store into chunk k's ring slot, and after its
+  // rows landed.
+  RAILYARD_DEVICE static void ring_acquire(Storage& s, const Params& p, uint32_t k) {
+    const auto S = static_cast<uint32_t>(p.shape.chunks_in_flight);
+    if (k < S) return;
+    const uint32_t slot = k % S, parity = (k / S - 1) & 1u;
+    pipeline::timeout_while([&] { return !arch::mbarrier_try_wait_parity(&s.sent[slot], parity); },
+                            {"combine: send-ring slot (index) put to the home rank, before chunk (value)",
+                             static_cast<int64_t>(slot), static_cast<int64_t>(k)},
+                            p.wait);
+  }
+  RAILYARD_DEVICE static void ring_commit(Storage& s, const Params& p, uint32_t k) {
+    (void)arch::mbarrier_arrive(&s.stored[k % static_cast<uint32_t>(p.shape.chunks_in_flight)]);
+  }
+
+  // The RDMA warp: for every remote domain dealt to this block, the rail entry, then
+  // each chunk of partials once stored, put with a signal to the rail peer; up to S
+  // puts in flight, a slot handed back once its own put completed.
+  RAILYARD_DEVICE static void send(const Params& p, const layout::HandleView& h, Storage& s) {
+    const layout::HierarchicalLayout H(p.shape);
+    const int R = p.shape.domain.ranks_per_domain, mine = p.rank / R, C = p.shape.chunk_tokens;
+    const auto S = static_cast<uint32_t>(p.shape.chunks_in_flight);
+    const auto row_bytes = static_cast<uint32_t>(H.wire_combine_row_bytes());
+    uint32_t k = 0, freed = 0;  // the block's chunks put, and handed back
+    uint64_t put_of_slot[layout::kMaxChunksInFlight] = {};
+    for (int r = static_cast<int>(blockIdx.x); r < H.remote_domains(); r += static_cast<int>(gridDim.x)) {
+      const int other = r < mine ? r : r + 1, peer = other * R + p.rank % R;
+      const int at_peer = layout::HierarchicalLayout::remote_index(other, mine);
+      const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p.lanes[r]);
+      transport::mlx5::Lane lane(qp, p.wait);
+      enter_rail(H, p.self, lane, qp.signal_order, r, peer, at_peer, p.handshake_wait);
+      const int32_t rows = rows_from(p, H, h, other, mine);
+      for (int32_t first = 0; first < rows; first += C, ++k) {
+        const uint32_t slot = k % S;
+        if (arch::lane_idx() == 0) {
+          pipeline::timeout_while(
+              [&] { return !arch::mbarrier_try_wait_parity(&s.stored[slot], (k / S) & 1u); },
+              {"combine RDMA send: partial rows of chunk (index) stored, block chunk (value)", first / C,
+               static_cast<int64_t>(k)},
+              p.wait);
+        }
+        __syncwarp();  // lane 0's acquire of the rows, before its doorbell's release
+        const int n = rows - first < C ? rows - first : C;
+        lane.put_signal({static_cast<uint64_t>(H.combine_send_row_offset(r, static_cast<int>(slot), 0))},
+                        {peer, static_cast<uint64_t>(H.combine_recv_row_offset(at_peer, first))},
+                        static_cast<uint32_t>(n) * row_bytes,
+                        {peer, static_cast<uint64_t>(H.combine_signal_offset(at_peer))}, 1);
+        lane.submit();
+        put_of_slot[slot] = lane.ticket();
+        if (k + 1 - freed == S) free_slot(lane, s, put_of_slot, freed++, S);
+      }
+      while (freed < k) free_slot(lane, s, put_of_slot, freed++, S);  // before the lane changes
+    }
+  }
+
+  // Lane 0 of a gather job: the other domains' partials of this rank's tokens.
+  class Gather {
+   public:
+    RAILYARD_DEVICE Gather(const Params& p, const layout::HandleView& h)
+        : p_(p), h_(h), H_(p.shape), R_(p.shape.domain.ranks_per_domain), mine_(p.rank / R_) {}
+    RAILYARD_DEVICE int num_domains() const { return p_.shape.num_domains; }
+    RAILYARD_DEVICE int own_domain() const { return mine_; }
+    RAILYARD_DEVICE int rank_in(int n) const { return n * R_; }
+
+    // Token t's partial from domain n (not this one), or null if t sent nothing there.
+    // The first call for a domain waits for all of its chunks of this combine.
+    RAILYARD_DEVICE const uint8_t* row(int64_t t, int n) {
+      const int32_t i = arch::ld_global(h_.domain_pos + t * num_domains() + n);
+      if (i < 0) return nullptr;
+      const int r = layout::HierarchicalLayout::remote_index(mine_, n);
+      if (((waited_ >> r) & 1u) == 0) {
+        const uint64_t target = consumed(p_, H_, r) + chunks_to(p_, H_, h_, n);
+        const transport::SignalOrder order = transport::mlx5::load_queue_pair(&p_.lanes[r]).signal_order;
+        transport::wait_signal(reinterpret_cast<const uint64_t*>(p_.self + H_.combine_signal_offset(r)), target, order,
+                               {"combine: partials of domain (index) from rail peer rank (value)", n,
+                                n * R_ + p_.rank % R_},
+                               p_.handshake_wait);
+        waited_ |= uint64_t{1} << r;
+      }
+      return p_.self + H_.combine_recv_row_offset(r, i);
+    }
+
+   private:
+    const Params& p_;
+    layout::HandleView h_;
+    layout::HierarchicalLayout H_;
+    int R_, mine_;
+    uint64_t waited_ = 0;  // remote domains whose partials are in
+  };
+
+  // The combine's last block: every remote domain's chunks of this combine consumed.
+  RAILYARD_DEVICE static void finish(const Params& p, const layout::HandleView& h) {
+    const layout::HierarchicalLayout H(p.shape);
+    const int mine = p.rank / p.shape.domain.ranks_per_domain;
+    for (int r = 0; r < H.remote_domains(); ++r) {
+      const int other = r < mine ? r : r + 1;
+      arch::st_global(reinterpret_cast<uint64_t*>(p.self + H.combine_consumed_offset(r)),
+                      consumed(p, H, r) + chunks_to(p, H, h, other));
+    }
+  }
+
+ private:
+  // Rows the rail peer in domain `other` forwarded to domain `mine` (its count row).
+  RAILYARD_DEVICE static int32_t rows_from(const Params& p, const layout::HierarchicalLayout& H,
+                                           const layout::HandleView& h, int other, int mine) {
+    const layout::IntranodeLayout& L = H.nvlink();
+    const int R = p.shape.domain.ranks_per_domain, src = other * R + p.rank % R;
+    return arch::ld_global(h.count_matrix + int64_t{src} * L.count_row_ints() +
+                           layout::count_to_domain(L.shape().ranks_per_domain, L.shape().num_local_experts, mine));
+  }
+  // Chunks of this rank's rows for domain n (its count row): the partials that come back.
+  RAILYARD_DEVICE static uint64_t chunks_to(const Params& p, const layout::HierarchicalLayout& H,
+                                            const layout::HandleView& h, int n) {
+    const layout::IntranodeLayout& L = H.nvlink();
+    const int32_t rows = arch::ld_global(h.count_matrix + int64_t{p.rank} * L.count_row_ints() +
+                                         layout::count_to_domain(L.shape().ranks_per_domain,
+                                                                 L.shape().num_local_experts, n));
+    return static_cast<uint64_t>((rows + p.shape.chunk_tokens - 1) / p.shape.chunk_tokens);
+  }
+  RAILYARD_DEVICE static uint64_t consumed(const Params& p, const layout::HierarchicalLayout& H, int r) {
+    return arch::ld_global(reinterpret_cast<const uint64_t*>(p.self + H.combine_consumed_offset(r)));
+  }
+  // Warp-collective: chunk `k`'s put has completed; its slot goes back to the store lane.
+  RAILYARD_DEVICE static void free_slot(transport::mlx5::Lane& lane, Storage& s, const uint64_t* put_of_slot,
+                                        uint32_t k, uint32_t S) {
+    lane.quiet(put_of_slot[k % S]);
+    if (arch::lane_idx() == 0) (void)arch::mbarrier_arrive(&s.sent[k % S]);
+    __syncwarp();
+  }
+};
+
+using Combine = intranode::Combine<intranode::kCombineSlotBytes, intranode::kCombineStages, Partials>;
+
+}  // namespace railyard::kernels::hierarchical

@@ -1,0 +1,32 @@
+// Railyard hierarchical combine: host interface. The kernel is in combine.cuh, the
+// launcher in src/kernels/hierarchical_combine.cu. See docs/design-internode.md,
+// "Combine across domains".
+#pragma once
+
+#include "kernels/intranode/combine.hpp"
+#include "railyard/common/gpu_stream.hpp"
+#include "railyard/common/status.hpp"
+#include "railyard/layout/hierarchical_layout.cuh"
+#include "railyard/transport/mlx5/queue_pair.hpp"
+
+namespace railyard::kernels::hierarchical {
+
+struct CombineArguments {
+  // The call as on one NVLink domain, over the whole group (as for the dispatch): the
+  // handle the hierarchical metadata and dispatch of this call filled. Every domain's
+  // partial is rounded to BF16 (semantics.md 7): ranks_per_partial must be 0 or the
+  // ranks of one NVLink domain. The probs combine does not cross domains yet:
+  // input_probs and combined_probs must be null.
+  intranode::CombineArguments combine;
+  layout::HierarchicalShape shape;
+  // As for the dispatch: a lane towards each rail peer, D - 1 of them in the order of
+  // HierarchicalLayout::remote_index; block b drives those of remote domains b,
+  // b + num_blocks, ...
+  const transport::mlx5::QueuePair* lanes = nullptr;
+};
+
+// Checks the arguments (errors name the argument and the expected value) and the
+// device, then enqueues the combine on `stream`. Every rank of the group must call it.
+Status launch_combine(const CombineArguments& args, GpuStream stream);
+
+}  // namespace railyard::kernels::hierarchical

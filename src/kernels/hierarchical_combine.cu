@@ -1,0 +1,42 @@
+// Railyard hierarchical combine: host launcher, compiled by nvcc and (simulator
+// flavour) by the host compiler.
+#include "kernels/hierarchical/combine.cuh"
+
+#include <string>
+
+#include "kernels/common/launch.hpp"
+#include "kernels/hierarchical/combine.hpp"
+#include "kernels/hierarchical/group_checks.hpp"
+
+namespace railyard::kernels::hierarchical {
+
+Status launch_combine(const CombineArguments& a, GpuStream stream) {
+  const std::string who = "hierarchical combine";
+  if (Status st = check_group(who, "combine.domain", a.shape, a.combine.domain, a.lanes); !st.ok()) return st;
+  const int R = a.shape.domain.ranks_per_domain;
+  intranode::CombineArguments args = a.combine;
+  if (args.ranks_per_partial != 0 && args.ranks_per_partial != R)
+    return Status::invalid_argument(who + ": combine.ranks_per_partial is " + std::to_string(args.ranks_per_partial) +
+                                    "; expected 0 or " + std::to_string(R) +
+                                    " (each NVLink domain's partial is rounded to BF16)");
+  if (args.input_probs != nullptr || args.combined_probs != nullptr)
+    return Status::unsupported(who + ": combine.input_probs and combined_probs must be null: the probs combine does "
+                                     "not cross NVLink domains yet");
+  args.ranks_per_partial = R;
+  if (Status st = Combine::can_implement(args); !st.ok()) return st;
+  if (Status st = check_all_blocks_resident("hierarchical combine", args.num_blocks, Combine::shared_memory_bytes(),
+                                            stream);
+      !st.ok())
+    return st;
+  Combine::Params p = Combine::to_params(args);
+  p.remote.shape = a.shape;
+  p.remote.rank = p.domain.rank;
+  p.remote.self = p.domain.self();
+  p.remote.lanes = a.lanes;
+  p.remote.wait = p.domain.wait();
+  p.remote.handshake_wait = p.domain.handshake_wait();
+  return launch<Combine>(p, dim3(static_cast<unsigned>(args.num_blocks)), dim3(Combine::kMaxThreadsPerBlock),
+                         Combine::shared_memory_bytes(), stream);
+}
+
+}  // namespace railyard::kernels::hierarchical

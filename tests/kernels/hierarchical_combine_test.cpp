@@ -1,0 +1,230 @@
+// kernels/hierarchical/combine.cuh in the simulator, across NVLink domains joined by
+// simulated ConnectX NICs: the hierarchical metadata, dispatch and combine on every
+// rank of the group, enqueued back to back; every rank's combined rows equal
+// railyard::reference's combine for the whole group (each NVLink domain's partial
+// rounded to BF16, the partials summed in ascending domain order), bit for bit, for
+// expert outputs in the received and the expert-grouped layout. A home token's row
+// crosses each NIC at most once per domain it was sent to: the NIC bytes of the
+// combine from each rank to each rail peer are exactly the partials it sends back (the
+// rows that peer packed for its domain at dispatch), a signal per chunk and its rail
+// entry. In the weak memory mode with NIC stalls and relaxed-ordering placement too.
+#include "kernels/hierarchical/combine.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/kernels/hierarchical_call.hpp"
+
+namespace railyard {
+namespace {
+
+namespace ref = railyard::reference;
+using kernels::intranode::CombineInputLayout;
+using layout::HierarchicalLayout;
+using layout::HierarchicalShape;
+using test::Case;
+using test::Group;
+using test::GroupCall;
+using test::GroupSetup;
+
+// Received rows below `bound` (-1: all), as the combine's input in the received layout.
+ref::ReceivedRows truncate(const ref::World& w, ref::ReceivedRows rows, int64_t bound) {
+  if (bound < 0 || bound >= rows.num_rows()) return rows;
+  const int El = w.num_local_experts();
+  rows.hidden.bytes.resize(static_cast<std::size_t>(bound) * w.hidden * dtype_bytes(rows.hidden.dtype));
+  rows.probs.resize(static_cast<std::size_t>(bound) * El);
+  rows.routing_map.resize(static_cast<std::size_t>(bound) * El);
+  rows.src_rank.resize(static_cast<std::size_t>(bound));
+  rows.src_token.resize(static_cast<std::size_t>(bound));
+  return rows;
+}
+
+// One combine of every rank: random expert outputs for its rows (received rows below
+// the bound, or permuted rows below it), the reference's combined rows, and the device
+// side.
+struct CombineCall {
+  GroupCall dispatch;
+  std::vector<ref::CombineInput> inputs;
+  std::vector<ref::CombineOutput> expected;
+  std::vector<bf16*> input, out;
+  std::vector<int64_t> input_rows;
+};
+
+CombineCall prepare(Group& group, const Case& c, const HierarchicalShape& shape, CombineInputLayout layout,
+                    uint64_t seed) {
+  const bool permuted = layout == CombineInputLayout::Permuted;
+  CombineCall call{test::prepare(group, c, shape, permuted ? test::kGrouped : test::kReceived, seed, 0), {}, {}, {}, {},
+                   {}};
+  const test::ReferenceCall& r = call.dispatch.ref;
+  std::mt19937_64 rng(seed * 1000003 + 11);
+  std::uniform_int_distribution<int> value(-512, 511);
+  ref::DispatchResult bounded = r.received;
+  std::vector<ref::PermutedRows> bounded_permuted;
+  for (int g = 0; g < c.group(); ++g) {
+    int64_t rows;
+    if (permuted) {
+      ref::PermuteOptions po{.pad_multiple = c.options.pad_multiple};
+      if (c.options.permuted_bound(g) >= 0) po.max_permuted_rows = c.options.permuted_bound(g);
+      bounded_permuted.push_back(ref::permute(r.world, r.received.ranks[g], po));
+      rows = bounded_permuted.back().num_rows();
+    } else {
+      bounded.ranks[g] = truncate(r.world, r.received.ranks[g], c.options.recv_bound(g));
+      rows = bounded.ranks[g].num_rows();
+    }
+    ref::CombineInput in;
+    in.hidden.resize(static_cast<std::size_t>(rows) * c.hidden);
+    for (bf16& v : in.hidden) v = float_to_bf16(static_cast<float>(value(rng)) / 64.0f);
+    call.input.push_back(group.copy_in(g, in.hidden, "expert_out"));
+    call.out.push_back(group.alloc<bf16>(g, static_cast<std::size_t>(c.tokens_of(g)) * c.hidden, "out"));
+    call.input_rows.push_back(rows);
+    call.inputs.push_back(std::move(in));
+  }
+  call.expected = permuted ? ref::combine_with_unpermute(r.world, ref::PermutedDispatchResult{r.received, bounded_permuted},
+                                                         call.inputs)
+                           : ref::combine(r.world, bounded, call.inputs);
+  return call;
+}
+
+kernels::hierarchical::CombineArguments combine_arguments(Group& group, const CombineCall& call, int g,
+                                                          const HierarchicalShape& shape, CombineInputLayout layout,
+                                                          int blocks) {
+  kernels::hierarchical::CombineArguments a;
+  kernels::intranode::CombineArguments& k = a.combine;
+  k.domain = group.domain(g);
+  k.handle = call.dispatch.ranks[g].handle;
+  k.recv_capacity = group.layout().nvlink().stage_capacity_rows();
+  k.num_tokens = call.dispatch.ref.inputs[g].num_tokens;
+  k.input_layout = layout;
+  k.input = call.input[g];
+  k.num_input_rows = call.input_rows[g];
+  k.out = call.out[g];
+  k.num_blocks = blocks;
+  k.chunk_rows = 4;
+  a.shape = shape;
+  a.lanes = group.lanes(g);
+  return a;
+}
+
+// `calls` (metadata, dispatch, combine) triples on every rank, enqueued back to back,
+// then every call's combined rows against the reference. With one call, the NIC bytes
+// of the combine alone (metadata and dispatch run and synchronised first).
+void run_case(const Case& c, uint64_t seed, const GroupSetup& setup, CombineInputLayout layout, int blocks,
+              int calls = 1) {
+  const HierarchicalShape shape = test::shape_of(c, test::max_tokens_of(c));
+  Group group(shape, seed, setup);
+  const int G = c.group();
+  const bool permuted = layout == CombineInputLayout::Permuted;
+  const std::string where = c.describe() + (permuted ? " permuted" : " received") + " blocks " +
+                            std::to_string(blocks) + " seed " + std::to_string(seed);
+  SCOPED_TRACE(where);
+  std::vector<CombineCall> all;
+  for (int call = 0; call < calls; ++call) all.push_back(prepare(group, c, shape, layout, seed * 31 + call));
+  const test::Launch launch{permuted ? test::kGrouped : test::kReceived, blocks};
+  std::vector<std::string> errors(static_cast<std::size_t>(G));
+  const auto check = [&](int g, const char* what, const Status& st) {
+    if (!st.ok()) errors[static_cast<std::size_t>(g)] += std::string(what) + ": " + st.to_string() + "; ";
+  };
+  const auto dispatch = [&](int g, const CombineCall& call) {
+    check(g, "metadata", test::enqueue_metadata(group, c, shape, call.dispatch, g));
+    check(g, "dispatch",
+          kernels::hierarchical::launch_dispatch(test::dispatch_arguments(group, call.dispatch, g, shape, launch),
+                                                 sim::default_stream(g)));
+  };
+  const auto combine = [&](int g, const CombineCall& call) {
+    check(g, "combine",
+          kernels::hierarchical::launch_combine(combine_arguments(group, call, g, shape, layout, blocks),
+                                                sim::default_stream(g)));
+  };
+  if (calls == 1) {
+    sim::run_ranks(G, [&](int g) {
+      dispatch(g, all[0]);
+      sim::stream_synchronize(sim::default_stream(g));
+    });
+    sim::reset_traffic();
+  }
+  sim::run_ranks(G, [&](int g) {
+    for (const CombineCall& call : all) {
+      if (calls > 1) dispatch(g, call);
+      combine(g, call);
+    }
+    sim::stream_synchronize(sim::default_stream(g));
+  });
+  for (int g = 0; g < G; ++g) ASSERT_EQ(errors[g], "") << "rank " << g;
+  for (int call = 0; call < calls; ++call)
+    for (int g = 0; g < G; ++g) {
+      const std::vector<bf16>& want = all[call].expected[g].hidden;
+      test::expect_bytes_eq(all[call].out[g], want.data(), want.size(), static_cast<std::size_t>(c.hidden),
+                            where + " call " + std::to_string(call) + " rank " + std::to_string(g) + ": combined rows");
+    }
+  if (calls > 1 || ::testing::Test::HasFailure()) return;
+  // NIC bytes of the combine: from each rank to each rail peer, one BF16 partial per row
+  // the peer packed for this rank's domain at dispatch, a signal per chunk, its rail
+  // entry; nothing to any other rank.
+  const HierarchicalLayout& H = group.layout();
+  const layout::IntranodeLayout& L = H.nvlink();
+  const sim::Traffic traffic = sim::traffic();
+  const int R = c.ranks_per_domain, C = c.chunk_tokens;
+  for (int g = 0; g < G; ++g) {
+    const std::vector<uint8_t> bytes = test::reference_handle(L, all[0].dispatch.ref, g, 0);
+    const layout::HandleView want = layout::HandleView::carve(L, const_cast<uint8_t*>(bytes.data()), 0);
+    for (int q = 0; q < G; ++q) {
+      uint64_t expected = 0;
+      if (q % R == g % R && q / R != g / R) {
+        const int64_t rows = want.count_matrix[q * L.count_row_ints() + layout::count_to_domain(G, c.local_experts, g / R)];
+        expected = static_cast<uint64_t>(rows) * H.wire_combine_row_bytes() + 8 * ((rows + C - 1) / C + 1);
+      }
+      EXPECT_EQ(traffic.nic_sent(g, q), expected) << "NIC bytes from rank " << g << " to " << q;
+    }
+  }
+}
+
+// Case: domains, ranks per domain, tokens, top-k, experts per rank, map routing,
+// routing, options, hidden, dtype, chunk tokens, chunks in flight.
+TEST(HierarchicalCombine, MatchesTheReferenceAcrossDomains) {
+  const std::vector<Case> cases = {
+      {2, 1, {0}, 1, 1, false, test::Routing::Uniform, {}, 16, DType::BF16, 4},
+      {2, 1, {1, 5}, 8, 8, false, test::Routing::Uniform, {}, 16, DType::BF16, 4},
+      {2, 2, {9, 0, 17, 33}, 2, 2, false, test::Routing::Uniform, {}, 64, DType::BF16, 4, 2},
+      {3, 2, {1, 65, 0, 7, 40, 33}, 8, 2, true, test::Routing::Uniform, {}, 128, DType::BF16, 8, 1},
+      {4, 1, {20, 5, 64, 9}, 4, 8, false, test::Routing::Skewed, {{}, {}, 4}, 64, DType::BF16, 4},
+      {2, 4, {12, 3, 0, 7, 30, 1, 9, 16}, 8, 1, false, test::Routing::Uniform, {}, 16, DType::BF16, 8},
+  };
+  for (const Case& c : cases)
+    for (CombineInputLayout layout : {CombineInputLayout::Received, CombineInputLayout::Permuted})
+      for (int blocks : {1, 3}) {
+        run_case(c, 1, GroupSetup{}, layout, blocks);
+        if (HasFailure()) return;
+      }
+}
+
+// Bounds, different per rank: on received rows for expert outputs in the received
+// layout, on permuted rows (padding counted) in the expert-grouped one (semantics.md
+// 6: each layout's own bound). Dropped rows contribute nothing, to their domain's
+// partial as to the home domain's.
+TEST(HierarchicalCombine, BoundedRowsContributeNothing) {
+  const Case c{2, 2, {17, 9, 30, 4}, 4, 2, false, test::Routing::Uniform, {}, 32, DType::BF16, 4};
+  Case received = c, permuted = c;
+  received.options = {{3, -1, 0, 20}, {}, 1};
+  permuted.options = {{}, {5, 2, -1, 0}, 2};
+  run_case(received, 2, GroupSetup{}, CombineInputLayout::Received, 2);
+  if (HasFailure()) return;
+  run_case(permuted, 2, GroupSetup{}, CombineInputLayout::Permuted, 2);
+}
+
+// Calls back to back without a host synchronisation, in the weak memory mode with
+// NICs that stall and place relaxed-ordering writes in 64-byte pieces: the send rings
+// wrap (4-token chunks, 1 and 2 slots), the combine signals and counters carry over.
+TEST(HierarchicalCombine, WeakMemoryNicDelaysAndCallsBackToBack) {
+  run_case({3, 2, {30, 2, 17, 0, 64, 9}, 4, 2, false, test::Routing::Uniform, {}, 64, DType::BF16, 4, 2}, 2,
+           test::weak_with_nic_delays(64), CombineInputLayout::Received, 2, 3);
+  if (HasFailure()) return;
+  run_case({2, 2, {25}, 8, 8, true, test::Routing::Uniform, {}, 64, DType::BF16, 4, 1}, 3,
+           test::weak_with_nic_delays(64), CombineInputLayout::Permuted, 1, 3);
+}
+
+}  // namespace
+}  // namespace railyard
