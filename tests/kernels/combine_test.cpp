@@ -87,18 +87,6 @@ bf16 random_value(std::mt19937_64& rng) {
   return float_to_bf16(std::ldexp(mant(rng), exponent));
 }
 
-// The received layout of rank d as a dispatch with bound `bound` leaves it.
-ref::ReceivedRows truncate(const ref::World& w, ref::ReceivedRows rows, int64_t bound) {
-  if (bound < 0 || bound >= rows.num_rows()) return rows;
-  const int El = w.num_local_experts();
-  rows.hidden.bytes.resize(static_cast<std::size_t>(bound) * w.hidden * dtype_bytes(rows.hidden.dtype));
-  rows.probs.resize(static_cast<std::size_t>(bound) * El);
-  rows.routing_map.resize(static_cast<std::size_t>(bound) * El);
-  rows.src_rank.resize(static_cast<std::size_t>(bound));
-  rows.src_token.resize(static_cast<std::size_t>(bound));
-  return rows;
-}
-
 // One case, host side: the reference call, every rank's expert outputs and the
 // expected results.
 struct Prepared {
@@ -125,7 +113,7 @@ Prepared prepare(const Case& c, uint64_t seed) {
     const int64_t cap = c.input_rows_cap.empty() ? -1 : c.input_rows_cap[d];
     const auto with_cap = [cap](int64_t bound) { return cap < 0 ? bound : bound < 0 ? cap : std::min(bound, cap); };
     if (c.layout == CombineInputLayout::Received) {
-      bounded.ranks[d] = truncate(p.world, p.call.received.ranks[d], with_cap(c.options.recv_bound(d)));
+      bounded.ranks[d] = test::truncate_received(p.world, p.call.received.ranks[d], with_cap(c.options.recv_bound(d)));
       rows = bounded.ranks[d].num_rows();
       probs_per_row = El;
     } else {

@@ -93,4 +93,45 @@ inline Status enqueue_metadata(Group& group, const Case& c, const HierarchicalSh
       sim::default_stream(g));
 }
 
+// The groups the dispatch and combine tests run over. Case: domains, ranks per domain,
+// tokens, top-k, experts per rank, map routing, routing, options, hidden, dtype (the
+// dispatch's), chunk tokens, chunks in flight.
+inline std::vector<Case> group_matrix() {
+  return {
+      {2, 1, {0}, 1, 1, false, Routing::Uniform, {}, 16, DType::BF16, 4},
+      {2, 1, {1, 5}, 8, 8, false, Routing::Uniform, {}, 16, DType::BF16, 4},
+      {2, 2, {9, 0, 17, 33}, 2, 2, false, Routing::Uniform, {}, 64, DType::BF16, 4, 2},
+      {3, 2, {1, 65, 0, 7, 40, 33}, 8, 2, true, Routing::Uniform, {}, 128, DType::FP8_E4M3, 8, 1},
+      {4, 1, {20, 5, 64, 9}, 4, 8, false, Routing::Skewed, {{}, {}, 4}, 64, DType::BF16, 4},
+      {2, 4, {12, 3, 0, 7, 30, 1, 9, 16}, 8, 1, false, Routing::Uniform, {}, 16, DType::BF16, 8},
+  };
+}
+
+// The NIC bytes of one dispatch (or combine) since sim::reset_traffic(): from each
+// rank g to each rail peer q, the rows packed between them, `row_bytes` each, one
+// 8-byte signal per chunk and the rail entry; nothing to any other rank. The rows
+// are what the reference's count row of g (dispatch: rows g packed for q's domain) or
+// of q (combine: the partials of the rows q packed for g's domain) says.
+enum class Direction { Dispatch, Combine };
+inline void expect_rail_nic_bytes(const Group& group, const Case& c, const ReferenceCall& ref, Direction direction,
+                                  int64_t row_bytes) {
+  const layout::IntranodeLayout& L = group.layout().nvlink();
+  const int G = c.group(), R = c.ranks_per_domain, C = c.chunk_tokens;
+  const sim::Traffic traffic = sim::traffic();
+  for (int g = 0; g < G; ++g) {
+    for (int q = 0; q < G; ++q) {
+      uint64_t expected = 0;
+      if (q % R == g % R && q / R != g / R) {
+        const int packer = direction == Direction::Dispatch ? g : q, to = direction == Direction::Dispatch ? q : g;
+        const std::vector<uint8_t> bytes = reference_handle(L, ref, packer, 0);
+        const layout::HandleView want = layout::HandleView::carve(L, const_cast<uint8_t*>(bytes.data()), 0);
+        const int64_t rows =
+            want.count_matrix[packer * L.count_row_ints() + layout::count_to_domain(G, c.local_experts, to / R)];
+        expected = static_cast<uint64_t>(rows * row_bytes + 8 * ((rows + C - 1) / C + 1));
+      }
+      EXPECT_EQ(traffic.nic_sent(g, q), expected) << "NIC bytes from rank " << g << " to " << q;
+    }
+  }
+}
+
 }  // namespace railyard::test

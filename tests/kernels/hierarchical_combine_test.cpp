@@ -31,18 +31,6 @@ using test::Group;
 using test::GroupCall;
 using test::GroupSetup;
 
-// Received rows below `bound` (-1: all), as the combine's input in the received layout.
-ref::ReceivedRows truncate(const ref::World& w, ref::ReceivedRows rows, int64_t bound) {
-  if (bound < 0 || bound >= rows.num_rows()) return rows;
-  const int El = w.num_local_experts();
-  rows.hidden.bytes.resize(static_cast<std::size_t>(bound) * w.hidden * dtype_bytes(rows.hidden.dtype));
-  rows.probs.resize(static_cast<std::size_t>(bound) * El);
-  rows.routing_map.resize(static_cast<std::size_t>(bound) * El);
-  rows.src_rank.resize(static_cast<std::size_t>(bound));
-  rows.src_token.resize(static_cast<std::size_t>(bound));
-  return rows;
-}
-
 // One combine of every rank: random expert outputs for its rows (received rows below
 // the bound, or permuted rows below it), the reference's combined rows, and the device
 // side.
@@ -72,7 +60,7 @@ CombineCall prepare(Group& group, const Case& c, const HierarchicalShape& shape,
       bounded_permuted.push_back(ref::permute(r.world, r.received.ranks[g], po));
       rows = bounded_permuted.back().num_rows();
     } else {
-      bounded.ranks[g] = truncate(r.world, r.received.ranks[g], c.options.recv_bound(g));
+      bounded.ranks[g] = test::truncate_received(r.world, r.received.ranks[g], c.options.recv_bound(g));
       rows = bounded.ranks[g].num_rows();
     }
     ref::CombineInput in;
@@ -164,36 +152,12 @@ void run_case(const Case& c, uint64_t seed, const GroupSetup& setup, CombineInpu
   // NIC bytes of the combine: from each rank to each rail peer, one BF16 partial per row
   // the peer packed for this rank's domain at dispatch, a signal per chunk, its rail
   // entry; nothing to any other rank.
-  const HierarchicalLayout& H = group.layout();
-  const layout::IntranodeLayout& L = H.nvlink();
-  const sim::Traffic traffic = sim::traffic();
-  const int R = c.ranks_per_domain, C = c.chunk_tokens;
-  for (int g = 0; g < G; ++g) {
-    const std::vector<uint8_t> bytes = test::reference_handle(L, all[0].dispatch.ref, g, 0);
-    const layout::HandleView want = layout::HandleView::carve(L, const_cast<uint8_t*>(bytes.data()), 0);
-    for (int q = 0; q < G; ++q) {
-      uint64_t expected = 0;
-      if (q % R == g % R && q / R != g / R) {
-        const int64_t rows = want.count_matrix[q * L.count_row_ints() + layout::count_to_domain(G, c.local_experts, g / R)];
-        expected = static_cast<uint64_t>(rows) * H.wire_combine_row_bytes() + 8 * ((rows + C - 1) / C + 1);
-      }
-      EXPECT_EQ(traffic.nic_sent(g, q), expected) << "NIC bytes from rank " << g << " to " << q;
-    }
-  }
+  test::expect_rail_nic_bytes(group, c, all[0].dispatch.ref, test::Direction::Combine,
+                              group.layout().wire_combine_row_bytes());
 }
 
-// Case: domains, ranks per domain, tokens, top-k, experts per rank, map routing,
-// routing, options, hidden, dtype, chunk tokens, chunks in flight.
 TEST(HierarchicalCombine, MatchesTheReferenceAcrossDomains) {
-  const std::vector<Case> cases = {
-      {2, 1, {0}, 1, 1, false, test::Routing::Uniform, {}, 16, DType::BF16, 4},
-      {2, 1, {1, 5}, 8, 8, false, test::Routing::Uniform, {}, 16, DType::BF16, 4},
-      {2, 2, {9, 0, 17, 33}, 2, 2, false, test::Routing::Uniform, {}, 64, DType::BF16, 4, 2},
-      {3, 2, {1, 65, 0, 7, 40, 33}, 8, 2, true, test::Routing::Uniform, {}, 128, DType::BF16, 8, 1},
-      {4, 1, {20, 5, 64, 9}, 4, 8, false, test::Routing::Skewed, {{}, {}, 4}, 64, DType::BF16, 4},
-      {2, 4, {12, 3, 0, 7, 30, 1, 9, 16}, 8, 1, false, test::Routing::Uniform, {}, 16, DType::BF16, 8},
-  };
-  for (const Case& c : cases)
+  for (const Case& c : test::group_matrix())
     for (CombineInputLayout layout : {CombineInputLayout::Received, CombineInputLayout::Permuted})
       for (int blocks : {1, 3}) {
         run_case(c, 1, GroupSetup{}, layout, blocks);

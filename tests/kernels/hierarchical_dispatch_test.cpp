@@ -89,38 +89,14 @@ void run_case(const Case& c, uint64_t seed, const GroupSetup& setup, const Launc
     if (::testing::Test::HasFailure()) return;
   }
   if (calls > 1) return;
-  // NIC bytes of the dispatch: from each rank to each rail peer, its packed wire rows,
-  // one 8-byte signal per chunk and its rail entry; nothing to any other rank.
-  const HierarchicalLayout& H = group.layout();
-  const sim::Traffic traffic = sim::traffic();
-  const int R = c.ranks_per_domain, C = c.chunk_tokens;
-  for (int g = 0; g < G; ++g) {
-    const std::vector<uint8_t> bytes = test::reference_handle(L, all[0].ref, g, 0);
-    const layout::HandleView want = layout::HandleView::carve(L, const_cast<uint8_t*>(bytes.data()), 0);
-    for (int q = 0; q < G; ++q) {
-      uint64_t expected = 0;
-      if (q % R == g % R && q / R != g / R) {
-        const int64_t packed =
-            want.count_matrix[g * L.count_row_ints() + layout::count_to_domain(G, c.local_experts, q / R)];
-        expected = static_cast<uint64_t>(packed) * H.wire_dispatch_row_bytes() + 8 * ((packed + C - 1) / C + 1);
-      }
-      EXPECT_EQ(traffic.nic_sent(g, q), expected) << "NIC bytes from rank " << g << " to " << q;
-    }
-  }
+  // NIC bytes of the dispatch: its packed wire rows, a signal per chunk and the rail
+  // entry from each rank to each rail peer, nothing else.
+  test::expect_rail_nic_bytes(group, c, all[0].ref, test::Direction::Dispatch,
+                              group.layout().wire_dispatch_row_bytes());
 }
 
-// Case: domains, ranks per domain, tokens, top-k, experts per rank, map routing,
-// routing, options, hidden, dtype, chunk tokens, chunks in flight.
 TEST(HierarchicalDispatch, MatchesTheReferenceAcrossDomains) {
-  const std::vector<Case> cases = {
-      {2, 1, {0}, 1, 1, false, test::Routing::Uniform, {}, 16, DType::BF16, 4},
-      {2, 1, {1, 5}, 8, 8, false, test::Routing::Uniform, {}, 16, DType::BF16, 4},
-      {2, 2, {9, 0, 17, 33}, 2, 2, false, test::Routing::Uniform, {}, 64, DType::BF16, 4, 2},
-      {3, 2, {1, 65, 0, 7, 40, 33}, 8, 2, true, test::Routing::Uniform, {}, 128, kFp8, 8},
-      {4, 1, {20, 5, 64, 9}, 4, 8, false, test::Routing::Skewed, {{}, {}, 4}, 64, DType::BF16, 4},
-      {2, 4, {12, 3, 0, 7, 30, 1, 9, 16}, 8, 1, false, test::Routing::Uniform, {}, 16, DType::BF16, 8},
-  };
-  for (const Case& c : cases)
+  for (const Case& c : test::group_matrix())
     for (DispatchOutput output : {kReceived, kGrouped})
       for (int blocks : {1, 3}) {
         run_case(c, 1, GroupSetup{}, {output, blocks});

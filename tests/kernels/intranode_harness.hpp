@@ -286,6 +286,19 @@ inline ReferenceCall reference_call(const ref::World& world, std::vector<ref::Ra
   return c;
 }
 
+// The received layout of a rank as a dispatch with bound `bound` (-1: none) leaves it:
+// the rows below the bound (the combine's input in the received layout).
+inline ref::ReceivedRows truncate_received(const ref::World& w, ref::ReceivedRows rows, int64_t bound) {
+  if (bound < 0 || bound >= rows.num_rows()) return rows;
+  const int El = w.num_local_experts();
+  rows.hidden.bytes.resize(static_cast<std::size_t>(bound) * w.hidden * dtype_bytes(rows.hidden.dtype));
+  rows.probs.resize(static_cast<std::size_t>(bound) * El);
+  rows.routing_map.resize(static_cast<std::size_t>(bound) * El);
+  rows.src_rank.resize(static_cast<std::size_t>(bound));
+  rows.src_token.resize(static_cast<std::size_t>(bound));
+  return rows;
+}
+
 // The handle of `rank` as bytes: what metadata (home side, counts, totals) and
 // dispatch (expert side) must write. recv_capacity as passed to alloc_handle.
 inline std::vector<uint8_t> reference_handle(const IntranodeLayout& L, const ReferenceCall& call, int rank,
