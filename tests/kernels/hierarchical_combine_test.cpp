@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -188,6 +189,42 @@ TEST(HierarchicalCombine, WeakMemoryNicDelaysAndCallsBackToBack) {
   if (HasFailure()) return;
   run_case({2, 2, {25}, 8, 8, true, test::Routing::Uniform, {}, 64, DType::BF16, 4, 1}, 3,
            test::weak_with_nic_delays(64), CombineInputLayout::Permuted, 1, 3);
+}
+
+// The launcher refuses what the kernel cannot do, naming the argument and the value
+// it expected; nothing is launched.
+TEST(HierarchicalCombine, ArgumentErrorsNameTheArgument) {
+  const Case c{2, 2, {4}, 2, 2};
+  const HierarchicalShape shape = test::shape_of(c, 4);
+  Group group(shape, 1, GroupSetup{});
+  const CombineCall call = prepare(group, c, shape, CombineInputLayout::Received, 1);
+  float* probs = group.alloc<float>(2, 64, "probs");
+  using Args = kernels::hierarchical::CombineArguments;
+  const struct {
+    std::function<void(Args&)> edit;
+    const char* expected;
+  } refusals[] = {
+      {[](Args& a) { a.shape.num_domains = 1; }, "hierarchical combine: shape.num_domains is 1; expected 2..64"},
+      {[](Args& a) { a.lanes = nullptr; }, "hierarchical combine: lanes is null; expected 1 queue pairs"},
+      {[](Args& a) { a.combine.domain.nvlink_first = 0; },
+       "combine.domain.nvlink_first, nvlink_ranks are 0, 2; expected 2, 2 (the NVLink domain of rank 2)"},
+      {[](Args& a) { a.combine.ranks_per_partial = 1; },
+       "hierarchical combine: combine.ranks_per_partial is 1; expected 0 or 2 (each NVLink domain's partial is "
+       "rounded to BF16)"},
+      {[&](Args& a) {
+         a.combine.input_probs = probs;
+         a.combine.combined_probs = probs;
+       },
+       "combine.input_probs and combined_probs must be null: the probs combine does not cross NVLink domains yet"},
+      {[](Args& a) { a.combine.num_tokens = 5; }, "num_tokens is 5; expected 0..4"},
+      {[](Args& a) { a.combine.num_blocks = 1000; }, "hierarchical combine: num_blocks is 1000; expected 1.."},
+  };
+  for (const auto& refusal : refusals) {
+    Args a = combine_arguments(group, call, 2, shape, CombineInputLayout::Received, 1);
+    refusal.edit(a);
+    const Status st = kernels::hierarchical::launch_combine(a, sim::default_stream(2));
+    EXPECT_NE(st.to_string().find(refusal.expected), std::string::npos) << st.to_string();
+  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -218,6 +219,34 @@ TEST(HierarchicalDispatch, ALinkDownIsReportedOnEveryRank) {
                             "value 0)"),
             std::string::npos)
       << reports[1];
+}
+
+// The launcher refuses what the kernel cannot do, naming the argument and the value
+// it expected; nothing is launched.
+TEST(HierarchicalDispatch, ArgumentErrorsNameTheArgument) {
+  const Case c{2, 2, {4}, 2, 2};
+  const HierarchicalShape shape = test::shape_of(c, 4);
+  Group group(shape, 1, GroupSetup{});
+  const GroupCall call = test::prepare(group, c, shape, kReceived, 1, 0);
+  using Args = kernels::hierarchical::DispatchArguments;
+  const struct {
+    std::function<void(Args&)> edit;
+    const char* expected;
+  } refusals[] = {
+      {[](Args& a) { a.shape.num_domains = 1; }, "hierarchical dispatch: shape.num_domains is 1; expected 2..64"},
+      {[](Args& a) { a.lanes = nullptr; }, "hierarchical dispatch: lanes is null; expected 1 queue pairs"},
+      {[](Args& a) { a.dispatch.domain.nvlink_ranks = 4; },
+       "dispatch.domain.nvlink_first, nvlink_ranks are 2, 4; expected 2, 2 (the NVLink domain of rank 2)"},
+      {[](Args& a) { a.dispatch.domain.shape.ranks_per_domain = 2; }, "dispatch.domain.shape is not the group's"},
+      {[](Args& a) { a.dispatch.num_tokens = 5; }, "Dispatch: num_tokens 5: expected 0..shape.max_tokens = 4"},
+      {[](Args& a) { a.dispatch.num_blocks = 1000; }, "hierarchical dispatch: num_blocks is 1000; expected 1.."},
+  };
+  for (const auto& refusal : refusals) {
+    Args a = test::dispatch_arguments(group, call, 2, shape, {});
+    refusal.edit(a);
+    const Status st = kernels::hierarchical::launch_dispatch(a, sim::default_stream(2));
+    EXPECT_NE(st.to_string().find(refusal.expected), std::string::npos) << st.to_string();
+  }
 }
 
 }  // namespace
