@@ -6,10 +6,11 @@
 // - Partial jobs: for each token a rail peer forwarded to this domain at dispatch
 //   (HandleView::forward_pos, written by the dispatch), the fp32 sum of this domain's
 //   staged rows of it in ascending rank order, rounded to BF16 (semantics.md 7: BF16
-//   between domains), into the send ring of the token's domain.
+//   between domains), into the send ring of the token's domain; with the probs
+//   combine, the rows' header probs after it.
 // - A seventh warp puts each ring chunk, once the store lane says its rows landed, to
-//   the rail peer's combine receive area with a signal, and frees the ring slot once
-//   the put completed (quiet(ticket)).
+//   the rail peer's combine receive area with a signal, and hands the ring slot back
+//   to the Load warp once the put completed (quiet(ticket)).
 // - Gather jobs pull this domain's rows over NVLink, and add the other domains'
 //   partials in ascending domain order, each domain's once its signal counts all of
 //   the chunks this rank's token rows for it make (packed as at dispatch:
@@ -42,6 +43,7 @@ struct Partials {
     const transport::mlx5::QueuePair* lanes = nullptr;  // [D - 1], remote_index order
     pipeline::WaitPolicy wait;            // the ring hand-offs, the lanes' completions
     pipeline::WaitPolicy handshake_wait;  // rail entries, other domains' partials
+    int64_t probs_offset = 0;             // HierarchicalLayout::wire_combine_probs_offset()
   };
   // The send ring's hand-off between the store lane and the RDMA warp, per ring slot
   // (chunk k uses slot k mod S): `stored` completes once the chunk's rows landed,
@@ -59,11 +61,12 @@ struct Partials {
     }
   }
 
-  // Calls fn(dst, positions, begin, end) for each partial row this block sends, in the
-  // order the RDMA warp puts their chunks: remote domains dealt to blocks round robin
-  // (r = block, block + blocks, ...), then the rows the rail peer there forwarded, in
-  // packed order. `positions`: the row's staged positions at this domain's ranks
-  // (forward_pos); `begin`, `end`: whether it begins or ends a chunk.
+  // Calls fn(dst, positions, chunk, begin, end) for each partial row this block sends,
+  // in the order the RDMA warp puts their chunks: remote domains dealt to blocks round
+  // robin (r = block, block + blocks, ...), then the rows the rail peer there
+  // forwarded, in packed order. `positions`: the row's staged positions at this
+  // domain's ranks (forward_pos); `chunk`: the block's chunk it belongs to (k, in ring
+  // slot k mod S); `begin`, `end`: whether it begins or ends that chunk.
   template <class Fn>
   RAILYARD_DEVICE static void for_each_partial_row(const Params& p, const layout::HandleView& h, Fn&& fn) {
     const layout::HierarchicalLayout H(p.shape);
@@ -76,14 +79,22 @@ struct Partials {
       for (int32_t i = 0; i < rows; ++i) {
         const uint32_t chunk = k + static_cast<uint32_t>(i / C);
         uint8_t* dst = p.self + H.combine_send_row_offset(r, static_cast<int>(chunk % S), i % C);
-        fn(dst, h.forward_pos + (int64_t{other} * M + i) * R, i % C == 0, i % C == C - 1 || i == rows - 1);
+        fn(dst, h.forward_pos + (int64_t{other} * M + i) * R, chunk, i % C == 0, i % C == C - 1 || i == rows - 1);
       }
       k += static_cast<uint32_t>((rows + C - 1) / C);
     }
   }
 
-  // The store lane: before the first store into chunk k's ring slot, and after its
-  // rows landed.
+  // A partial row's probs (after its BF16 row).
+  RAILYARD_DEVICE static float* probs_of(const Params& p, uint8_t* row) {
+    return reinterpret_cast<float*>(row + p.probs_offset);
+  }
+  RAILYARD_DEVICE static const float* probs_of(const Params& p, const uint8_t* row) {
+    return reinterpret_cast<const float*>(row + p.probs_offset);
+  }
+
+  // The Load warp's lane 0 before the first row of chunk k (its slot's last put must
+  // have completed), and the store lane once the chunk's rows landed.
   RAILYARD_DEVICE static void ring_acquire(Storage& s, const Params& p, uint32_t k) {
     const auto S = static_cast<uint32_t>(p.shape.chunks_in_flight);
     if (k < S) return;

@@ -15,8 +15,8 @@ struct CombineArguments {
   // The call as on one NVLink domain, over the whole group (as for the dispatch): the
   // handle the hierarchical metadata and dispatch of this call filled. Every domain's
   // partial is rounded to BF16 (semantics.md 7): ranks_per_partial must be 0 or the
-  // ranks of one NVLink domain. The probs combine does not cross domains yet:
-  // input_probs and combined_probs must be null.
+  // ranks of one NVLink domain. The probs combine works as on one domain: each
+  // domain's probs travel with its partial, in fp32.
   intranode::CombineArguments combine;
   layout::HierarchicalShape shape;
   // As for the dispatch: a lane towards each rail peer, D - 1 of them in the order of

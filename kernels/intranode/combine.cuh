@@ -132,8 +132,7 @@ struct Combine {
     kDone = 1u << 5,          // no more jobs: pass it on and stop
     kFlush = 1u << 6,         // the stage jobs are over: pass it on; the store lane
                               // publishes every staged row before the gather jobs
-    kChunkBegin = 1u << 7,    // (Remote) the piece begins a send-ring chunk: wait for its slot
-    kChunkEnd = 1u << 8,      // (Remote) the piece ends the chunk: hand it to the RDMA warp
+    kChunkEnd = 1u << 7,      // (Remote) the piece ends a send-ring chunk: hand it to the RDMA warp
   };
   struct SlotTag {
     uint8_t* dst;         // where the reduced piece goes
@@ -300,19 +299,18 @@ struct Combine {
     ++state;
   }
 
-  // Lane 0: every piece of a job, and for each piece every source in order. `chunk`
-  // (kChunkBegin, kChunkEnd or both, Remote's partial jobs): flags the store lane sees
-  // on the job's first piece (begin) and last piece (end).
+  // Lane 0: every piece of a job, and for each piece every source in order. `end`:
+  // flags the store lane sees on the job's last piece (kChunkEnd: Remote's partial job
+  // that ends a chunk).
   RAILYARD_DEVICE static void push_job(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
                                        typename LoadPipeline::State& state, int first, int num_sources,
-                                       uint8_t* dst, int64_t publish_row, bool gather, uint32_t chunk = 0) {
+                                       uint8_t* dst, int64_t publish_row, bool gather, uint32_t end = 0) {
     const uint32_t row_bytes = static_cast<uint32_t>(layout::IntranodeLayout(p.domain.shape).combine_row_bytes());
     for (uint32_t offset = 0; offset < row_bytes; offset += SlotBytes) {
       const uint32_t bytes = piece_bytes(row_bytes, offset);
       const bool last_piece = offset + bytes == row_bytes;
       uint32_t job_flags = gather ? static_cast<uint32_t>(kDomainRounded) : 0u;
-      if (offset == 0) job_flags |= chunk & kChunkBegin;
-      if (last_piece) job_flags |= chunk & kChunkEnd;
+      if (last_piece) job_flags |= end;
       if (num_sources == 0) {  // a token routed nowhere (or only to dropped rows): zeros
         push_slot(storage, pipe, state,
                   SlotTag{dst + offset, -1, bytes, job_flags | kFirst | kDomainEnd | kLast}, nullptr);
@@ -490,7 +488,7 @@ struct Combine {
           if constexpr (Remote::kPartials) {
             // The other domains' partials, in domain order around this domain's rows;
             // their signal waits are acquires, fenced again for the TMA loads.
-            num_sources = add_partials(storage, remote, t0 + i, i * R, num_sources);
+            num_sources = add_partials(p, storage, remote, t0 + i, i * R, num_sources);
             arch::fence_proxy_async_global();
           }
           push_job(p, storage, pipe, state, i * R, num_sources, p.out + (t0 + i) * row_bytes, -1, /*gather=*/true);
@@ -507,7 +505,10 @@ struct Combine {
   // (Remote::for_each_partial_row: the tokens rail peers forwarded here at dispatch):
   // its sources are the staged rows of this domain's ranks, in ascending rank order
   // (a lane per rank, waiting for each header as a gather job does), summed in fp32
-  // and rounded once to BF16, into its send-ring row.
+  // and rounded once to BF16, into its send-ring row; with the probs combine, their
+  // header entries' probs after it. Before a chunk's first row, its ring slot must be
+  // free (the put of the chunk S before it completed): this warp writes the probs, and
+  // every store into the slot follows its jobs.
   RAILYARD_DEVICE static void push_partials(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
                                             typename LoadPipeline::State& state, uint64_t seq) {
     const DomainParams& dom = p.domain;
@@ -515,9 +516,17 @@ struct Combine {
     const uint32_t lane = arch::lane_idx();
     const uint32_t lower_lanes = (1u << lane) - 1u;
     const int first = dom.nvlink_begin(), span = dom.nvlink_end() - first;
-    Remote::for_each_partial_row(p.remote, p.handle, [&](uint8_t* dst, const int32_t* positions, bool begin, bool end) {
-      const uint32_t chunk = (begin ? static_cast<uint32_t>(kChunkBegin) : 0u) | (end ? static_cast<uint32_t>(kChunkEnd) : 0u);
+    const int El = dom.shape.num_local_experts;
+    Remote::for_each_partial_row(p.remote, p.handle, [&](uint8_t* dst, const int32_t* positions, uint32_t chunk,
+                                                         bool begin, bool end) {
       __syncwarp();  // lane 0 is done with the previous job's sources
+      if (begin && lane == 0) Remote::ring_acquire(storage.remote, p.remote, chunk);
+      float* probs = p.input_probs != nullptr ? Remote::probs_of(p.remote, dst) : nullptr;
+      if (probs != nullptr) {
+        __syncwarp();  // the slot is free: zeros, then the kept entries' probs
+        for (int k = static_cast<int>(lane); k < span * El; k += 32) arch::st_global(probs + k, 0.0f);
+        __syncwarp();
+      }
       int num_sources = 0;
       for (int base = 0; base < span; base += 32) {
         const int j = base + static_cast<int>(lane);
@@ -531,7 +540,15 @@ struct Combine {
                                             {"combine: staged row header seq of peer rank (index) at row (value)",
                                              first + j, pos},
                                             dom.wait());
-            if (arch::ld_global(&header->num_entries) > 0) row = lay.stage_row(peer, pos);
+            const int32_t num_entries = arch::ld_global(&header->num_entries);
+            if (probs != nullptr) {
+              const layout::HeaderEntry* entries = lay.header_entries(peer, pos);
+              for (int k = 0; k < num_entries; ++k) {
+                arch::st_global(probs + j * El + arch::ld_global(&entries[k].local_expert),
+                                arch::ld_global(&entries[k].prob));
+              }
+            }
+            if (num_entries > 0) row = lay.stage_row(peer, pos);
           }
         }
         const uint32_t holders = __ballot_sync(arch::kFullWarpMask, row != nullptr);
@@ -545,16 +562,18 @@ struct Combine {
       __syncwarp();  // the holders' acquires, before lane 0's TMA loads of their rows
       if (lane == 0) {
         arch::fence_proxy_async_global();
-        push_job(p, storage, pipe, state, 0, num_sources, dst, -1, /*gather=*/false, chunk);
+        push_job(p, storage, pipe, state, 0, num_sources, dst, -1, /*gather=*/false,
+                 end ? static_cast<uint32_t>(kChunkEnd) : 0u);
       }
     });
   }
 
   // Lane 0: token t's partials from the other domains (Remote::Gather::row: null where
   // the token sent nothing there) put around this domain's `own` sources at `first`,
-  // in ascending domain order. Returns the token's sources.
-  RAILYARD_DEVICE static int add_partials(SharedStorage& storage, typename Remote::Gather& remote, int64_t t,
-                                          int first, int own) {
+  // in ascending domain order; with the probs combine, their probs into
+  // combined_probs. Returns the token's sources.
+  RAILYARD_DEVICE static int add_partials(const Params& p, SharedStorage& storage, typename Remote::Gather& remote,
+                                          int64_t t, int first, int own) {
     const int D = remote.num_domains(), mine = remote.own_domain();
     int before = 0;
     for (int n = 0; n < mine; ++n) before += remote.row(t, n) != nullptr ? 1 : 0;
@@ -570,6 +589,13 @@ struct Combine {
       }
       const uint8_t* row = remote.row(t, n);
       if (row == nullptr) continue;
+      if (p.combined_probs != nullptr) {
+        const int span = p.domain.nvlink_end() - p.domain.nvlink_begin(), El = p.domain.shape.num_local_experts;
+        const int64_t E = int64_t{p.domain.shape.ranks_per_domain} * El;
+        const float* probs = Remote::probs_of(p.remote, row);
+        for (int k = 0; k < span * El; ++k)
+          arch::st_global(&p.combined_probs[t * E + int64_t{remote.rank_in(n)} * El + k], arch::ld_global(probs + k));
+      }
       storage.sources[first + idx].store(row);
       storage.source_rank[first + idx].store(static_cast<int16_t>(remote.rank_in(n)));
       ++idx;
@@ -687,11 +713,6 @@ struct Combine {
         fifo.commit();  // nothing to store: an empty group, so that slots go back in order
         if (tag.flags & kDone) break;
         continue;
-      }
-      if constexpr (Remote::kPartials) {
-        // The ring slot of a partial chunk is free once the RDMA warp's put of the
-        // chunk S before it has completed.
-        if (tag.flags & kChunkBegin) Remote::ring_acquire(storage.remote, p.remote, chunks);
       }
       arch::bulk_copy_s2g(tag.dst, storage.store_slots[slot], tag.bytes);
       fifo.commit();

@@ -19,9 +19,6 @@ Status launch_combine(const CombineArguments& a, GpuStream stream) {
     return Status::invalid_argument(who + ": combine.ranks_per_partial is " + std::to_string(args.ranks_per_partial) +
                                     "; expected 0 or " + std::to_string(R) +
                                     " (each NVLink domain's partial is rounded to BF16)");
-  if (args.input_probs != nullptr || args.combined_probs != nullptr)
-    return Status::unsupported(who + ": combine.input_probs and combined_probs must be null: the probs combine does "
-                                     "not cross NVLink domains yet");
   args.ranks_per_partial = R;
   if (Status st = Combine::can_implement(args); !st.ok()) return st;
   if (Status st = check_all_blocks_resident("hierarchical combine", args.num_blocks, Combine::shared_memory_bytes(),
@@ -35,6 +32,7 @@ Status launch_combine(const CombineArguments& a, GpuStream stream) {
   p.remote.lanes = a.lanes;
   p.remote.wait = p.domain.wait();
   p.remote.handshake_wait = p.domain.handshake_wait();
+  p.remote.probs_offset = layout::HierarchicalLayout(a.shape).wire_combine_probs_offset();
   return launch<Combine>(p, dim3(static_cast<unsigned>(args.num_blocks)), dim3(Combine::kMaxThreadsPerBlock),
                          Combine::shared_memory_bytes(), stream);
 }

@@ -147,8 +147,8 @@ TEST(BufferFootprint, AcrossDomainsAsPlanned) {
     double nvlink_gib, dispatch_gib, combine_gib, total_gib;
   } planned[] = {
       {"4 x 8 H100, H 8192, E_local 2", across(4, 8, 8192, 2), 2.01, 0.20, 0.20, 2.41},
-      {"8 x 8 H100, H 8192, E_local 2", across(8, 8, 8192, 2), 4.01, 0.47, 0.46, 4.95},
-      {"8 x 8 H100, H 7168, E_local 4", across(8, 8, 7168, 4), 3.52, 0.41, 0.41, 4.33},
+      {"8 x 8 H100, H 8192, E_local 2", across(8, 8, 8192, 2), 4.01, 0.47, 0.47, 4.95},
+      {"8 x 8 H100, H 7168, E_local 4", across(8, 8, 7168, 4), 3.52, 0.41, 0.41, 4.34},
       {"1 x 64 GB200, H 7168, E_local 4", across(1, 64, 7168, 4), 3.52, 0.0, 0.0, 3.52},
   };
   auto round2 = [](double v) { return static_cast<long>(v * 100 + 0.5); };
@@ -225,7 +225,8 @@ TEST(BufferFootprint, AcrossDomainsRegionsAreOrderedAndEveryIndexFallsInItsRegio
       EXPECT_EQ(L.wire_header_bytes(), 16 + 96 + 16);  // header, 8 slots of 12 B, 4 received positions
       EXPECT_EQ(L.wire_dispatch_row_bytes(), 16 + 96 + 16 + (scales + 15) / 16 * 16 + 1024 * (dtype == DType::BF16 ? 2 : 1));
       EXPECT_EQ(L.wire_payload_offset(), L.wire_dispatch_row_bytes() - 1024 * (dtype == DType::BF16 ? 2 : 1));
-      EXPECT_EQ(L.wire_combine_row_bytes(), 2048);
+      EXPECT_EQ(L.wire_combine_probs_offset(), 2048);
+      EXPECT_EQ(L.wire_combine_row_bytes(), 2048 + 4 * 3 * 4);  // the probs of 4 ranks x 3 experts
       // Remote domains are numbered 0..D-2, skipping one's own.
       for (int mine = 0; mine < domains; ++mine) {
         std::set<int> seen;

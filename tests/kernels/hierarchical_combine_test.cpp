@@ -41,10 +41,11 @@ struct CombineCall {
   std::vector<ref::CombineOutput> expected;
   std::vector<bf16*> input, out;
   std::vector<int64_t> input_rows;
+  std::vector<float*> input_probs, combined_probs;  // the probs combine only
 };
 
 CombineCall prepare(Group& group, const Case& c, const HierarchicalShape& shape, CombineInputLayout layout,
-                    uint64_t seed) {
+                    uint64_t seed, bool probs = false) {
   const bool permuted = layout == CombineInputLayout::Permuted;
   CombineCall call{test::prepare(group, c, shape, permuted ? test::kGrouped : test::kReceived, seed, 0), {}, {}, {}, {},
                    {}};
@@ -68,6 +69,13 @@ CombineCall prepare(Group& group, const Case& c, const HierarchicalShape& shape,
     in.hidden.resize(static_cast<std::size_t>(rows) * c.hidden);
     for (bf16& v : in.hidden) v = float_to_bf16(static_cast<float>(value(rng)) / 64.0f);
     call.input.push_back(group.copy_in(g, in.hidden, "expert_out"));
+    if (probs) {
+      in.probs.emplace(static_cast<std::size_t>(rows * (permuted ? 1 : c.local_experts)));
+      for (float& v : *in.probs) v = static_cast<float>(value(rng)) / 128.0f;
+      call.input_probs.push_back(group.copy_in(g, *in.probs, "expert_probs"));
+      call.combined_probs.push_back(group.alloc<float>(
+          g, static_cast<std::size_t>(c.tokens_of(g)) * c.group() * c.local_experts, "combined_probs"));
+    }
     call.out.push_back(group.alloc<bf16>(g, static_cast<std::size_t>(c.tokens_of(g)) * c.hidden, "out"));
     call.input_rows.push_back(rows);
     call.inputs.push_back(std::move(in));
@@ -91,6 +99,10 @@ kernels::hierarchical::CombineArguments combine_arguments(Group& group, const Co
   k.input = call.input[g];
   k.num_input_rows = call.input_rows[g];
   k.out = call.out[g];
+  if (!call.input_probs.empty()) {
+    k.input_probs = call.input_probs[g];
+    k.combined_probs = call.combined_probs[g];
+  }
   k.num_blocks = blocks;
   k.chunk_rows = 4;
   a.shape = shape;
@@ -102,7 +114,7 @@ kernels::hierarchical::CombineArguments combine_arguments(Group& group, const Co
 // then every call's combined rows against the reference. With one call, the NIC bytes
 // of the combine alone (metadata and dispatch run and synchronised first).
 void run_case(const Case& c, uint64_t seed, const GroupSetup& setup, CombineInputLayout layout, int blocks,
-              int calls = 1) {
+              int calls = 1, bool probs = false) {
   const HierarchicalShape shape = test::shape_of(c, test::max_tokens_of(c));
   Group group(shape, seed, setup);
   const int G = c.group();
@@ -111,7 +123,7 @@ void run_case(const Case& c, uint64_t seed, const GroupSetup& setup, CombineInpu
                             std::to_string(blocks) + " seed " + std::to_string(seed);
   SCOPED_TRACE(where);
   std::vector<CombineCall> all;
-  for (int call = 0; call < calls; ++call) all.push_back(prepare(group, c, shape, layout, seed * 31 + call));
+  for (int call = 0; call < calls; ++call) all.push_back(prepare(group, c, shape, layout, seed * 31 + call, probs));
   const test::Launch launch{permuted ? test::kGrouped : test::kReceived, blocks};
   std::vector<std::string> errors(static_cast<std::size_t>(G));
   const auto check = [&](int g, const char* what, const Status& st) {
@@ -148,6 +160,12 @@ void run_case(const Case& c, uint64_t seed, const GroupSetup& setup, CombineInpu
       const std::vector<bf16>& want = all[call].expected[g].hidden;
       test::expect_bytes_eq(all[call].out[g], want.data(), want.size(), static_cast<std::size_t>(c.hidden),
                             where + " call " + std::to_string(call) + " rank " + std::to_string(g) + ": combined rows");
+      if (probs) {
+        const std::vector<float>& want_probs = all[call].expected[g].probs;
+        test::expect_bytes_eq(all[call].combined_probs[g], want_probs.data(), want_probs.size(),
+                              static_cast<std::size_t>(c.group() * c.local_experts),
+                              where + " call " + std::to_string(call) + " rank " + std::to_string(g) + ": probs");
+      }
     }
   if (calls > 1 || ::testing::Test::HasFailure()) return;
   // NIC bytes of the combine: from each rank to each rail peer, one BF16 partial per row
@@ -164,6 +182,21 @@ TEST(HierarchicalCombine, MatchesTheReferenceAcrossDomains) {
         run_case(c, 1, GroupSetup{}, layout, blocks);
         if (HasFailure()) return;
       }
+}
+
+// The probs combine across domains: each domain's probs of its experts travel with its
+// partial; every rank's combined probs equal the reference's, in both layouts, with
+// bounds.
+TEST(HierarchicalCombine, ProbsCrossDomainsWithThePartials) {
+  for (const Case& c : test::group_matrix()) {
+    for (CombineInputLayout layout : {CombineInputLayout::Received, CombineInputLayout::Permuted}) {
+      run_case(c, 4, GroupSetup{}, layout, 2, 1, /*probs=*/true);
+      if (HasFailure()) return;
+    }
+  }
+  Case bounded{2, 2, {17, 9, 30, 4}, 4, 2, false, test::Routing::Uniform, {}, 32, DType::BF16, 4};
+  bounded.options = {{3, -1, 0, 20}, {}, 1};
+  run_case(bounded, 5, test::weak_with_nic_delays(64), CombineInputLayout::Received, 1, 2, /*probs=*/true);
 }
 
 // Bounds, different per rank: on received rows for expert outputs in the received
@@ -211,11 +244,8 @@ TEST(HierarchicalCombine, ArgumentErrorsNameTheArgument) {
       {[](Args& a) { a.combine.ranks_per_partial = 1; },
        "hierarchical combine: combine.ranks_per_partial is 1; expected 0 or 2 (each NVLink domain's partial is "
        "rounded to BF16)"},
-      {[&](Args& a) {
-         a.combine.input_probs = probs;
-         a.combine.combined_probs = probs;
-       },
-       "combine.input_probs and combined_probs must be null: the probs combine does not cross NVLink domains yet"},
+      {[&](Args& a) { a.combine.input_probs = probs; },
+       "input_probs and combined_probs go together; one of them is null"},
       {[](Args& a) { a.combine.num_tokens = 5; }, "num_tokens is 5; expected 0..4"},
       {[](Args& a) { a.combine.num_blocks = 1000; }, "hierarchical combine: num_blocks is 1000; expected 1.."},
   };

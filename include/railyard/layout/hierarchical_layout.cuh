@@ -95,8 +95,14 @@ class HierarchicalLayout {
     return reinterpret_cast<float*>(row + wire_header_bytes());
   }
   RAILYARD_HOST_DEVICE uint8_t* wire_payload(uint8_t* row) const { return row + wire_payload_offset(); }
-  // A combined partial: the domain's fp32 sum rounded to BF16 (docs/semantics.md).
-  RAILYARD_HOST_DEVICE int64_t wire_combine_row_bytes() const { return round_up(nvlink_.combine_row_bytes(), 16); }
+  // A combined partial: the domain's fp32 sum rounded to BF16 (docs/semantics.md), then,
+  // for the probs combine, the probs of the domain's R x E_local experts (fp32, 0 where
+  // the token has no kept row there).
+  RAILYARD_HOST_DEVICE int64_t wire_combine_probs_offset() const { return round_up(nvlink_.combine_row_bytes(), 16); }
+  RAILYARD_HOST_DEVICE int64_t wire_combine_row_bytes() const {
+    return wire_combine_probs_offset() +
+           round_up(int64_t{s_.domain.ranks_per_domain} * s_.domain.num_local_experts * 4, 16);
+  }
 
   // ---- the RDMA part ---------------------------------------------------------------
   // [state: 64 B: metadata operations done (uint64), the lanes' fetch-and-add scratch]
