@@ -36,6 +36,36 @@ using test::kReceived;
 using test::Launch;
 constexpr DType kFp8 = DType::FP8_E4M3;
 
+// NVLink bytes of the dispatch (unbounded): from each rank s to each other rank d of
+// its domain, the entry barrier's flag and descriptor, and for every row d received
+// that s sent (its own tokens) or forwarded (tokens of the ranks of s's local index in
+// the other domains), the row, its scales, its header and its entries, each once:
+// exactly what the source itself would write within one domain, nothing else, and
+// nothing read.
+void expect_nvlink_minimum(const Group& group, const Case& c, const GroupCall& call) {
+  const layout::IntranodeLayout& L = group.layout().nvlink();
+  const int G = c.group(), R = c.ranks_per_domain, El = c.local_experts;
+  const uint64_t row_and_scales = static_cast<uint64_t>(L.dispatch_row_bytes()) + 4ull * L.num_scales();
+  const sim::Traffic traffic = sim::traffic();
+  for (int s = 0; s < G; ++s) {
+    for (int d = s / R * R; d < s / R * R + R; ++d) {
+      if (d == s) continue;
+      const ref::ReceivedRows& rr = call.ref.received.ranks[d];
+      uint64_t minimum = 4 + sizeof(layout::OpDescriptor);
+      for (int64_t r = 0; r < rr.num_rows(); ++r) {
+        if (rr.src_rank[r] % R != s % R) continue;  // sent by s, or forwarded by it
+        uint64_t entries = 0;
+        for (int j = 0; j < El; ++j) entries += rr.routing_map[r * El + j];
+        minimum += row_and_scales + 16 + 12 * entries;
+      }
+      EXPECT_EQ(traffic.written(s, d), minimum) << "NVLink bytes from rank " << s << " to " << d;
+      EXPECT_EQ(traffic.read(s, d), 0u) << "rank " << s << " read from " << d;
+    }
+    for (int q = 0; q < G; ++q)
+      if (q / R != s / R) EXPECT_EQ(traffic.written(s, q) + traffic.read(s, q), 0u) << "rank " << s << " to " << q;
+  }
+}
+
 // `calls` dispatches on every rank, enqueued back to back, a metadata operation with
 // new routing before every `per_metadata`-th one (the others reuse its handle), then
 // every call's outputs against the reference. With one call, the NIC bytes of the
@@ -94,6 +124,7 @@ void run_case(const Case& c, uint64_t seed, const GroupSetup& setup, const Launc
   // entry from each rank to each rail peer, nothing else.
   test::expect_rail_nic_bytes(group, c, all[0].ref, test::Direction::Dispatch,
                               group.layout().wire_dispatch_row_bytes());
+  if (c.options.max_recv_rows.empty() && c.options.max_permuted_rows.empty()) expect_nvlink_minimum(group, c, all[0]);
 }
 
 TEST(HierarchicalDispatch, MatchesTheReferenceAcrossDomains) {
