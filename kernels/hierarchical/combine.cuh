@@ -33,6 +33,7 @@
 namespace railyard::kernels::hierarchical {
 
 struct Partials {
+  static constexpr const char* kName = "hierarchical::Combine";
   static constexpr bool kPartials = true;
   static constexpr uint32_t kWarps = 1;
 

@@ -34,6 +34,7 @@
 namespace railyard::kernels::hierarchical {
 
 struct Forwarding {
+  static constexpr const char* kName = "hierarchical::Dispatch";
   static constexpr bool kForwards = true;
   static constexpr uint32_t kWarps = 1;
 

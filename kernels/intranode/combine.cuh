@@ -65,6 +65,7 @@ namespace railyard::kernels::intranode {
 
 // The one-domain combine: no partials cross a NIC.
 struct NoRemoteCombine {
+  static constexpr const char* kName = "intranode::Combine";
   static constexpr bool kPartials = false;
   static constexpr uint32_t kWarps = 0;
   struct Params {};
@@ -82,7 +83,7 @@ struct Combine {
 
   static constexpr uint32_t kSlotBytes = SlotBytes;
   static constexpr int kStages = Stages;
-  static constexpr const char* kName = "intranode::Combine";
+  static constexpr const char* kName = Remote::kName;  // what the simulator's and launch errors call it
 
   enum class WarpRole : uint32_t { Load, Reduce, Store, RdmaSend };
   static constexpr uint32_t kNumReduceWarps = 4;

@@ -54,6 +54,7 @@ namespace railyard::kernels::intranode {
 
 // The one-domain dispatch: nothing crosses a NIC, no rows are forwarded.
 struct NoRemote {
+  static constexpr const char* kName = "IntranodeDispatch";
   static constexpr bool kForwards = false;
   static constexpr uint32_t kWarps = 0;
   struct Params {};
@@ -69,7 +70,7 @@ struct Dispatch {
 
   static constexpr uint32_t kSlotBytes = SlotBytes;
   static constexpr int kStages = Stages;
-  static constexpr const char* kName = "IntranodeDispatch";
+  static constexpr const char* kName = Remote::kName;  // what the simulator's and launch errors call it
 
   enum class WarpRole : uint32_t {
     SendLoad = 0,

@@ -228,21 +228,11 @@ TEST(HierarchicalDispatch, ALinkDownIsReportedOnEveryRank) {
   const HierarchicalShape shape = test::shape_of(c, 10);
   Group group(shape, 1, setup);
   const GroupCall call = test::prepare(group, c, shape, kReceived, 1, 0);
-  std::vector<std::string> reports(2);
-  sim::run_ranks(2, [&](int g) {
-    Status st = test::enqueue_metadata(group, c, shape, call, g);
-    if (st.ok())
-      st = kernels::hierarchical::launch_dispatch(test::dispatch_arguments(group, call, g, shape, {}),
+  const std::vector<std::string> reports = test::run_reports(2, [&](int g) {
+    const Status st = test::enqueue_metadata(group, c, shape, call, g);
+    if (!st.ok()) return st;
+    return kernels::hierarchical::launch_dispatch(test::dispatch_arguments(group, call, g, shape, {}),
                                                   sim::default_stream(g));
-    if (!st.ok()) {
-      reports[g] = st.to_string();
-      return;
-    }
-    try {
-      sim::stream_synchronize(sim::default_stream(g));
-    } catch (const sim::Error& e) {
-      reports[g] = e.what();
-    }
   });
   EXPECT_NE(reports[0].find("mlx5 error completion: QP"), std::string::npos) << reports[0];
   EXPECT_NE(reports[0].find("syndrome 21"), std::string::npos) << reports[0];

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -185,6 +186,25 @@ inline DeviceRouting upload(Group& group, int g, const ref::RankInput& in) {
     d.probs = group.copy_in(g, m.probs, "probs");
   }
   return d;
+}
+
+// Runs enqueue(g) on every rank of a group of G and returns each rank's report ("" if
+// it ran through): the enqueue's refusal, or the fault its stream gave.
+inline std::vector<std::string> run_reports(int G, const std::function<Status(int g)>& enqueue) {
+  std::vector<std::string> reports(static_cast<std::size_t>(G));
+  sim::run_ranks(G, [&](int g) {
+    const Status st = enqueue(g);
+    if (!st.ok()) {
+      reports[g] = st.to_string();
+      return;
+    }
+    try {
+      sim::stream_synchronize(sim::default_stream(g));
+    } catch (const sim::Error& e) {
+      reports[g] = e.what();
+    }
+  });
+  return reports;
 }
 
 // One metadata call on every rank of `group` with the inputs of `c` (seeded by

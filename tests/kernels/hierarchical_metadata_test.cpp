@@ -117,26 +117,14 @@ std::vector<std::string> run_reports(Group& group, const Case& c, const Hierarch
   for (int g = 0; g < G; ++g) tokens.push_back(c.tokens_of(g));
   const test::InputSpec spec{world, tokens, c.topk, DType::BF16, c.routing, c.routing_map, 1};
   const std::vector<ref::RankInput> inputs = test::make_inputs(spec);
-  std::vector<std::string> reports(static_cast<std::size_t>(G));
   std::vector<kernels::hierarchical::MetadataArguments> args;
   for (int g = 0; g < G; ++g) {
     args.push_back(arguments(group, g, inputs[g], upload(group, g, inputs[g]), c.options,
                              group.alloc_handle(g, L.stage_capacity_rows()), L.stage_capacity_rows(), shape));
     if (edit) edit(args.back(), g);
   }
-  sim::run_ranks(G, [&](int g) {
-    const Status st = kernels::hierarchical::launch_metadata(args[g], sim::default_stream(g));
-    if (!st.ok()) {
-      reports[g] = st.to_string();
-      return;
-    }
-    try {
-      sim::stream_synchronize(sim::default_stream(g));
-    } catch (const sim::Error& e) {
-      reports[g] = e.what();
-    }
-  });
-  return reports;
+  return test::run_reports(
+      G, [&](int g) { return kernels::hierarchical::launch_metadata(args[g], sim::default_stream(g)); });
 }
 
 // Rank 0's link goes down: it reports the NIC's error completion (QP, WQE, syndrome
