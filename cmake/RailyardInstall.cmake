@@ -35,11 +35,15 @@ set(_railyard_exported railyard_headers railyard_runtime railyard_reference)
 set(RAILYARD_PACKAGE_HAS_SIM OFF)
 set(RAILYARD_PACKAGE_HAS_CUDA OFF)
 if(TARGET railyard_sim_api)
-  list(APPEND _railyard_exported railyard_sim railyard_runtime_sim railyard_kernels_sim railyard_sim_api)
+  list(APPEND _railyard_exported railyard_sim railyard_sim_nic railyard_runtime_sim railyard_rdma_simnic
+       railyard_kernels_sim railyard_sim_api)
   set(RAILYARD_PACKAGE_HAS_SIM ON)
 endif()
 if(TARGET railyard)
   list(APPEND _railyard_exported railyard_cuda railyard_runtime_cuda railyard)
+  if(TARGET railyard_rdma_cuda)
+    list(APPEND _railyard_exported railyard_rdma_cuda)  # rdma-core's libraries by path
+  endif()
   set(RAILYARD_PACKAGE_HAS_CUDA ON)
 endif()
 install(TARGETS ${_railyard_exported} EXPORT railyardTargets

@@ -27,6 +27,7 @@
 #include "railyard/runtime/allocator.hpp"
 #include "railyard/runtime/bootstrap.hpp"
 #include "railyard/runtime/config.hpp"
+#include "railyard/runtime/rdma.hpp"
 #include "railyard/runtime/registered_buffer.hpp"
 #include "railyard/runtime/topology.hpp"
 
@@ -69,6 +70,18 @@ struct BufferOptions {
   // 0: the kernels' default (2^38, about 140-160 s), so a rank late by a checkpoint
   // does not kill the job.
   uint64_t handshake_timeout_cycles = 0;
+
+  // A group of several NVLink domains (the RDMA path between them,
+  // docs/design-internode.md). This rank's NIC, opened by the caller, who keeps it
+  // until the buffer is destroyed; null: the buffer opens its own, the mlx5 NIC
+  // nearest the GPU on PCIe or the one RAILYARD_NICS names for the GPU's index in its
+  // domain (runtime/nic_selection.hpp; in the simulator, the simulated GPU's NIC). The
+  // buffer registers its registered buffer with it and connects one RC queue pair to
+  // each rail peer (the rank of its index in every other domain).
+  runtime::rdma::RdmaDevice* nic = nullptr;
+  // Every such queue pair's send queue (2^n 64-byte blocks) and completion queue; the
+  // same on every rank (checked, like the config).
+  runtime::rdma::QueuePairRequest rdma_queues{};
 };
 
 // Rows a caller provides for a dispatch's outputs instead of the allocator's.
@@ -202,8 +215,9 @@ class Buffer {
   // Collective over `bootstrap` (every rank calls it), on the current device, which
   // later calls must keep current. `bootstrap` must outlive the buffer. Throws
   // runtime::RegisteredBufferError on every rank alike for a configuration mismatch,
-  // a topology problem or a failure on any rank; Error (Unsupported) on every rank
-  // for a group spanning several NVLink domains (the RDMA path is not built yet).
+  // a topology problem, a NIC that cannot be opened or a failure on any rank;
+  // runtime::rdma::RdmaError on every rank alike when the rail cannot be connected
+  // (a group of several NVLink domains).
   Buffer(const BufferConfig& config, runtime::Bootstrap& bootstrap, const BufferOptions& options = {});
   // Collective: destroy() unless done; errors are printed, not thrown.
   ~Buffer();

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "path.hpp"
+#include "rail_nic.hpp"
 #include "railyard/runtime/device_api.hpp"
 
 namespace railyard {
@@ -79,7 +80,11 @@ DeviceCounts Handle::device_counts() const {
 // ---- Buffer ------------------------------------------------------------------------------
 struct Buffer::State {
   State(const BufferConfig& config, runtime::Bootstrap& bootstrap, const BufferOptions& options)
-      : config(config), registered(config, detail::registered_bytes, bootstrap, registered_options(options)) {
+      : config(config),
+        rail(config.ranks_per_domain > 0 && config.ranks_per_domain < config.num_ranks
+                 ? std::make_shared<detail::RailNic>(options.nic, bootstrap.rank() % config.ranks_per_domain)
+                 : nullptr),
+        registered(config, detail::registered_bytes, bootstrap, registered_options(options, rail)) {
     allocator = options.allocator ? options.allocator : &runtime::default_allocator();
     device = registered.device();
     sm_count = runtime::gpu::properties(device).sm_count;
@@ -87,30 +92,21 @@ struct Buffer::State {
     const auto sms = [&](int requested) { return requested > 0 ? requested : std::min(kDefaultSms, sm_count); };
     dispatch_sms = sms(options.dispatch_sms);
     combine_sms = sms(options.combine_sms);
-    // Pinned host memory: still readable after a kernel trapped.
-    failure_record = static_cast<pipeline::FailureRecord*>(
-        runtime::gpu::malloc_host(sizeof(pipeline::FailureRecord), "failure record"));
-    std::memset(failure_record, 0, sizeof(pipeline::FailureRecord));
-    path = detail::make_path(registered, {.dispatch_chunk_rows = options.dispatch_chunk_rows,
-                                          .combine_chunk_rows = options.combine_chunk_rows,
-                                          .timeout_cycles = options.timeout_cycles,
-                                          .handshake_timeout_cycles = options.handshake_timeout_cycles,
-                                          .failure_record = failure_record});
-  }
-  ~State() {
-    try {
-      runtime::gpu::free_host(failure_record);
-    } catch (const std::exception&) {
-      // After a kernel fault every free reports it (the context is lost, and the caller
-      // has seen the fault where it synchronized); a destructor cannot report.
-    }
+    path = detail::make_path(registered, bootstrap, rail.get(),
+                             {.dispatch_chunk_rows = options.dispatch_chunk_rows,
+                              .combine_chunk_rows = options.combine_chunk_rows,
+                              .timeout_cycles = options.timeout_cycles,
+                              .handshake_timeout_cycles = options.handshake_timeout_cycles,
+                              .failure_record = failure_record.record,
+                              .rdma_queues = options.rdma_queues});
   }
   State(const State&) = delete;
   State& operator=(const State&) = delete;
 
   // Checked before the collective creation starts, so every rank that passes bad options
   // throws before it waits for the others.
-  static runtime::RegisteredBufferOptions registered_options(const BufferOptions& options) {
+  static runtime::RegisteredBufferOptions registered_options(const BufferOptions& options,
+                                                             const std::shared_ptr<detail::RailNic>& rail) {
     const auto check = [](const char* name, int64_t value) {
       if (value < 0)
         throw std::invalid_argument(std::string("railyard Buffer: options.") + name + " is " + std::to_string(value) +
@@ -123,18 +119,38 @@ struct Buffer::State {
     runtime::RegisteredBufferOptions r;
     r.topology = options.topology;
     r.topology_options = options.topology_options;
+    if (rail) r.registrars = {rail};
     return r;
   }
 
   uint64_t id = g_next_buffer_id.fetch_add(1);
   BufferConfig config;
+  // Several NVLink domains: the NIC, which registers `registered` (so outlives it).
+  std::shared_ptr<detail::RailNic> rail;
   runtime::RegisteredBuffer registered;
   runtime::Allocator* allocator = nullptr;
   int device = 0;
   int sm_count = 0;
   int dispatch_sms = 1;
   int combine_sms = 1;
-  pipeline::FailureRecord* failure_record = nullptr;
+  // Pinned host memory: still readable after a kernel trapped. Freed also when the
+  // path's creation (collective: the rail's connection) fails.
+  struct PinnedRecord {
+    pipeline::FailureRecord* record = static_cast<pipeline::FailureRecord*>(
+        runtime::gpu::malloc_host(sizeof(pipeline::FailureRecord), "failure record"));
+    PinnedRecord() { std::memset(record, 0, sizeof(pipeline::FailureRecord)); }
+    PinnedRecord(const PinnedRecord&) = delete;
+    PinnedRecord& operator=(const PinnedRecord&) = delete;
+    ~PinnedRecord() {
+      try {
+        runtime::gpu::free_host(record);
+      } catch (const std::exception&) {
+        // After a kernel fault every free reports it (the context is lost, and the caller
+        // has seen the fault where it synchronized); a destructor cannot report.
+      }
+    }
+  };
+  PinnedRecord failure_record;
   std::unique_ptr<detail::Path> path;  // after failure_record, which it reports into
 
   // Cross-stream order: every operation of the buffer (metadata, dispatch, combine)
@@ -183,19 +199,7 @@ struct Buffer::State {
 std::size_t Buffer::required_bytes(const BufferConfig& config) { return detail::registered_bytes(config); }
 
 Buffer::Buffer(const BufferConfig& config, runtime::Bootstrap& bootstrap, const BufferOptions& options)
-    : state_(std::make_unique<State>(config, bootstrap, options)) {
-  // The config is agreed by now, so every rank decides this alike; the State's
-  // destruction (collective) releases the registered buffer on every rank.
-  if (config.ranks_per_domain != config.num_ranks) {
-    const std::string message = "railyard Buffer: config.num_ranks = " + std::to_string(config.num_ranks) +
-                                " spans " + std::to_string(config.num_ranks / config.ranks_per_domain) +
-                                " NVLink domains of " + std::to_string(config.ranks_per_domain) +
-                                "; expected one domain (ranks_per_domain = num_ranks): the inter-domain (RDMA) "
-                                "path is not built yet";
-    state_.reset();
-    throw Error(StatusCode::Unsupported, message);
-  }
-}
+    : state_(std::make_unique<State>(config, bootstrap, options)) {}
 
 Buffer::~Buffer() {
   if (!state_) return;
@@ -239,7 +243,7 @@ std::string KernelFailure::to_string() const {
 }
 
 std::optional<KernelFailure> Buffer::failure() const {
-  const pipeline::FailureRecord* r = state("failure").failure_record;
+  const pipeline::FailureRecord* r = state("failure").failure_record.record;
   const auto kind = static_cast<pipeline::FailureKind>(
       std::atomic_ref<const uint32_t>(r->kind).load(std::memory_order_acquire));
   if (kind == pipeline::FailureKind::None) return std::nullopt;

@@ -4,9 +4,9 @@
 // Buffer (buffer.cpp) owns what every path shares: argument checks, handles and their
 // allocation, outputs, streams and the order of operations, errors. A Path owns what
 // depends on how the ranks are connected: the registered buffer's regions, a handle's
-// contents, and the kernels. One path exists today, one NVLink domain
-// (intranode_path.cpp); the hierarchical path (NVLink + RDMA between domains) is the
-// next. Plain host C++ in both flavours, like buffer.cpp.
+// contents, and the kernels. Two paths: one NVLink domain (intranode_path.cpp) and
+// several, joined by RDMA between rail peers (hierarchical_path.cpp); both build on
+// domain_path.hpp. Plain host C++ in both flavours, like buffer.cpp.
 #pragma once
 
 #include <cstddef>
@@ -15,6 +15,7 @@
 
 #include "railyard/buffer.hpp"
 #include "railyard/common/status.hpp"
+#include "railyard/runtime/rdma.hpp"
 #include "railyard/layout/intranode_layout.cuh"  // layout::Total, the order of a handle's counts
 
 namespace railyard::detail {
@@ -32,6 +33,7 @@ struct PathOptions {
   uint64_t timeout_cycles = 0;  // 0: the defaults (pipeline/wait_policy.hpp)
   uint64_t handshake_timeout_cycles = 0;
   pipeline::FailureRecord* failure_record = nullptr;  // pinned host memory, or null
+  runtime::rdma::QueuePairRequest rdma_queues{};       // several domains: every queue pair's
 };
 
 // One collective kernel sequence per call, enqueued on `stream` after Buffer's checks
@@ -64,7 +66,12 @@ class Path {
 // std::invalid_argument for a config past the path's limits.
 std::size_t registered_bytes(const BufferConfig& config);
 
+class RailNic;  // rail_nic.hpp
+
 // The path for the config `registered` was made with; `registered` must outlive it.
-std::unique_ptr<Path> make_path(const runtime::RegisteredBuffer& registered, const PathOptions& options);
+// A group of several NVLink domains needs `rail`, the registrar that registered
+// `registered` with this rank's NIC; making its path is collective over `bootstrap`.
+std::unique_ptr<Path> make_path(const runtime::RegisteredBuffer& registered, runtime::Bootstrap& bootstrap,
+                                RailNic* rail, const PathOptions& options);
 
 }  // namespace railyard::detail

@@ -63,6 +63,17 @@ class SimNicDevice final : public RdmaDevice, public DevxFirmware {
     port_.atomic_order = config.atomics_big_endian ? AtomicOrder::BigEndian : AtomicOrder::Native;
     qps_ = std::make_unique<DevxQueuePairs>(*this, port_, options);
   }
+  // The queue pairs, then the doorbells they ring (after a reset, the simulator has
+  // freed them already: as DevxQueuePairs does for its queues, that is not an error).
+  ~SimNicDevice() override {
+    qps_.reset();
+    for (uint64_t* doorbell : uars_) {
+      try {
+        sim::free(doorbell);
+      } catch (const std::exception&) {
+      }
+    }
+  }
   SimNicDevice(const SimNicDevice&) = delete;
   SimNicDevice& operator=(const SimNicDevice&) = delete;
 

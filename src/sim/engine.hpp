@@ -371,6 +371,7 @@ class Engine {
   std::size_t live_allocations() const { return allocations_.size(); }
   std::size_t live_bytes() const;
   void add_agent(Agent* agent) { agents_.push_back(agent); }
+  void remove_agent(Agent* agent) { std::erase(agents_, agent); }
   // An agent's step() (engine thread) ends a device's work with a fault.
   void agent_fault(int device, ErrorKind kind, const std::string& report) { fault_device(device, kind, report); }
   Traffic traffic() const;

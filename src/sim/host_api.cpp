@@ -371,6 +371,12 @@ void add_agent(Agent* agent) {
   e.add_agent(agent);
 }
 
+void remove_agent(Agent* agent) {
+  Engine& e = engine();
+  auto lock = e.acquire();
+  e.remove_agent(agent);
+}
+
 // The engine thread runs Agent::step() holding the world: no lock to take here.
 void agent_fault(int device, ErrorKind kind, const std::string& report) {
   engine().agent_fault(device, kind, report);

@@ -9,7 +9,11 @@
 //    same routing, and a second combine gives the same bits; nothing leaks.
 //  - Footprint: required_bytes is what each rank allocates, for BF16 and FP8.
 //  - ConfigMismatch: the documented error on every rank, naming the field and ranks.
-//  - SeveralDomains: refused on every rank (the RDMA path is not built), nothing leaks.
+//  - EndToEndAcrossDomains: the same over groups of 2 and 3 NVLink domains (the
+//    hierarchical path through the simulated NICs), nothing leaks.
+//  - BufferAcrossDomains: the barrier crosses domains; queue sizes that differ, and a
+//    NIC that cannot be opened, fail every rank alike; a link down ends every rank's
+//    dispatch with a report.
 //  - CallerOutputs: caller-provided outputs are written in place; too few rows refused.
 //  - BadArguments: each bad argument gives std::invalid_argument naming it.
 //  - EveryRefusedCallIsFollowedByACorrectOne: a table of refused dispatch and combine
@@ -41,6 +45,8 @@
 #include <vector>
 
 #include "railyard/runtime/device_api_sim.hpp"
+#include "railyard/runtime/rdma_sim.hpp"
+#include "railyard/sim/nic.hpp"
 #include "src/api/intranode_path.hpp"
 #include "src/api/path.hpp"
 #include "tests/kernels/intranode_harness.hpp"
@@ -56,11 +62,13 @@ using runtime::InProcessGroup;
 
 constexpr int kSmCount = 4;
 
-void reset_sim(int num_devices) {
+// `ranks_per_domain`: devices per NVLink domain (0: one domain of all of them).
+void reset_sim(int num_devices, int ranks_per_domain = 0) {
   sim::reset({.seed = 11});
   for (int d = 0; d < num_devices; ++d) {
     sim::DeviceProps props = sim::h100_props();
     props.sm_count = kSmCount;  // few SMs keep the simulator's fiber count low
+    if (ranks_per_domain > 0) props.nvlink_domain = d / ranks_per_domain;
     sim::add_device(props);
   }
 }
@@ -116,10 +124,16 @@ struct Case {
   int experts_per_rank = 2;
   int topk = 2;
   int chunk_rows = 0;  // BufferOptions::{dispatch,combine}_chunk_rows; 0: the kernels' defaults
+  int ranks_per_domain = 0;  // NVLink domains of this many ranks; 0: one domain
 };
 
+int domain_size(const Case& c) {
+  return c.ranks_per_domain > 0 ? c.ranks_per_domain : static_cast<int>(c.tokens.size());
+}
+
 std::string describe(const Case& c) {
-  std::string s = std::to_string(c.tokens.size()) + " ranks, tokens [";
+  std::string s = std::to_string(c.tokens.size()) + " ranks in domains of " + std::to_string(domain_size(c)) +
+                  ", tokens [";
   for (int t : c.tokens) s += std::to_string(t) + " ";
   s += std::string("], ") + runtime::dtype_name(c.dtype) + ", " + to_string(c.layout) + " pad " +
        std::to_string(c.pad_multiple) + (c.routing_map ? ", map routing" : ", top-k routing") +
@@ -294,7 +308,7 @@ void run_case(const Case& c, uint64_t seed) {
   const std::string where = describe(c) + " seed " + std::to_string(seed);
   SCOPED_TRACE(where);
   const int M = std::max(1, *std::max_element(c.tokens.begin(), c.tokens.end()));
-  const ref::World w{R, R, R * c.experts_per_rank, c.hidden, M};
+  const ref::World w{R, domain_size(c), R * c.experts_per_rank, c.hidden, M};
   const test::InputSpec spec{w, c.tokens, c.topk, c.dtype, test::Routing::Uniform, c.routing_map, seed};
   const std::vector<ref::RankInput> inputs = test::make_inputs(spec);
   // Backward-style data: other rows, the same routing.
@@ -307,10 +321,11 @@ void run_case(const Case& c, uint64_t seed) {
   const std::vector<ref::CombineInput> y = expert_outputs(e, c, w, seed * 31 + 5);
   const std::vector<ref::CombineOutput> want = expected_combine(e, c, w, y);
 
-  reset_sim(R);
+  reset_sim(R, domain_size(c));
   const std::size_t live_before = sim::live_allocation_count();
   const std::size_t bytes_before = sim::live_allocation_bytes();
-  const BufferConfig config = make_config(R, c.hidden, M, c.experts_per_rank, c.topk, c.dtype);
+  BufferConfig config = make_config(R, c.hidden, M, c.experts_per_rank, c.topk, c.dtype);
+  config.ranks_per_domain = domain_size(c);
   auto group = make_group(R);
   sim::run_ranks(R, [&](int rank) {
     runtime::gpu::set_current(rank);
@@ -427,6 +442,27 @@ TEST_P(EndToEnd, DispatchCombineAndHandleReuseMatchTheReference) {
 INSTANTIATE_TEST_SUITE_P(Ranks, EndToEnd, ::testing::Values(1, 2, 4, 8),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });
 
+// Groups of several NVLink domains: the Buffer finds the domains in the topology,
+// opens each GPU's (simulated) NIC, connects the rails and runs the hierarchical
+// kernels; every result bit for bit the reference's, whose combine rounds each
+// domain's partial sum to BF16 (docs/semantics.md 7).
+TEST(EndToEndAcrossDomains, DispatchCombineAndHandleReuseMatchTheReference) {
+  const std::vector<Case> cases = {
+      Case{.tokens = {0, 21}, .ranks_per_domain = 1},
+      Case{.tokens = {13, 0, 29, 7}, .dtype = kFp8, .max_rows = 15, .ranks_per_domain = 2},
+      Case{.tokens = {13, 0, 29, 7}, .layout = kGrouped, .routing_map = true, .pad_multiple = 2,
+           .ranks_per_domain = 2},
+      Case{.tokens = {5, 17, 0, 9, 30, 2}, .dtype = kFp8, .layout = kGrouped, .pad_multiple = 4, .max_rows = 40,
+           .topk = 4, .chunk_rows = 3, .ranks_per_domain = 2},
+      Case{.tokens = {5, 17, 0, 9, 30, 2}, .routing_map = true, .ranks_per_domain = 3},
+  };
+  uint64_t seed = 101;
+  for (const Case& c : cases) {
+    run_case(c, seed++);
+    if (HasFailure()) return;
+  }
+}
+
 // ---- creation --------------------------------------------------------------------------------
 
 // What each rank's call threw ("(no error)" otherwise).
@@ -511,26 +547,6 @@ TEST(BufferCreation, NegativeOptionsAreRefusedBeforeAnyCollective) {
   EXPECT_HAS(errors[0], "options.dispatch_chunk_rows is -1; expected >= 0");
   EXPECT_HAS(errors[1], "options.combine_sms is -3; expected >= 0");
   EXPECT_EQ(sim::live_allocation_count(), 0u);
-}
-
-TEST(BufferCreation, SeveralNvlinkDomainsAreRefusedOnEveryRank) {
-  const int n = 2;
-  reset_sim(n);
-  auto group = make_group(n);
-  const std::size_t before = sim::live_allocation_count();
-  const auto errors = errors_on_ranks(n, [&](int rank) {
-    BufferConfig config = make_config(n, 256, 24, 2, 2, DType::BF16);
-    config.ranks_per_domain = 1;
-    auto boot = group->bootstrap(rank);
-    try {
-      Buffer buffer(config, *boot, {.topology_options = {.ranks_per_domain = 1}});
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), StatusCode::Unsupported);
-      throw;
-    }
-  });
-  for (int r = 0; r < n; ++r) EXPECT_HAS(errors[r], "spans 2 NVLink domains of 1");
-  EXPECT_EQ(sim::live_allocation_count(), before);
 }
 
 // ---- caller-provided outputs and bad arguments (one rank: the checks come before any launch)
@@ -1465,6 +1481,114 @@ TEST(BufferArguments, ADispatchLaunchRefusedAfterTheMetadataKernelFreesNothingIn
     }
     EXPECT_NO_THROW(buffer.synchronize(sim::default_stream(0)));
   });
+}
+
+}  // namespace
+}  // namespace railyard
+
+namespace railyard {
+namespace {
+
+// ---- groups of several NVLink domains: the rail, its NICs and their failures ----------------
+
+// Two domains of one rank each (so that only the rail joins them), with small budgets.
+constexpr int kDomainRanks = 2;
+BufferConfig two_domain_config() {
+  BufferConfig c = make_config(kDomainRanks, 128, 8, 2, 2, DType::BF16);
+  c.ranks_per_domain = 1;
+  return c;
+}
+BufferOptions short_budgets() {
+  return {.timeout_cycles = uint64_t{1} << 21, .handshake_timeout_cycles = uint64_t{1} << 22};
+}
+
+// A barrier across domains waits for the rank of the other domain, through the rail
+// (its domain's entry barrier alone, one rank, would not): one that never enters is
+// named in the report, as the rail peer the rail entry waited for.
+TEST(BufferAcrossDomains, ABarrierWaitsForTheOtherDomains) {
+  reset_sim(kDomainRanks, 1);
+  auto group = make_group(kDomainRanks);
+  const auto errors = errors_on_ranks(kDomainRanks, [&](int rank) {
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(two_domain_config(), *boot, short_budgets());
+    buffer.barrier();  // both enter: passes
+    buffer.synchronize();
+    if (rank == 1) return;  // never enters the second
+    buffer.barrier();
+    buffer.synchronize();
+  });
+  EXPECT_EQ(errors[1], "(no error)");
+  EXPECT_HAS(errors[0], "waiting for rail entry: rail peer entering the operation (rank) (peer or row 1, value 2)");
+}
+
+// The rail's queue sizes are agreed like the config: a rank that asks for others
+// fails the creation on every rank alike, naming the field and the ranks.
+TEST(BufferAcrossDomains, QueueSizesThatDifferFailEveryRank) {
+  reset_sim(kDomainRanks, 1);
+  auto group = make_group(kDomainRanks);
+  const std::size_t before = sim::live_allocation_count();
+  const auto errors = errors_on_ranks(kDomainRanks, [&](int rank) {
+    auto boot = group->bootstrap(rank);
+    BufferOptions options;
+    options.rdma_queues.log2_sq_wqebbs = rank == 1 ? 8 : 10;
+    Buffer buffer(two_domain_config(), *boot, options);
+  });
+  for (int r = 0; r < kDomainRanks; ++r)
+    EXPECT_HAS(errors[r], "ranks disagree on options.queues.log2_sq_wqebbs: rank 0 has 10, rank 1 has 8");
+  EXPECT_EQ(errors[0], errors[1]);
+  EXPECT_EQ(sim::live_allocation_count(), before) << "a failed creation releases everything";
+}
+
+// A NIC the buffer cannot open (here: rank 1's device has one open already) fails the
+// creation on every rank, naming the rank and the reason, instead of leaving the
+// others waiting for it.
+TEST(BufferAcrossDomains, ANicThatCannotBeOpenedFailsEveryRank) {
+  reset_sim(kDomainRanks, 1);
+  auto group = make_group(kDomainRanks);
+  std::unique_ptr<runtime::rdma::RdmaDevice> taken;
+  sim::run_ranks(1, [&](int) { taken = runtime::rdma::open_sim_nic(1); });
+  const auto errors = errors_on_ranks(kDomainRanks, [&](int rank) {
+    auto boot = group->bootstrap(rank);
+    Buffer buffer(two_domain_config(), *boot);
+  });
+  for (int r = 0; r < kDomainRanks; ++r) {
+    EXPECT_HAS(errors[r], "rank 1");
+    EXPECT_HAS(errors[r], "device 1 already has a simulated NIC open");
+  }
+  sim::run_ranks(1, [&](int) { taken.reset(); });
+}
+
+// The caller's NIC: rank 0's link goes down after a few packets. Every rank's dispatch
+// ends with a clear error instead of a hang: rank 0 with the NIC's error completion
+// (the abort its domain peers would share), rank 1 with the wait that rank 0's
+// missing rows left unmet, naming the row.
+TEST(BufferAcrossDomains, ALinkDownEndsEveryRanksDispatchWithAReport) {
+  reset_sim(kDomainRanks, 1);
+  auto group = make_group(kDomainRanks);
+  std::vector<std::unique_ptr<runtime::rdma::RdmaDevice>> nics(kDomainRanks);
+  const auto errors = errors_on_ranks(kDomainRanks, [&](int rank) {
+    sim::NicConfig nic;
+    if (rank == 0) nic.link_down_after_packets = 2;
+    nics[static_cast<std::size_t>(rank)] = runtime::rdma::open_sim_nic(rank, nic);
+    auto boot = group->bootstrap(rank);
+    BufferOptions options = short_budgets();
+    options.nic = nics[static_cast<std::size_t>(rank)].get();
+    Buffer buffer(two_domain_config(), *boot, options);
+    const int T = 6;
+    std::vector<bf16> x(static_cast<std::size_t>(T) * 128, float_to_bf16(1.0f));
+    std::vector<int64_t> idx(static_cast<std::size_t>(T) * 2);
+    for (int t = 0; t < T; ++t) idx[2 * t] = 0, idx[2 * t + 1] = 2;  // an expert in each domain
+    std::vector<float> w(idx.size(), 0.5f);
+    DeviceAllocation dx = to_device<bf16>(x), didx = to_device<int64_t>(idx), dw = to_device<float>(w);
+    const DispatchResult d =
+        buffer.dispatch({.hidden = dx.get(), .num_tokens = T, .topk_idx = static_cast<const int64_t*>(didx.get()),
+                         .topk_weights = static_cast<const float*>(dw.get()), .num_topk = 2});
+    buffer.synchronize();
+  });
+  EXPECT_HAS(errors[0], "rank 0 gave up the operation: mlx5 error completion: QP");
+  EXPECT_HAS(errors[0], "syndrome 21");
+  EXPECT_HAS(errors[1], "rank 1 gave up after 2097152 cycles waiting for dispatch: row header seq of received row");
+  sim::run_ranks(kDomainRanks, [&](int r) { nics[static_cast<std::size_t>(r)].reset(); });
 }
 
 }  // namespace

@@ -61,8 +61,9 @@ void expect_nvlink_minimum(const Group& group, const Case& c, const GroupCall& c
       EXPECT_EQ(traffic.written(s, d), minimum) << "NVLink bytes from rank " << s << " to " << d;
       EXPECT_EQ(traffic.read(s, d), 0u) << "rank " << s << " read from " << d;
     }
-    for (int q = 0; q < G; ++q)
+    for (int q = 0; q < G; ++q) {
       if (q / R != s / R) EXPECT_EQ(traffic.written(s, q) + traffic.read(s, q), 0u) << "rank " << s << " to " << q;
+    }
   }
 }
 

@@ -5,8 +5,8 @@
 // Endpoints, connect. An Endpoint's `lid` names the simulated device, so that connect() finds the
 // peer's NIC in this process.
 //
-// Like sim::Nic, a device must outlive the simulator's next reset() (the engine holds
-// its NIC as an agent until then): reset, then destroy it.
+// Like sim::Nic, a device is destroyed before the simulator's next reset() only when
+// no kernel uses it any more (its NIC stops being an agent then).
 #pragma once
 
 #include <memory>

@@ -18,8 +18,8 @@
 // (Agent::next_event_ns), and a kernel polling a signal or a CQE sees it when it lands.
 //
 // Host code creates it while it holds the world (not inside a simulator call). It
-// registers itself with add_agent and must live until the next sim::reset(), which
-// removes it and frees the queues it allocated.
+// registers itself with add_agent; the next sim::reset() removes it and frees the
+// queues it allocated, and destroying it first removes it too (remove_agent).
 #pragma once
 
 #include <cstddef>
@@ -81,6 +81,7 @@ struct NicQueues {
 class Nic : public Agent {
  public:
   Nic(int device, NicConfig config = {});
+  ~Nic() override { remove_agent(this); }
   Nic(const Nic&) = delete;
   Nic& operator=(const Nic&) = delete;
 

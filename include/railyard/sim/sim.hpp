@@ -238,7 +238,10 @@ class Agent {
   virtual double next_event_ns() const { return kNoEvent; }
   virtual std::string describe() const = 0;  // for hang reports
 };
-void add_agent(Agent* agent);  // not owned; removed by reset()
+void add_agent(Agent* agent);  // not owned; removed by reset() or remove_agent()
+// Before an agent is destroyed ahead of the next reset() (a Buffer's own NIC): the
+// engine stops stepping it. A no-op for an agent it does not hold.
+void remove_agent(Agent* agent);
 // Called from an agent's step() only: ends `device`'s work (its kernels and streams)
 // with a fault of `kind`, as a kernel fault does; the host thread that synchronizes
 // on it gets sim::Error(kind, report). A simulated NIC uses it for a request the real

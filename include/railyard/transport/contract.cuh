@@ -50,27 +50,11 @@
 #include <concepts>
 #include <cstdint>
 
-#include "railyard/common/byte_order.cuh"
 #include "railyard/common/macros.cuh"
 #include "railyard/pipeline/wait.cuh"
+#include "railyard/transport/refs.hpp"
 
 namespace railyard::transport {
-
-// Bytes at `offset` in remote rank `peer`'s registered buffer (peer: the transport's
-// index of the rank, e.g. its rank in the NVLink domain).
-struct RemoteRef {
-  int32_t peer = 0;
-  uint64_t offset = 0;
-};
-// Bytes at `offset` in this rank's registered buffer.
-struct LocalRef {
-  uint64_t offset = 0;
-};
-// A signal: the 64-bit counter at `offset` in rank `peer`'s registered buffer.
-struct SignalRef {
-  int32_t peer = 0;
-  uint64_t offset = 0;
-};
 
 template <class L>
 concept Lane = requires(L& lane, LocalRef src, RemoteRef dst, uint32_t bytes, SignalRef signal, uint64_t add) {
@@ -85,15 +69,6 @@ concept Lane = requires(L& lane, LocalRef src, RemoteRef dst, uint32_t bytes, Si
   // pairs, NVLink); the protocol may use it only as an optimisation.
   { L::kOrderedSignals } -> std::convertible_to<bool>;
 };
-
-// How a transport leaves a signal in memory: NVLink and NCCL GIN add in native order;
-// an mlx5 NIC's 8-byte atomics may add big-endian (the NIC's atomic mode, queried at
-// start-up; docs/design-internode.md).
-enum class SignalOrder : uint8_t { Native = 0, BigEndian = 1 };
-
-RAILYARD_HOST_DEVICE constexpr uint64_t signal_value(uint64_t raw, SignalOrder order) {
-  return order == SignalOrder::Native ? raw : bswap64(raw);
-}
 
 // Receiver: waits until this rank's signal at `counter` reaches `at_least`, then
 // acquires it at system scope, so that the bytes of every put_signal that counted

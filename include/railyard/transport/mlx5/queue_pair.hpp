@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "railyard/transport/contract.cuh"
+#include "railyard/transport/refs.hpp"
 #include "railyard/transport/mlx5/wire.cuh"
 
 namespace railyard::transport::mlx5 {

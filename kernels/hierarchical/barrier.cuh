@@ -1,0 +1,44 @@
+// Railyard hierarchical barrier kernel: the domain's entry barrier, then the rail
+// entry with every rail peer. See barrier.hpp.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/hierarchical/barrier.hpp"
+#include "kernels/hierarchical/rail.cuh"
+#include "kernels/intranode/protocol.cuh"
+#include "railyard/common/macros.cuh"
+
+namespace railyard::kernels::hierarchical {
+
+struct Barrier {
+  static constexpr const char* kName = "hierarchical::Barrier";
+  static constexpr uint32_t kMaxThreadsPerBlock = 32;
+  static constexpr uint32_t kMinBlocksPerSm = 1;
+
+  using Arguments = BarrierArguments;
+  using Params = BarrierArguments;
+  struct SharedStorage {
+    uint32_t unused;  // the barrier keeps nothing in shared memory
+  };
+  static constexpr std::size_t shared_memory_bytes() { return sizeof(SharedStorage); }
+
+  RAILYARD_DEVICE void operator()(const Params& p, SharedStorage&) const {
+    const uint64_t seq = intranode::op_begin(p.domain);
+    intranode::entry_barrier(p.domain, seq,
+                             layout::OpDescriptor{static_cast<uint32_t>(pipeline::OpKind::Barrier), 0, 0, 0});
+    const layout::HierarchicalLayout H(p.shape);
+    const int R = p.shape.domain.ranks_per_domain, mine = p.domain.rank / R;
+    for (int r = 0; r < H.remote_domains(); ++r) {
+      const int other = r < mine ? r : r + 1;
+      const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p.lanes[r]);
+      transport::mlx5::Lane lane(qp, p.domain.wait());
+      enter_rail(H, p.domain.self(), lane, qp.signal_order, r, other * R + p.domain.rank % R,
+                 layout::HierarchicalLayout::remote_index(other, mine), p.domain.handshake_wait());
+      lane.quiet();  // its completion in: a NIC error is reported here, by this rank
+    }
+    intranode::op_end(p.domain, seq);
+  }
+};
+
+}  // namespace railyard::kernels::hierarchical

@@ -1,0 +1,104 @@
+// Railyard public API, internal: the path of a group of several NVLink domains. Its
+// kernels are the hierarchical ones (kernels/hierarchical): the intra-node kernels
+// over the whole group, whose traffic between domains crosses each rank's NIC to its
+// rail peers (docs/design-internode.md). On creation it connects the rail (one RC
+// queue pair towards each rail peer, runtime::rdma::connect_rail, collective) and
+// puts the lanes the kernels drive in the GPU's memory.
+#include "hierarchical_path.hpp"
+
+#include <cstring>
+#include <vector>
+
+#include "intranode_path.hpp"
+#include "kernels/hierarchical/barrier.hpp"
+#include "kernels/hierarchical/combine.hpp"
+#include "kernels/hierarchical/dispatch.hpp"
+#include "kernels/hierarchical/metadata.hpp"
+#include "railyard/runtime/device_api.hpp"
+#include "railyard/runtime/rdma_rail_mlx5.hpp"
+
+namespace railyard::detail {
+namespace {
+
+namespace kh = kernels::hierarchical;
+namespace mlx5 = transport::mlx5;
+
+// One allocation of the rank's GPU memory: the queue pairs the kernels take (D - 1,
+// remote_index order), the remote table (every rank's region, by rank) and the lanes'
+// states (zeroed: nothing posted yet).
+class DeviceLanes {
+ public:
+  DeviceLanes(const runtime::rdma::RailConnections& c, uint8_t* local_base, int64_t fetch_scratch_offset) {
+    const std::size_t n = c.peers.size(), remotes = c.remotes.size();
+    const std::size_t qp_bytes = n * sizeof(mlx5::QueuePair), table_bytes = remotes * sizeof(mlx5::RemoteMemory);
+    const std::size_t bytes = qp_bytes + table_bytes + n * sizeof(mlx5::LaneState);
+    ptr_ = static_cast<uint8_t*>(runtime::gpu::malloc_device(bytes, "RDMA lanes"));
+    std::vector<uint8_t> image(bytes, 0);
+    const runtime::rdma::Mlx5LaneMemory memory{
+        .local_base = local_base,
+        .remotes = reinterpret_cast<const mlx5::RemoteMemory*>(ptr_ + qp_bytes),
+        .states = reinterpret_cast<mlx5::LaneState*>(ptr_ + qp_bytes + table_bytes),
+        .fetch_scratch = {static_cast<uint64_t>(fetch_scratch_offset)}};
+    for (std::size_t i = 0; i < n; ++i) {
+      const mlx5::QueuePair qp = runtime::rdma::mlx5_queue_pair(c, static_cast<int>(i), 0, memory);
+      std::memcpy(image.data() + i * sizeof qp, &qp, sizeof qp);
+    }
+    const std::vector<mlx5::RemoteMemory> table = runtime::rdma::mlx5_remote_table(c);
+    std::memcpy(image.data() + qp_bytes, table.data(), table_bytes);
+    const GpuStream stream = runtime::gpu::stream_create();
+    runtime::gpu::memcpy_async(ptr_, image.data(), bytes, stream);
+    runtime::gpu::stream_synchronize(stream);
+    runtime::gpu::stream_destroy(stream);
+  }
+  ~DeviceLanes() { runtime::gpu::free_device(ptr_); }
+  DeviceLanes(const DeviceLanes&) = delete;
+  DeviceLanes& operator=(const DeviceLanes&) = delete;
+  const mlx5::QueuePair* queue_pairs() const { return reinterpret_cast<const mlx5::QueuePair*>(ptr_); }
+
+ private:
+  uint8_t* ptr_ = nullptr;
+};
+
+class HierarchicalPath final : public DomainPath {
+ public:
+  HierarchicalPath(const runtime::RegisteredBuffer& registered, runtime::Bootstrap& bootstrap, RailNic& nic,
+                   const PathOptions& options)
+      : DomainPath(layout::HierarchicalLayout(hierarchical_shape(registered.config())).nvlink().shape(), registered,
+                   registered.rank(), registered.rank() / registered.config().ranks_per_domain *
+                                          registered.config().ranks_per_domain,
+                   options),
+        shape_(hierarchical_shape(registered.config())),
+        rail_(runtime::rdma::connect_rail(nic.nic(), bootstrap, registered.topology(), nic.region(),
+                                          {.queues = options.rdma_queues, .lanes_per_peer = 1})),
+        lanes_(rail_, registered.local_ptr(), layout::HierarchicalLayout(shape_).fetch_scratch_offset()) {}
+
+  Status metadata(const DispatchArgs& args, const HandleMemory& handle, int blocks, GpuStream stream) override {
+    return kh::launch_metadata({metadata_arguments(args, handle, blocks), shape_, lanes_.queue_pairs()}, stream);
+  }
+  Status dispatch(const DispatchArgs& args, const HandleMemory& handle, const DispatchResult& out, int blocks,
+                  GpuStream stream) override {
+    return kh::launch_dispatch({dispatch_arguments(args, handle, out, blocks), shape_, lanes_.queue_pairs()}, stream);
+  }
+  Status combine(const CombineArgs& args, const HandleMemory& handle, TokenLayout layout, int64_t num_tokens,
+                 int64_t rows, const CombineResult& out, int blocks, GpuStream stream) override {
+    return kh::launch_combine(
+        {combine_arguments(args, handle, layout, num_tokens, rows, out, blocks), shape_, lanes_.queue_pairs()}, stream);
+  }
+  Status barrier(GpuStream stream) override {
+    return kh::launch_barrier({domain_, shape_, lanes_.queue_pairs()}, stream);
+  }
+
+ private:
+  layout::HierarchicalShape shape_;
+  runtime::rdma::RailConnections rail_;
+  DeviceLanes lanes_;
+};
+
+}  // namespace
+
+std::unique_ptr<Path> make_hierarchical_path(const runtime::RegisteredBuffer& registered, runtime::Bootstrap& bootstrap,
+                                             RailNic& nic, const PathOptions& options) {
+  return std::make_unique<HierarchicalPath>(registered, bootstrap, nic, options);
+}
+
+}  // namespace railyard::detail

@@ -1,0 +1,20 @@
+// Railyard public API, internal: RailNic (rail_nic.hpp).
+#include "rail_nic.hpp"
+
+namespace railyard::detail {
+
+void RailNic::register_memory(const runtime::RegisteredRegion& region) {
+  if (nic_ == nullptr) {
+    owned_ = open_own_nic(region.device, local_index_);
+    nic_ = owned_.get();
+  }
+  registrar_.emplace(*nic_);
+  registrar_->register_memory(region);
+}
+
+void RailNic::deregister_memory(const runtime::RegisteredRegion& region) noexcept {
+  if (registrar_) registrar_->deregister_memory(region);
+  registrar_.reset();
+}
+
+}  // namespace railyard::detail

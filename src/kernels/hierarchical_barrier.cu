@@ -1,0 +1,17 @@
+// Railyard hierarchical barrier: host launcher, compiled by nvcc and (simulator
+// flavour) by the host compiler.
+#include "kernels/hierarchical/barrier.cuh"
+
+#include "kernels/common/launch.hpp"
+#include "kernels/hierarchical/group_checks.hpp"
+
+namespace railyard::kernels::hierarchical {
+
+Status launch_barrier(const BarrierArguments& a, GpuStream stream) {
+  if (Status st = check_group("hierarchical barrier", "domain", a.shape, a.domain, a.lanes); !st.ok()) return st;
+  if (Status st = intranode::check_domain(a.domain, "hierarchical barrier"); !st.ok()) return st;
+  return kernels::launch<Barrier>(a, dim3(1), dim3(Barrier::kMaxThreadsPerBlock), Barrier::shared_memory_bytes(),
+                                  stream);
+}
+
+}  // namespace railyard::kernels::hierarchical
