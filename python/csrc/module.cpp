@@ -71,6 +71,7 @@ py::dict info(const BufferEntry& e) {
   d["rank"] = e.buffer->rank();
   d["device"] = e.device;
   d["required_bytes"] = Buffer::required_bytes(e.buffer->config());
+  d["ranks_per_domain"] = e.buffer->config().ranks_per_domain;
   return d;
 }
 
@@ -84,11 +85,17 @@ py::dict create_buffer(PyBootstrap& bootstrap, int64_t hidden, int64_t max_token
   entry->bootstrap = std::move(bootstrap.bootstrap);
   entry->check_routing = check_routing;
   const int64_t R = entry->bootstrap->size();
-  const BufferConfig config =
-      make_config(hidden, max_tokens, R, experts_per_rank, fp8, max_top_k, ranks_per_domain.value_or(R));
   BufferOptions options;
   options.allocator = &output_allocator();
   if (ranks_per_domain) options.topology_options.ranks_per_domain = static_cast<int>(*ranks_per_domain);
+  {
+    // The NVLink domains: detected (collective), or the caller's override; the config
+    // says the same (several domains take the RDMA path between them).
+    py::gil_scoped_release nogil;
+    options.topology = runtime::detect_topology(*entry->bootstrap, options.topology_options);
+  }
+  const BufferConfig config =
+      make_config(hidden, max_tokens, R, experts_per_rank, fp8, max_top_k, options.topology->ranks_per_domain);
   options.dispatch_sms = dispatch_sms;
   options.combine_sms = combine_sms;
   options.dispatch_chunk_rows = dispatch_chunk_rows;

@@ -309,6 +309,9 @@ class Buffer:
         self.max_top_k = max_top_k
         self.use_fp8 = bool(use_fp8)
         self.required_bytes = info["required_bytes"]
+        # Ranks per NVLink domain: the override, else detected. Fewer than world_size:
+        # the group spans several domains, joined by RDMA between rail peers.
+        self.ranks_per_domain = info["ranks_per_domain"]
         _configs[self._id] = (hidden_dim, num_experts, num_local_experts, self.use_fp8)
         register = getattr(group, "_register_buffer", None)
         if register is not None:

@@ -348,8 +348,13 @@ class HybridEPBuffer:
     @property
     def num_of_hybrid_ep_ranks_per_nvlink_domain(self) -> int:
         """Ranks per NVLink domain: ``nvlink_domain_size`` / ``ranks_per_domain`` when
-        given, else the whole group (Railyard's default on one node)."""
-        return int(self._buffer_options.get("ranks_per_domain") or self.group_size)
+        given, else what the rank's buffer detected, else (no buffer yet) the whole
+        group. ``num_of_nodes`` (DeepEP's name for the domains) follows from it."""
+        given = self._buffer_options.get("ranks_per_domain")
+        if given:
+            return int(given)
+        entry = self._buffers.get(id(self._rank_group()))
+        return int(entry[1].ranks_per_domain) if entry is not None else self.group_size
 
     @property
     def local_rank(self) -> int:

@@ -76,6 +76,21 @@ def test_attributes():
     assert got == [(r, 4, r % 2, r // 2, 2, 2) for r in range(4)]
 
 
+def test_attributes_follow_the_detected_domains():
+    """Without nvlink_domain_size the domains are the buffer's, detected: two of two
+    ranks here (num_of_nodes = 2, Megatron's count of domains)."""
+    def fn(group):
+        b = adapter(group, 16)
+        before = b.num_of_nodes  # no buffer yet: the whole group
+        x = torch.zeros(4, H, dtype=torch.bfloat16)
+        idx = torch.tensor([[0, 5]] * 4, dtype=torch.int64)
+        b.dispatch(x, topk_idx=idx, topk_weights=torch.full((4, K), 0.5), num_of_experts=4 * EL)
+        return before, b.num_of_nodes, b.local_rank, b.node_rank
+
+    got = run_ranks(4, fn, ranks_per_domain=2)
+    assert got == [(1, 2, r % 2, r // 2) for r in range(4)]
+
+
 @pytest.mark.parametrize("form", ["topk", "map"])
 def test_non_permuted_dispatch_and_combine(form):
     world, counts = 2, [7, 5]

@@ -6,6 +6,7 @@ ranks, blocking mode, against tests/python/reference.py:
 * combine and combine_with_unpermute: bit for bit against the fixed-order fp32 sum
   rounded to BF16 (section 7 and 8 of docs/semantics.md); probs combine bitwise;
 * a second combine on the same handle gives the same bits;
+* groups of several NVLink domains (2 x 1, 2 x 2 ranks), both layouts;
 * 1, 2, 4 and 8 ranks, unequal token counts with one rank at 0 and one at the maximum,
   BF16 and FP8, routing map and top-k forms, with and without probs, pad_multiple.
 """
@@ -120,6 +121,42 @@ def test_dispatch_with_permute_and_combine_with_unpermute(railyard, world_size, 
         assert_bits(c1["hidden"], exp_h[d], f"rank {d} combine_with_unpermute hidden")
         assert_bits(c1["probs"], exp_p[d], f"rank {d} combine_with_unpermute probs")
         assert_bits(c2["hidden"], c1["hidden"], f"rank {d} second combine on the same handle")
+
+
+@pytest.mark.parametrize("world_size,ranks_per_domain", [(2, 1), (4, 2)])
+@DTYPES
+def test_across_nvlink_domains(railyard, world_size, ranks_per_domain, fp8):
+    """Several NVLink domains (the hierarchical path through the simulated NICs): both
+    layouts, bit for bit; combine rounds each domain's partial to BF16 (semantics.md 7)."""
+    case = case_for(world_size, fp8, "topk" if fp8 else "map", seed=7, pad_multiple=4,
+                    ranks_per_domain=ranks_per_domain)
+    N = [rc.num_rows for rc in case.received]
+    P = [pm.num_rows for pm in case.permuted]
+    ys, zs = expert_rows(case, N, salt=2), expert_rows(case, P, salt=4)
+    qs = random_fp32_rows(case, [(n, case.num_local_experts) for n in N], salt=3)
+
+    def fn(group):
+        d = group.rank()
+        buf = make_buffer(group, case, ranks_per_domain=ranks_per_domain)
+        r = buf.dispatch(case.hidden[d], **case.dispatch_kwargs(d))
+        got = snap_dispatch(r)
+        c = snap_combine(buf.combine(ys[d], probs=qs[d], handle=r.handle))
+        rp = buf.dispatch_with_permute(case.hidden[d], pad_multiple=4, **case.dispatch_kwargs(d))
+        got_p = snap_dispatch(rp)
+        cp = snap_combine(buf.combine_with_unpermute(zs[d], handle=rp.handle, pad_multiple=4))
+        buf.destroy()
+        return got, c, got_p, cp
+
+    results = run_ranks(world_size, fn, ranks_per_domain=ranks_per_domain)
+    exp_h = ref.combine_ref(ys, case.received, case.tokens, ranks_per_domain)
+    exp_p = ref.combine_probs_ref(qs, case.received, case.tokens)
+    exp_z = ref.combine_with_unpermute_ref(zs, case.permuted, case.tokens, ranks_per_domain)
+    for d, (got, c, got_p, cp) in enumerate(results):
+        check_received(case, d, got)
+        assert_bits(c["hidden"], exp_h[d], f"rank {d} combine hidden")
+        assert_bits(c["probs"], exp_p[d], f"rank {d} combine probs")
+        check_permuted(case, d, got_p)
+        assert_bits(cp["hidden"], exp_z[d], f"rank {d} combine_with_unpermute hidden")
 
 
 def test_megatron_style_keyword_call(railyard):

@@ -111,19 +111,20 @@ def local_expert_of_rows(tokens_per_expert, rows):
     return out
 
 
-def expected(world, counts, xs, maps, probs, pad_multiple=None, bound=None):
-    """Reference of one forward + backward of the test's tiny MoE layer."""
+def expected(world, counts, xs, maps, probs, pad_multiple=None, bound=None, ranks_per_domain=None):
+    """Reference of one forward + backward of the test's tiny MoE layer (combine rounds
+    each NVLink domain's partial to BF16 when the group spans several)."""
     E = world * EL
     routings = [normalize_routing(E, routing_map=maps[r], probs=probs[r]) for r in range(world)]
     perm = permute_ref(dispatch_ref(xs, routings, E), pad_multiple or 1)
     zs = [perm[d].hidden * expert_factor(d, perm[d].local_expert)[:, None] for d in range(world)]
-    combined = combine_with_unpermute_ref(zs, perm, counts, bound=bound)
+    combined = combine_with_unpermute_ref(zs, perm, counts, ranks_per_domain, bound=bound)
     # d loss / d x: combine's backward is a dispatch of grad_out on the same routing,
     # times the expert factor, then dispatch's backward (combine with unpermute).
     gouts = [grad_out(r, counts[r]) for r in range(world)]
     gperm = permute_ref(dispatch_ref(gouts, routings, E), pad_multiple or 1)
     gz = [gperm[d].hidden * expert_factor(d, gperm[d].local_expert)[:, None] for d in range(world)]
-    xgrad = combine_with_unpermute_ref(gz, perm, counts, bound=bound)
+    xgrad = combine_with_unpermute_ref(gz, perm, counts, ranks_per_domain, bound=bound)
     # d loss / d probs: the probs combine of the loss weights of the dispatched probs.
     qs = [prob_weight(d, perm[d].local_expert) for d in range(world)]
     pgrad = combine_probs_permuted_ref(qs, perm, counts, bound=bound)
@@ -179,7 +180,7 @@ def dispatch_apply(*args, **kwargs):
     return fused_a2a.HybridEPDispatch.apply(*bound.args)
 
 
-def run_autograd_functions(world, counts, seed, pad_multiple=None, bound=None):
+def run_autograd_functions(world, counts, seed, pad_multiple=None, bound=None, ranks_per_domain=None):
     xs, maps, probs = make_rank_inputs(world, counts, seed)
 
     def fn(group):
@@ -199,11 +200,18 @@ def run_autograd_functions(world, counts, seed, pad_multiple=None, bound=None):
                     tokens_per_expert=tpe.clone(), combined=combined.detach().clone(),
                     xgrad=x.grad.clone(), pgrad=p.grad.clone(), overflow=int(handle.overflow))
 
-    got = railyard.sim.run(world_size=world, fn=fn, ranks_per_domain=world, seed=seed)
-    perm, combined, xgrad, pgrad = expected(world, counts, xs, maps, probs, pad_multiple, bound)
+    got = railyard.sim.run(world_size=world, fn=fn, ranks_per_domain=ranks_per_domain or world, seed=seed)
+    perm, combined, xgrad, pgrad = expected(world, counts, xs, maps, probs, pad_multiple, bound, ranks_per_domain)
     for d in range(world):
         check_rank(d, got[d], perm, combined, xgrad, pgrad, bound)
     return perm
+
+
+@pytest.mark.parametrize("pad_multiple", [None, 16])
+def test_autograd_functions_across_nvlink_domains(pad_multiple):
+    """Two NVLink domains of two ranks (detected, no option): Megatron's functions run
+    the hierarchical path, forward and backward, bit for bit."""
+    run_autograd_functions(4, COUNTS[4], seed=9, pad_multiple=pad_multiple, ranks_per_domain=2)
 
 
 @pytest.mark.parametrize("world", [2, 4])
