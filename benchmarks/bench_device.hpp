@@ -21,7 +21,7 @@ inline BufferConfig buffer_config(const Params& p, int64_t tokens) {
   c.num_ranks = p.ranks;
   c.num_experts = p.num_experts();
   c.experts_per_rank = p.experts_per_rank;
-  c.ranks_per_domain = p.ranks;
+  c.ranks_per_domain = p.ranks_per_domain();
   c.dispatch_dtype = p.dtype;
   c.max_top_k = p.topk;
   return c;

@@ -37,18 +37,22 @@ using railyard::TokenLayout;
 constexpr bool kSim = RAILYARD_IS_SIM;
 
 const char* const kUsage =
-    "usage: %s [--preset seed|deepep] [--hidden H] [--tokens T] [--ranks R] [--experts-per-rank E]\n"
+    "usage: %s [--preset seed|seed-4x8|deepep] [--hidden H] [--tokens T] [--ranks R] [--domains D]\n"
+    "          [--experts-per-rank E]\n"
     "          [--topk K] [--dtype bf16|fp8] [--skew S] [--sms N | --sms-sweep 1,2,4,...]\n"
     "          [--layout received|grouped|both] [--pad-multiple P] [--iters N] [--warmup N] [--seed S]\n"
     "          [--json FILE] [--sim-tokens T] [--sim-full] [--no-sim-timed] [--sim-gpu h100|b200] [--preemption P]\n"
     "          [--host-overhead-iters N]\n"
     "          [--model-fixed-us U] [--model-token-latency-us U]\n"
     "  presets: seed   = hidden 8192, BF16, 4096 tokens/rank, 2 experts/rank, top-8, uniform, 8 ranks (default)\n"
+    "           seed-4x8 = the same on 32 ranks in 4 NVLink domains of 8 (4 nodes x 8 H100), RDMA between them\n"
     "           deepep = hidden 7168, FP8, 4096 tokens/rank, 256 experts (32/rank), top-8, uniform, 8 ranks\n"
     "  simulator: runs --sim-tokens (default 128) tokens per rank, or --tokens with --sim-full (slow),\n"
     "             checked; then once per SM count in its timed mode (SIMULATED times; --no-sim-timed skips);\n"
     "             the roofline model's upper bound is for --tokens from the routing's closed-form bytes;\n"
-    "             --sim-gpu picks the simulated GPUs' preset (h100, the default, or b200).\n";
+    "             --sim-gpu picks the simulated GPUs' preset (h100, the default, or b200).\n"
+    "  --domains D: the ranks form D NVLink domains (R / D ranks each), joined by RDMA between rail peers;\n"
+    "             the simulator gives each GPU a simulated 400 Gb/s NIC and counts its bytes too.\n";
 
 bool parse_int_list(const std::string& s, std::vector<int>* out) {
   out->clear();
@@ -82,6 +86,7 @@ bool parse(int argc, char** argv, Params* p) {
     else if (arg == "--hidden") p->hidden = std::atoll(v.c_str());
     else if (arg == "--tokens") p->tokens = std::atoll(v.c_str());
     else if (arg == "--ranks") p->ranks = std::atoi(v.c_str());
+    else if (arg == "--domains") p->domains = std::atoi(v.c_str());
     else if (arg == "--experts-per-rank") p->experts_per_rank = std::atoi(v.c_str());
     else if (arg == "--topk") p->topk = std::atoi(v.c_str());
     else if (arg == "--dtype" && (v == "bf16" || v == "fp8")) p->dtype = v == "fp8" ? DType::FP8_E4M3 : DType::BF16;
@@ -109,7 +114,8 @@ bool parse(int argc, char** argv, Params* p) {
   }
   const bool fp8 = p->dtype == DType::FP8_E4M3;
   return p->hidden > 0 && p->hidden % 8 == 0 && (!fp8 || p->hidden % 128 == 0) && p->tokens >= 0 &&
-         p->sim_tokens >= 0 && p->ranks >= 1 && p->ranks <= 72 && p->experts_per_rank >= 1 && p->topk >= 1 &&
+         p->sim_tokens >= 0 && p->ranks >= 1 && p->ranks <= 72 && p->domains >= 1 && p->domains <= 64 &&
+         p->ranks % p->domains == 0 && p->experts_per_rank >= 1 && p->topk >= 1 &&
          p->topk <= p->num_experts() && p->skew >= 0 && p->pad_multiple >= 1 && p->iters >= 1 && p->warmup >= 0 &&
          p->preemption > 0 && p->preemption <= 1 && p->model_fixed_us >= 0 &&
          p->model_token_latency_us >= 0;
@@ -124,9 +130,10 @@ std::string sms_list(const std::vector<int>& sms) {
 std::string config_line(const Params& p, int64_t tokens) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "preset %s: %d ranks, hidden %lld, %s dispatch, %lld tokens/rank, %d experts (%d/rank), top-%d, "
-                "routing %s (skew %.3g), pad multiple %d",
-                p.preset.c_str(), p.ranks, static_cast<long long>(p.hidden), p.dtype == DType::FP8_E4M3 ? "FP8" : "BF16",
+                "preset %s: %d ranks (%d NVLink domain%s of %d), hidden %lld, %s dispatch, %lld tokens/rank, %d experts "
+                "(%d/rank), top-%d, routing %s (skew %.3g), pad multiple %d",
+                p.preset.c_str(), p.ranks, p.domains, p.domains > 1 ? "s" : "", p.ranks_per_domain(),
+                static_cast<long long>(p.hidden), p.dtype == DType::FP8_E4M3 ? "FP8" : "BF16",
                 static_cast<long long>(tokens), p.num_experts(), p.experts_per_rank, p.topk,
                 p.skew == 0 ? "uniform random" : "Zipf over experts", p.skew, p.pad_multiple);
   return buf;
@@ -149,13 +156,14 @@ uint64_t matrix_sum(const std::vector<std::vector<uint64_t>>& m) {
 
 // Per-link tables of one layout: dispatch kernel bytes written s -> d, combine bytes
 // home s read from d, each against its minimum.
-void print_links(const OpResult& dispatch, const OpResult& combine, const PairCounts& pairs, int R) {
+void print_links(const Params& p, const OpResult& dispatch, const OpResult& combine, const PairCounts& pairs) {
+  const int R = p.ranks;
   std::printf("  NVLink bytes per link (sim::traffic(), one window per operation) against the minimum:\n");
   std::printf("  %-7s %7s %14s %14s %14s %14s %6s\n", "s -> d", "tokens", "dispatch wrote", "minimum",
               "combine read", "minimum", "polls");
   for (int s = 0; s < R; ++s) {
     for (int d = 0; d < R; ++d) {
-      if (s == d) continue;
+      if (s == d || !p.same_domain(s, d)) continue;  // across domains: no NVLink (checked, 0 bytes)
       const uint64_t dw = dispatch.traffic.written[s][d], dm = dispatch.minimum.written[s][d];
       const uint64_t cr = combine.traffic.read[s][d], cm = combine.minimum.read[s][d];
       const bool ok = dw == dm && dispatch.traffic.read[s][d] == 0 && cr >= cm && (cr - cm) % 8 == 0 &&
@@ -228,18 +236,44 @@ void json_model(Json& j, const char* key, const Params& p, const std::vector<Mod
   j.end_array().end_object();
 }
 
+// Several domains: each NIC's bytes against the minimum (docs/design-internode.md),
+// printed per NIC and in the JSON as nic_bytes and nic_minimum_bytes (per NIC, the
+// bytes it sent; each (token, remote domain) pair once, with the stated signals).
+void print_nic(Json& j, const Params& p, const OpResult& op) {
+  std::vector<uint64_t> sent, minimum;
+  uint64_t total = 0, total_min = 0;
+  for (int g = 0; g < p.ranks; ++g) {
+    sent.push_back(op.nic_sent(g));
+    uint64_t m = 0;
+    for (uint64_t b : op.nic_minimum[static_cast<std::size_t>(g)]) m += b;
+    minimum.push_back(m);
+    total += sent.back(), total_min += m;
+  }
+  std::printf("  NIC bytes (%d NICs, one per GPU, simulator count): %s; minimum %s; NICs off their minimum: %d%s\n",
+              p.ranks, with_commas(total).c_str(), with_commas(total_min).c_str(), op.bad_nics,
+              op.bad_nics ? "  <-- FAIL" : " (OK)");
+  const auto [lo, hi] = std::minmax_element(sent.begin(), sent.end());
+  std::printf("    per NIC: %s .. %s bytes sent, each to its %d rail peers\n", with_commas(*lo).c_str(),
+              with_commas(*hi).c_str(), p.domains - 1);
+  j.uint_array("nic_bytes", sent).uint_array("nic_minimum_bytes", minimum).integer("nics_off_minimum", op.bad_nics);
+}
+
 // The timed runs' rows of one operation: printed, and the JSON's `simulated` list.
 void print_simulated(Json& j, const OpResult& op, int64_t tokens, const std::string& gpu) {
-  std::printf("  SIMULATED on simulated %ss (timed mode, %lld tokens/rank; NOT a measurement; us, GB/s):\n",
-              gpu == "b200" ? "B200" : "H100", static_cast<long long>(tokens));
-  std::printf("    %5s %10s %9s %9s  %-10s %s\n", "SMs", "time", "algbw", "busbw", "bound", "busiest resource");
+  std::printf("  SIMULATED on simulated %ss (timed mode, %lld tokens/rank; NOT a measurement; us, GB/s%s):\n",
+              gpu == "b200" ? "B200" : "H100", static_cast<long long>(tokens),
+              op.has_nic ? "; NIC busbw = mean bytes a NIC sent / time, against a 50 GB/s (400 Gb/s) port" : "");
+  std::printf("    %5s %10s %9s %9s %10s  %-10s %s\n", "SMs", "time", "algbw", "busbw", op.has_nic ? "NIC busbw" : "",
+              "bound", "busiest resource");
   j.begin_array("simulated");
   for (const Simulated& s : op.simulated) {
-    std::printf("    %5d %10.1f %9.1f %9.1f  %-10s %s %.0f%%%s\n", s.sms, s.time_us, s.algbw_gbps, s.busbw_gbps,
-                s.bound.bound.c_str(), s.bound.busiest.c_str(), 100 * s.bound.busiest_fraction,
+    const std::string nic = op.has_nic ? std::to_string(s.nic_busbw_gbps).substr(0, 5) : "";
+    std::printf("    %5d %10.1f %9.1f %9.1f %10s  %-10s %s %.0f%%%s\n", s.sms, s.time_us, s.algbw_gbps, s.busbw_gbps,
+                nic.c_str(), s.bound.bound.c_str(), s.bound.busiest.c_str(), 100 * s.bound.busiest_fraction,
                 s.mismatches ? "  <-- outputs MISMATCH" : "");
     j.begin_object().str("kind", simulated_kind(gpu));
     j.integer("sms", s.sms).integer("tokens_per_rank", tokens).num("sim_time_us", s.time_us);
+    if (op.has_nic) j.num("sim_nic_busbw_gbps", s.nic_busbw_gbps);
     j.num("sim_algbw_gbps", s.algbw_gbps).num("sim_busbw_gbps", s.busbw_gbps).str("sim_bound", s.bound.bound);
     j.str("sim_busiest", s.bound.busiest).num("sim_busiest_fraction", s.bound.busiest_fraction);
     j.uinteger("mismatches", s.mismatches).end_object();
@@ -316,7 +350,8 @@ int main(int argc, char** argv) {
   j.begin_object().str("benchmark", "railyard_bench_ep").str("flavour", res.flavour).str("device", res.device);
   j.boolean("gpu_measurement", !kSim);
   j.begin_object("parameters").str("preset", p.preset).integer("hidden", p.hidden).integer("tokens_per_rank", p.tokens);
-  j.integer("tokens_per_rank_run", res.tokens).integer("ranks", p.ranks).integer("experts_per_rank", p.experts_per_rank);
+  j.integer("tokens_per_rank_run", res.tokens).integer("ranks", p.ranks).integer("domains", p.domains);
+  j.integer("experts_per_rank", p.experts_per_rank);
   j.integer("experts", p.num_experts()).integer("topk", p.topk).str("dtype", dtype_name(p.dtype)).num("skew", p.skew);
   j.integer("pad_multiple", p.pad_multiple).integer("iters", p.iters).integer("warmup", p.warmup);
   j.uinteger("seed", p.seed).integer("dispatch_row_bytes", p.dispatch_row_bytes());
@@ -352,7 +387,7 @@ int main(int argc, char** argv) {
       ok &= op.bad_pairs == 0;
       std::printf("  NVLink bytes (all %d links, simulator count): %s; minimum %s; excess %.4f%% (%s 8-byte header "
                   "re-polls); links off their minimum: %d%s\n",
-                  p.ranks * (p.ranks - 1), with_commas(moved).c_str(), with_commas(minimum).c_str(),
+                  p.ranks * (p.ranks_per_domain() - 1), with_commas(moved).c_str(), with_commas(minimum).c_str(),
                   minimum ? 100.0 * static_cast<double>(moved - std::min(moved, minimum)) / static_cast<double>(minimum) : 0.0,
                   with_commas(op.polls).c_str(), op.bad_pairs, op.bad_pairs ? "  <-- FAIL" : " (OK)");
       std::printf("  simulator: %.2f s CPU wall time, %s scheduler steps (NOT GPU time)\n", op.sim_seconds,
@@ -368,7 +403,9 @@ int main(int argc, char** argv) {
                 .uinteger("read", op.traffic.read[s][d]).uinteger("min_written", op.minimum.written[s][d])
                 .uinteger("min_read", op.minimum.read[s][d]).end_object();
       j.end_array().end_object();
-      if (op.op == Op::Combine && i >= 1 && res.ops[i - 1].has_traffic) print_links(res.ops[i - 1], op, run_pairs, p.ranks);
+      if (op.has_nic) print_nic(j, p, op);
+      ok &= op.bad_nics == 0;
+      if (op.op == Op::Combine && i >= 1 && res.ops[i - 1].has_traffic) print_links(p, res.ops[i - 1], op, run_pairs);
     }
     if (!op.simulated.empty()) print_simulated(j, op, res.tokens, p.sim_gpu);
     if (!op.measured.empty()) {
@@ -385,7 +422,9 @@ int main(int argc, char** argv) {
       }
       j.end_array().end_object();
     }
-    if (kSim && op.modelled) {
+    if (kSim && op.modelled && p.domains > 1 && i == 1)
+      std::printf("  (no MODEL across domains: the roofline model is NVLink's; the SIMULATED rows include the NIC)\n");
+    if (kSim && op.modelled && p.domains == 1) {
       const LinkBytes sim_bytes = link_bytes_from_pairs(op.traffic.written, op.traffic.read);
       const PairMatrices full_min = minimum_matrices(p, full_pairs, op.op, false, res.count_row_bytes);
       const LinkBytes full_bytes = link_bytes_from_pairs(full_min.written, full_min.read);

@@ -26,6 +26,7 @@ struct Simulated {  // one SM count, in the simulator's timed mode: SIMULATED, n
   int sms = 0;
   double time_us = 0;  // the slowest rank's, from a common start
   double algbw_gbps = 0, busbw_gbps = 0;
+  double nic_busbw_gbps = 0;  // several domains: mean over NICs of the bytes each sent / time
   SimBound bound;
   uint64_t mismatches = 0;  // the timed run's outputs against the reference
 };
@@ -44,6 +45,15 @@ struct OpResult {
   PairMatrices traffic, minimum;  // [x][y], x != y
   uint64_t polls = 0;             // extra 8-byte header (seq) re-reads (combine)
   int bad_pairs = 0;              // pairs off their minimum (other than polls)
+  // Simulator, several domains: the bytes each NIC sent to each rank, and the minimum.
+  bool has_nic = false;
+  std::vector<std::vector<uint64_t>> nic, nic_minimum;  // [from][to]
+  int bad_nics = 0;  // NICs off their minimum
+  uint64_t nic_sent(int g) const {  // row g's sum
+    uint64_t sum = 0;
+    for (uint64_t b : nic.at(static_cast<std::size_t>(g))) sum += b;
+    return sum;
+  }
   double sim_seconds = 0;
   uint64_t sim_steps = 0;
   // Simulator, timed mode: per SM count.

@@ -93,7 +93,10 @@ RunResult run(const Params& p) {
         auto bootstrap = group->bootstrap(rank);
         const GpuStream stream = gpu::stream_create();
         {
-          Buffer buffer(config, *bootstrap);
+          // --domains splits the GPUs into NVLink domains joined by RDMA (each rank's NIC).
+          BufferOptions options;
+          if (p.domains > 1) options.topology_options.ranks_per_domain = p.ranks_per_domain();
+          Buffer buffer(config, *bootstrap, options);
           auto& alloc = buffer.allocator();
           const auto x = to_device(alloc, x_bytes, T, p.hidden * dtype_bytes(p.dtype), stream);
           const auto scales = to_device(alloc, x_scales, T, p.hidden / 128, stream);

@@ -1,7 +1,9 @@
 // railyard_bench_ep on Railyard's CPU simulator: every operation runs once through
 // railyard::Buffer on R simulated H100s (or B200s, --sim-gpu), every output is compared bit for bit with
 // railyard::reference, and the NVLink bytes of every operation (sim::traffic()) are
-// compared with the minimum of docs/design-intranode.md "Traffic accounting".
+// compared with the minimum of docs/design-intranode.md "Traffic accounting"; with
+// --domains, the ranks form NVLink domains joined by simulated NICs, whose bytes are
+// compared with the minimum of docs/design-internode.md too.
 // Per layout:
 //  1. dispatch, first call (blocking mode: metadata kernel, host count read, dispatch);
 //  2. dispatch on the handle into the same outputs (poisoned first): the dispatch
@@ -102,6 +104,22 @@ struct Sample {
   Clock::time_point time;
 };
 
+// Several domains: every NIC's bytes to every rank against the minimum.
+void fill_nic(const Params& p, OpResult* op, const Sample& after) {
+  if (p.domains == 1) return;
+  const int R = p.ranks;
+  op->has_nic = true;
+  op->nic.assign(R, std::vector<uint64_t>(R, 0));
+  for (int g = 0; g < R; ++g) {
+    bool ok = true;
+    for (int q = 0; q < R; ++q) {
+      op->nic[g][q] = after.traffic.nic_sent(g, q);
+      ok = ok && op->nic[g][q] == op->nic_minimum[g][q];
+    }
+    op->bad_nics += !ok;
+  }
+}
+
 void fill_traffic(OpResult* op, const Sample& before, const Sample& after, int R) {
   op->has_traffic = true;
   op->traffic.written.assign(R, std::vector<uint64_t>(R, 0));
@@ -162,6 +180,7 @@ HostOverhead host_overhead(const Params& full) {
   if (full.host_overhead_iters <= 0) return h;
   Params p = full;
   p.ranks = 2;
+  p.domains = 1;
   p.topk = std::min(p.topk, 2 * p.experts_per_rank);
   const int64_t T = 4;
   const auto routing = make_routing(p, T, p.seed);
@@ -241,7 +260,11 @@ Pass run_pass(const Params& p, const std::vector<ref::RankInput>& inputs, const 
   std::vector<runtime::GpuEvent> ready(R);
   for (auto& e : ready) e = gpu::event_create();
   sim::reset(sim::Config{.seed = p.seed, .preemption = p.preemption, .timed = timed});
-  for (int r = 0; r < R; ++r) sim::add_device(sim_props(p));  // one NVLink domain
+  for (int r = 0; r < R; ++r) {  // NVLink domains of p.ranks_per_domain() devices, a NIC each
+    sim::DeviceProps props = sim_props(p);
+    props.nvlink_domain = r / p.ranks_per_domain();
+    sim::add_device(props);
+  }
   auto group = runtime::make_sim_group(R);
   const BufferConfig config = buffer_config(p, T);
   std::mutex error_mutex;
@@ -363,7 +386,8 @@ std::vector<std::vector<std::pair<std::string, double>>> named(const std::vector
   std::vector<std::vector<std::pair<std::string, double>>> out;
   for (const sim::BusyTime& b : busy)
     out.push_back({{"nvlink_out", b.nvlink_out_ns}, {"nvlink_in", b.nvlink_in_ns}, {"hbm", b.hbm_ns},
-                   {"sm_issue", b.sm_issue_ns}, {"sm_smem", b.sm_smem_ns}, {"sm_tma", b.sm_tma_ns}});
+                   {"sm_issue", b.sm_issue_ns}, {"sm_smem", b.sm_smem_ns}, {"sm_tma", b.sm_tma_ns},
+                   {"nic_tx", b.nic_tx_ns}, {"nic_rx", b.nic_rx_ns}});
   return out;
 }
 
@@ -380,7 +404,7 @@ RunResult run(const Params& p) {
   const auto routing = make_routing(p, T, p.seed);
   const auto rows = make_rows(p, T, p.seed);
   const auto pairs = count_pairs(p, routing, T);
-  const ref::World w{R, R, p.num_experts(), static_cast<int>(p.hidden), static_cast<int>(T)};
+  const ref::World w{R, p.ranks_per_domain(), p.num_experts(), static_cast<int>(p.hidden), static_cast<int>(T)};
   const auto inputs = reference_inputs(p, rows, routing, T);
   std::vector<Expected> expected;
   for (TokenLayout layout : p.layouts) expected.push_back(expect(p, w, inputs, layout));
@@ -416,6 +440,8 @@ RunResult run(const Params& p) {
     const auto [before, after] = window_of(checked, i);
     op.minimum = minimum_matrices(p, pairs, op.op, /*metadata=*/i % 3 == 0, res.count_row_bytes);
     fill_traffic(&op, *before, *after, R);
+    op.nic_minimum = nic_minimum(p, pairs, op.op, /*metadata=*/i % 3 == 0, T);
+    fill_nic(p, &op, *after);
     op.checked = true;
     for (int r = 0; r < R; ++r) op.mismatches += checked.mismatches[i][r];
     op.checked_what = checked_what(p, op);
@@ -438,6 +464,11 @@ RunResult run(const Params& p) {
         if (s.time_us > 0) {
           s.algbw_gbps = op.counted.algbw_mean() / (s.time_us * 1e3);
           s.busbw_gbps = op.counted.busbw_mean() / (s.time_us * 1e3);
+          if (op.has_nic) {
+            double sent = 0;
+            for (int g = 0; g < R; ++g) sent += static_cast<double>(op.nic_sent(g));
+            s.nic_busbw_gbps = sent / R / (s.time_us * 1e3);
+          }
         }
         s.bound = sim_bound(s.time_us, named(window_of(timed, i).second->busy));
         for (int r = 0; r < R; ++r) s.mismatches += timed.mismatches[i][r];

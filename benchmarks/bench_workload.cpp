@@ -17,12 +17,16 @@ int64_t Params::dispatch_row_bytes() const {
 bool apply_preset(const std::string& name, Params* p) {
   if (name == "seed") {  // the seed article's test: 8 x H100, BF16
     p->hidden = 8192, p->tokens = 4096, p->experts_per_rank = 2, p->topk = 8, p->dtype = DType::BF16;
+  } else if (name == "seed-4x8") {  // the seed article's inter-node test: 4 nodes of 8 x H100
+    p->hidden = 8192, p->tokens = 4096, p->experts_per_rank = 2, p->topk = 8, p->dtype = DType::BF16;
   } else if (name == "deepep") {  // DeepEP's usual: 256 experts, FP8 dispatch
     p->hidden = 7168, p->tokens = 4096, p->experts_per_rank = 256 / 8, p->topk = 8, p->dtype = DType::FP8_E4M3;
   } else {
     return false;
   }
-  p->preset = name, p->ranks = 8, p->skew = 0;
+  p->preset = name, p->skew = 0;
+  p->domains = name == "seed-4x8" ? 4 : 1;
+  p->ranks = 8 * p->domains;
   return true;
 }
 
@@ -64,10 +68,11 @@ std::vector<std::vector<bf16>> make_rows(const Params& p, int64_t tokens, uint64
 }
 
 PairCounts count_pairs(const Params& p, const std::vector<Routing>& routing, int64_t tokens) {
-  const int R = p.ranks, K = p.topk, El = p.experts_per_rank;
-  PairCounts c{R, std::vector<uint64_t>(static_cast<std::size_t>(R) * R, 0),
-               std::vector<uint64_t>(static_cast<std::size_t>(R) * R, 0)};
-  std::vector<int> on(R);
+  const int R = p.ranks, K = p.topk, El = p.experts_per_rank, D = p.domains, Rd = p.ranks_per_domain();
+  PairCounts c{R, D, std::vector<uint64_t>(static_cast<std::size_t>(R) * R, 0),
+               std::vector<uint64_t>(static_cast<std::size_t>(R) * R, 0),
+               std::vector<uint64_t>(static_cast<std::size_t>(R) * D, 0)};
+  std::vector<int> on(R), in_domain(D);
   for (int s = 0; s < R; ++s) {
     for (int64_t t = 0; t < tokens; ++t) {
       std::fill(on.begin(), on.end(), 0);
@@ -75,10 +80,13 @@ PairCounts count_pairs(const Params& p, const std::vector<Routing>& routing, int
         const int64_t e = routing[s].topk_idx[t * K + k];
         if (e >= 0) ++on[e / El];
       }
+      std::fill(in_domain.begin(), in_domain.end(), 0);
       for (int d = 0; d < R; ++d) {
         c.tokens[static_cast<std::size_t>(s) * R + d] += on[d] > 0;
         c.entries[static_cast<std::size_t>(s) * R + d] += on[d];
+        in_domain[d / Rd] += on[d];
       }
+      for (int e = 0; e < D; ++e) c.to_domain[static_cast<std::size_t>(s) * D + e] += in_domain[e] > 0;
     }
   }
   return c;
@@ -114,22 +122,57 @@ CountedBytes counted_bytes(const Params& p, const PairCounts& pairs, Op op) {
 
 uint64_t count_row_bytes(const Params& p) {
   layout::IntranodeShape s;
-  s.ranks_per_domain = p.ranks;
+  s.ranks_per_domain = p.ranks;  // the group's count row (domain counts too, across domains)
   s.num_local_experts = p.experts_per_rank;
+  s.num_domains = p.domains;
   return static_cast<uint64_t>(layout::IntranodeLayout(s).count_row_ints()) * 4;
 }
 
 uint64_t dispatch_minimum(const Params& p, const PairCounts& pairs, int s, int d, bool metadata,
                           uint64_t count_row_bytes) {
+  if (!p.same_domain(s, d)) return 0;
   const uint64_t row = static_cast<uint64_t>(p.dispatch_row_bytes());  // scales included for FP8
-  uint64_t b = pairs.pair_tokens(s, d) * (row + 16) + 12 * pairs.pair_entries(s, d) + kEntryBarrierBytes;
-  if (metadata) b += count_row_bytes + 4;  // count row and its flag
+  uint64_t b = kEntryBarrierBytes;
+  for (int q = 0; q < p.ranks; ++q) {  // s's own tokens, and those it forwards
+    if (!p.same_rail(s, q)) continue;
+    b += pairs.pair_tokens(q, d) * (row + 16) + 12 * pairs.pair_entries(q, d);
+    if (metadata) b += count_row_bytes + 4;  // count row and its flag, its own or relayed
+  }
   return b;
 }
 
 uint64_t combine_minimum(const Params& p, const PairCounts& pairs, int s, int d) {
+  if (!p.same_domain(s, d)) return 0;
+  uint64_t rows = 0;
+  for (int q = 0; q < p.ranks; ++q)  // s's own tokens, and the partials it sums
+    if (p.same_rail(s, q)) rows += pairs.pair_tokens(q, d);
   // + the staged row header's seq (8 bytes) and num_entries (2)
-  return pairs.pair_tokens(s, d) * (static_cast<uint64_t>(p.combine_row_bytes()) + 10);
+  return rows * (static_cast<uint64_t>(p.combine_row_bytes()) + 10);
+}
+
+std::vector<std::vector<uint64_t>> nic_minimum(const Params& p, const PairCounts& pairs, Op op, bool metadata,
+                                               int64_t tokens) {
+  const std::size_t R = static_cast<std::size_t>(p.ranks);
+  std::vector<std::vector<uint64_t>> m(R, std::vector<uint64_t>(R, 0));
+  if (p.domains == 1) return m;
+  layout::HierarchicalShape shape;
+  shape.domain = {p.ranks_per_domain(), p.experts_per_rank, static_cast<int>(std::max<int64_t>(tokens, 1)),
+                  static_cast<int>(p.hidden), p.topk, p.dtype};
+  shape.num_domains = p.domains;
+  const layout::HierarchicalLayout H(shape);
+  const uint64_t wire = static_cast<uint64_t>(op == Op::Dispatch ? H.wire_dispatch_row_bytes() : H.wire_combine_row_bytes());
+  const uint64_t C = static_cast<uint64_t>(shape.chunk_tokens);
+  const int Rd = p.ranks_per_domain();
+  for (int g = 0; g < p.ranks; ++g) {
+    for (int q = 0; q < p.ranks; ++q) {
+      if (!p.same_rail(g, q) || p.same_domain(g, q)) continue;
+      const uint64_t rows = op == Op::Dispatch ? pairs.domain_tokens(g, q / Rd) : pairs.domain_tokens(q, g / Rd);
+      uint64_t b = rows * wire + 8 * ((rows + C - 1) / C + 1);
+      if (metadata) b += count_row_bytes(p) + 8;
+      m[static_cast<std::size_t>(g)][static_cast<std::size_t>(q)] = b;
+    }
+  }
+  return m;
 }
 
 PairMatrices minimum_matrices(const Params& p, const PairCounts& pairs, Op op, bool metadata,
@@ -144,7 +187,7 @@ PairMatrices minimum_matrices(const Params& p, const PairCounts& pairs, Op op, b
         m.written[s][d] = dispatch_minimum(p, pairs, s, d, metadata, count_row_bytes);
       } else {
         m.read[s][d] = combine_minimum(p, pairs, s, d);
-        m.written[s][d] = kEntryBarrierBytes;
+        m.written[s][d] = p.same_domain(s, d) ? kEntryBarrierBytes : 0;
       }
     }
   }

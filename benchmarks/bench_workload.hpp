@@ -10,6 +10,7 @@
 
 #include "railyard/common/dtypes.cuh"
 #include "railyard/handle.hpp"
+#include "railyard/layout/hierarchical_layout.cuh"
 #include "railyard/layout/intranode_layout.cuh"
 
 namespace railyard::bench {
@@ -19,6 +20,7 @@ struct Params {
   int64_t hidden = 8192;
   int64_t tokens = 4096;  // per rank: the configuration the model's headline is for
   int ranks = 8;
+  int domains = 1;  // NVLink domains the ranks form (ranks / domains each), joined by RDMA
   int experts_per_rank = 2;
   int topk = 8;
   DType dtype = DType::BF16;
@@ -41,11 +43,15 @@ struct Params {
   double model_token_latency_us = 0;  // the model's serial wait per token and block
 
   int num_experts() const { return ranks * experts_per_rank; }
+  int ranks_per_domain() const { return ranks / domains; }
+  // The rail of rank s: the ranks of its index in every domain (itself included).
+  bool same_rail(int s, int q) const { return s % ranks_per_domain() == q % ranks_per_domain(); }
+  bool same_domain(int s, int q) const { return s / ranks_per_domain() == q / ranks_per_domain(); }
   int64_t dispatch_row_bytes() const;  // hidden x dtype bytes (+ FP8 scales, hidden/128 x 4)
   int64_t combine_row_bytes() const { return hidden * 2; }  // BF16
 };
 
-// Applies a preset's values ("seed" or "deepep"); false for an unknown name.
+// Applies a preset's values ("seed", "seed-4x8" or "deepep"); false for an unknown name.
 bool apply_preset(const std::string& name, Params* p);
 
 // One rank's routing: top-k slots, no expert twice.
@@ -64,11 +70,13 @@ std::vector<std::vector<bf16>> make_rows(const Params& p, int64_t tokens, uint64
 
 // What the routing implies, per (source s, destination d) pair, s, d in 0..R-1.
 struct PairCounts {
-  int num_ranks = 0;
+  int num_ranks = 0, num_domains = 1;
   std::vector<uint64_t> tokens;   // [s * R + d]: tokens of s with >= 1 expert on d
   std::vector<uint64_t> entries;  // [s * R + d]: their chosen experts on d
+  std::vector<uint64_t> to_domain;  // [s * D + e]: tokens of s with >= 1 expert in domain e
   uint64_t pair_tokens(int s, int d) const { return tokens[static_cast<std::size_t>(s) * num_ranks + d]; }
   uint64_t pair_entries(int s, int d) const { return entries[static_cast<std::size_t>(s) * num_ranks + d]; }
+  uint64_t domain_tokens(int s, int e) const { return to_domain[static_cast<std::size_t>(s) * num_domains + e]; }
 };
 PairCounts count_pairs(const Params& p, const std::vector<Routing>& routing, int64_t tokens);
 
@@ -98,13 +106,26 @@ inline constexpr uint64_t kEntryBarrierBytes = 4 + sizeof(layout::OpDescriptor);
 // s -> d (s != d), in the direction the data flows: dispatch bytes s writes into d
 // (rows, scales, headers, the entry barrier's kEntryBarrierBytes, and with `metadata` the count row
 // and its flag); combine bytes home s reads from expert rank d (rows and 8 header
-// bytes; no probs combine). `count_row_bytes` is the layout's count row.
+// bytes; no probs combine). `count_row_bytes` is the layout's count row. Across
+// domains (docs/design-internode.md) s also carries the rows of its rail peers in
+// the other domains, each once: it forwards their tokens (and relays their count
+// rows) to d at dispatch, and reads their rows from d for the partial sums of combine;
+// d outside s's domain: nothing.
 // The count row a dispatch's first call exchanges, in bytes: the layout's own formula
 // (IntranodeLayout::count_row_ints() x 4), which the simulator verifies on every link.
 uint64_t count_row_bytes(const Params& p);
 uint64_t dispatch_minimum(const Params& p, const PairCounts& pairs, int s, int d, bool metadata,
                           uint64_t count_row_bytes);
 uint64_t combine_minimum(const Params& p, const PairCounts& pairs, int s, int d);
+
+// The NIC minimum across domains (docs/design-internode.md), [g][q]: bytes rank g's
+// NIC sends to rail peer q, each (token, remote domain) pair once. Dispatch: the wire
+// rows of g's tokens with an expert in q's domain; combine: the partials of q's tokens
+// with an expert in g's domain; each with an 8-byte signal per chunk of
+// `chunk_tokens` and the rail entry's, and with `metadata` g's count row and its signal.
+// Zero for every other pair (one domain: every pair).
+std::vector<std::vector<uint64_t>> nic_minimum(const Params& p, const PairCounts& pairs, Op op, bool metadata,
+                                               int64_t tokens);
 
 // Per-pair matrices of the minimum (diagonal 0), in bench_model's convention: for
 // dispatch written[s][d]; for combine read[s][d] (home s loads from d) plus the entry
