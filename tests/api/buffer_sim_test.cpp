@@ -11,6 +11,8 @@
 //  - ConfigMismatch: the documented error on every rank, naming the field and ranks.
 //  - EndToEndAcrossDomains: the same over groups of 2 and 3 NVLink domains (the
 //    hierarchical path through the simulated NICs), nothing leaks.
+//  - AcrossDomainsMatrix/DxR: 2-4 domains of 1-8 ranks, the other dimensions cycled,
+//    in the weak memory model with NIC stalls and relaxed ordering.
 //  - BufferAcrossDomains: the barrier crosses domains; queue sizes that differ, and a
 //    NIC that cannot be opened, fail every rank alike; a link down ends every rank's
 //    dispatch with a report.
@@ -63,8 +65,10 @@ using runtime::InProcessGroup;
 constexpr int kSmCount = 4;
 
 // `ranks_per_domain`: devices per NVLink domain (0: one domain of all of them).
-void reset_sim(int num_devices, int ranks_per_domain = 0) {
-  sim::reset({.seed = 11});
+void reset_sim(int num_devices, int ranks_per_domain = 0,
+               sim::MemoryModel model = sim::MemoryModel::SequentiallyConsistent, uint64_t seed = 11) {
+  unsetenv("RAILYARD_SIM_MEMORY_MODEL");  // the test says which model
+  sim::reset({.seed = seed, .memory_model = model});
   for (int d = 0; d < num_devices; ++d) {
     sim::DeviceProps props = sim::h100_props();
     props.sm_count = kSmCount;  // few SMs keep the simulator's fiber count low
@@ -125,6 +129,9 @@ struct Case {
   int topk = 2;
   int chunk_rows = 0;  // BufferOptions::{dispatch,combine}_chunk_rows; 0: the kernels' defaults
   int ranks_per_domain = 0;  // NVLink domains of this many ranks; 0: one domain
+  // The weak memory model, and (several domains) NICs that stall and place a put's
+  // pieces in any order (relaxed ordering).
+  bool weak = false;
 };
 
 int domain_size(const Case& c) {
@@ -138,7 +145,9 @@ std::string describe(const Case& c) {
   s += std::string("], ") + runtime::dtype_name(c.dtype) + ", " + to_string(c.layout) + " pad " +
        std::to_string(c.pad_multiple) + (c.routing_map ? ", map routing" : ", top-k routing") +
        (c.max_rows ? ", bounded at " + std::to_string(*c.max_rows) : ", blocking") +
-       (c.chunk_rows ? ", chunks of " + std::to_string(c.chunk_rows) + " rows" : "");
+       (c.chunk_rows ? ", chunks of " + std::to_string(c.chunk_rows) + " rows" : "") +
+       ", top-" + std::to_string(c.topk) + ", " + std::to_string(c.experts_per_rank) + " experts/rank" +
+       (c.weak ? ", weak memory, NIC stalls and relaxed ordering" : "");
   return s;
 }
 
@@ -321,7 +330,8 @@ void run_case(const Case& c, uint64_t seed) {
   const std::vector<ref::CombineInput> y = expert_outputs(e, c, w, seed * 31 + 5);
   const std::vector<ref::CombineOutput> want = expected_combine(e, c, w, y);
 
-  reset_sim(R, domain_size(c));
+  reset_sim(R, domain_size(c), c.weak ? sim::MemoryModel::Weak : sim::MemoryModel::SequentiallyConsistent,
+            11 + seed);
   const std::size_t live_before = sim::live_allocation_count();
   const std::size_t bytes_before = sim::live_allocation_bytes();
   BufferConfig config = make_config(R, c.hidden, M, c.experts_per_rank, c.topk, c.dtype);
@@ -330,8 +340,13 @@ void run_case(const Case& c, uint64_t seed) {
   sim::run_ranks(R, [&](int rank) {
     runtime::gpu::set_current(rank);
     auto boot = group->bootstrap(rank);
+    std::unique_ptr<runtime::rdma::RdmaDevice> nic;  // the weak cases' own NIC, outliving the buffer
+    if (c.weak && domain_size(c) < R)
+      nic = runtime::rdma::open_sim_nic(rank, {.seed = seed, .mtu_bytes = 256, .stall_probability = 0.3,
+                                               .relaxed_ordering = true});
     Buffer buffer(config, *boot,
-                  {.dispatch_sms = 2, .combine_sms = 2, .dispatch_chunk_rows = c.chunk_rows, .combine_chunk_rows = c.chunk_rows});
+                  {.dispatch_sms = 2, .combine_sms = 2, .dispatch_chunk_rows = c.chunk_rows,
+                   .combine_chunk_rows = c.chunk_rows, .nic = nic.get()});
     const std::string at = "rank " + std::to_string(rank);
     const DeviceInputs in = to_device(inputs[rank]);
     const DeviceInputs in_other = to_device(other[rank]);
@@ -462,6 +477,52 @@ TEST(EndToEndAcrossDomains, DispatchCombineAndHandleReuseMatchTheReference) {
     if (HasFailure()) return;
   }
 }
+
+// The proof matrix across domains: every group of D in {2, 3, 4} domains of R in {1, 2,
+// 4, 8} ranks, each with two cases whose other dimensions cycle through tokens per rank
+// {0, 1, 65, 257, uneven}, top-k {1, 8}, experts per rank {1, 8}, BF16 and FP8, both
+// layouts, bounded and blocking (a bound below some ranks' rows), in the weak memory
+// model with NIC stalls and relaxed-ordering placement; everything bit for bit.
+struct MatrixGroup {
+  int domains, ranks_per_domain;
+};
+class AcrossDomainsMatrix : public ::testing::TestWithParam<MatrixGroup> {};
+
+Case matrix_case(const MatrixGroup& g, int i) {
+  const int G = g.domains * g.ranks_per_domain;
+  Case c;
+  c.ranks_per_domain = g.ranks_per_domain;
+  c.weak = true;
+  const int pattern = (g.domains * 5 + g.ranks_per_domain + i) % 5;
+  for (int r = 0; r < G; ++r) {
+    const int uneven[] = {0, 1, 65, 257, 13, 130};
+    c.tokens.push_back(pattern == 4 ? uneven[(r * 7 + i) % 6] : std::array{0, 1, 65, 257}[pattern]);
+  }
+  const int bits = g.domains * 3 + g.ranks_per_domain + i;
+  c.experts_per_rank = bits % 2 ? 8 : 1;
+  c.topk = (bits / 2) % 2 ? std::min(8, G * c.experts_per_rank) : 1;
+  c.dtype = (bits / 4) % 2 ? DType::FP8_E4M3 : DType::BF16;
+  c.layout = i % 2 ? TokenLayout::ExpertGrouped : TokenLayout::Received;
+  c.pad_multiple = c.layout == TokenLayout::ExpertGrouped ? 4 : 1;
+  c.routing_map = (bits / 8) % 2 == 1;
+  if ((bits + i) % 3 == 0) c.max_rows = 40;  // bounded: some ranks' rows overflow it
+  return c;
+}
+
+TEST_P(AcrossDomainsMatrix, EveryOutputMatchesTheReference) {
+  for (int i = 0; i < 2; ++i) {
+    run_case(matrix_case(GetParam(), i), 1000 + 17 * static_cast<uint64_t>(i) + GetParam().domains);
+    if (HasFailure()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Groups, AcrossDomainsMatrix,
+                         ::testing::Values(MatrixGroup{2, 1}, MatrixGroup{2, 2}, MatrixGroup{2, 4}, MatrixGroup{2, 8},
+                                           MatrixGroup{3, 1}, MatrixGroup{3, 2}, MatrixGroup{3, 4}, MatrixGroup{3, 8},
+                                           MatrixGroup{4, 1}, MatrixGroup{4, 2}, MatrixGroup{4, 4}, MatrixGroup{4, 8}),
+                         [](const auto& info) {
+                           return std::to_string(info.param.domains) + "x" + std::to_string(info.param.ranks_per_domain);
+                         });
 
 // ---- creation --------------------------------------------------------------------------------
 
