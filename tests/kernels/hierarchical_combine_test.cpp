@@ -272,6 +272,36 @@ TEST(HierarchicalCombineTimed, FourBlocksAcrossTwoDomains) {
   }
 }
 
+// Rank 0's link goes down once metadata and dispatch are through, at the combine's
+// first packet (its rail entry). Every rank ends with a clear report instead of a
+// hang: rank 0 the error completion (syndrome 21, retries exceeded), rank 1 its rail
+// entry's wait for rank 0, which never arrives.
+TEST(HierarchicalCombine, ALinkDownIsReportedOnEveryRank) {
+  GroupSetup setup;
+  setup.handshake_timeout_cycles = uint64_t{1} << 22;
+  const Case c{2, 1, {10}, 2, 2};
+  const HierarchicalShape shape = test::shape_of(c, 10);
+  Group group(shape, 1, setup);
+  const CombineCall call = prepare(group, c, shape, CombineInputLayout::Received, 1);
+  sim::run_ranks(2, [&](int g) {
+    ASSERT_TRUE(test::enqueue_metadata(group, c, shape, call.dispatch, g).ok());
+    ASSERT_TRUE(kernels::hierarchical::launch_dispatch(test::dispatch_arguments(group, call.dispatch, g, shape, {}),
+                                                       sim::default_stream(g))
+                    .ok());
+    sim::stream_synchronize(sim::default_stream(g));
+  });
+  group.fabric().nic(0).link_down_after(0);
+  const std::vector<std::string> reports = test::run_reports(2, [&](int g) {
+    return kernels::hierarchical::launch_combine(combine_arguments(group, call, g, shape, CombineInputLayout::Received, 1),
+                                                 sim::default_stream(g));
+  });
+  EXPECT_NE(reports[0].find("mlx5 error completion: QP"), std::string::npos) << reports[0];
+  EXPECT_NE(reports[0].find("syndrome 21"), std::string::npos) << reports[0];
+  EXPECT_NE(reports[1].find("waiting on rail entry: rail peer entering the operation (rank) (index 0, value 2)"),
+            std::string::npos)
+      << reports[1];
+}
+
 // The launcher refuses what the kernel cannot do, naming the argument and the value
 // it expected; nothing is launched.
 TEST(HierarchicalCombine, ArgumentErrorsNameTheArgument) {

@@ -87,6 +87,10 @@ class Nic : public Agent {
 
   int device() const { return device_; }
 
+  // Fault injection between operations (with no request in flight): the link goes
+  // down after `more` packets from now, as NicConfig::link_down_after_packets.
+  void link_down_after(uint64_t more) { config_.link_down_after_packets = packets_ + more; }
+
   // Registers [base, base + bytes) of this device's memory for local and remote
   // access; returns its key (lkey and rkey alike).
   uint32_t register_memory(void* base, std::size_t bytes);
