@@ -51,6 +51,8 @@ PYBIND11_MODULE(_bench, m) {
       .def_readwrite("hidden", &Params::hidden)
       .def_readwrite("tokens", &Params::tokens)
       .def_readwrite("ranks", &Params::ranks)
+      .def_readwrite("domains", &Params::domains)
+      .def("ranks_per_domain", &Params::ranks_per_domain)
       .def_readwrite("experts_per_rank", &Params::experts_per_rank)
       .def_readwrite("topk", &Params::topk)
       .def_property(
@@ -94,10 +96,10 @@ PYBIND11_MODULE(_bench, m) {
       "preset",
       [](const std::string& name) {
         Params p;
-        if (!apply_preset(name, &p)) throw py::value_error("railyard._bench: no preset '" + name + "'; expected seed or deepep");
+        if (!apply_preset(name, &p)) throw py::value_error("railyard._bench: no preset '" + name + "'; expected seed, seed-4x8 or deepep");
         return p;
       },
-      py::arg("name"), "A Params holding the preset's values (seed or deepep) and every other default.");
+      py::arg("name"), "A Params holding the preset's values (seed, seed-4x8 or deepep) and every other default.");
   m.def(
       "apply_preset", [](const std::string& name, Params& p) { return apply_preset(name, &p); }, py::arg("name"),
       py::arg("params"));
@@ -159,6 +161,13 @@ PYBIND11_MODULE(_bench, m) {
         return minimum_matrices(p, c, parse_op(op), metadata, count_row);
       },
       py::arg("params"), py::arg("pairs"), py::arg("op"), py::arg("metadata"), py::arg("count_row_bytes"));
+  m.def(
+      "nic_minimum",
+      [](const Params& p, const PairCounts& c, const std::string& op, bool metadata, int64_t tokens) {
+        return nic_minimum(p, c, parse_op(op), metadata, tokens);
+      },
+      py::arg("params"), py::arg("pairs"), py::arg("op"), py::arg("metadata"), py::arg("tokens"),
+      "[g][q]: the bytes rank g's NIC sends to rank q at least (several domains; docs/benchmarks.md).");
   m.def("count_row_bytes", &count_row_bytes, py::arg("params"),
         "Bytes of one rank's count row (the first call's metadata), from the layout.");
 

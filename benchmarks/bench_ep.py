@@ -51,12 +51,14 @@ FP8_BLOCK = 128
 # ---------------------------------------------------------------------------- options
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", choices=["seed", "deepep"], default="seed",
+    ap.add_argument("--preset", choices=["seed", "seed-4x8", "deepep"], default="seed",
                     help="seed: hidden 8192, BF16, 4096 tokens/rank, 2 experts/rank, top-8, 8 ranks (default); "
                          "deepep: hidden 7168, FP8, 4096 tokens/rank, 256 experts (32/rank), top-8, 8 ranks")
     ap.add_argument("--hidden", type=int)
     ap.add_argument("--tokens", type=int, help="tokens per rank")
     ap.add_argument("--ranks", type=int, help="simulator: simulated GPUs (GPUs: torchrun's WORLD_SIZE)")
+    ap.add_argument("--domains", type=int,
+                    help="NVLink domains the ranks form (ranks / domains each), joined by RDMA between rail peers")
     ap.add_argument("--experts-per-rank", type=int)
     ap.add_argument("--topk", type=int)
     ap.add_argument("--dtype", choices=["bf16", "fp8"], help="dispatch dtype; combine is always BF16")
@@ -89,7 +91,7 @@ def parse_args(argv=None):
 def make_params(a):
     """The preset, then every option over it (as railyard_bench_ep does); None on a bad value."""
     p = rb.preset(a.preset)
-    for name in ("hidden", "tokens", "ranks", "experts_per_rank", "topk", "dtype", "skew"):
+    for name in ("hidden", "tokens", "ranks", "domains", "experts_per_rank", "topk", "dtype", "skew"):
         if getattr(a, name) is not None:
             setattr(p, name, getattr(a, name))
     if a.sms is not None:
@@ -106,7 +108,8 @@ def make_params(a):
     p.model_fixed_us, p.model_token_latency_us = a.model_fixed_us, a.model_token_latency_us
     fp8 = p.dtype == "fp8"
     ok = (p.hidden > 0 and p.hidden % 8 == 0 and (not fp8 or p.hidden % FP8_BLOCK == 0) and p.tokens >= 0 and
-          p.sim_tokens >= 0 and 1 <= p.ranks <= 72 and p.experts_per_rank >= 1 and 1 <= p.topk <= p.num_experts()
+          p.sim_tokens >= 0 and 1 <= p.ranks <= 72 and 1 <= p.domains <= 64 and p.ranks % p.domains == 0
+          and p.experts_per_rank >= 1 and 1 <= p.topk <= p.num_experts()
           and p.skew >= 0 and p.pad_multiple >= 1 and p.iters >= 1 and p.warmup >= 0 and 0 < p.preemption <= 1
           and p.model_fixed_us >= 0 and p.model_token_latency_us >= 0 and p.sms and min(p.sms) >= 1)
     return p if ok else None
@@ -114,7 +117,8 @@ def make_params(a):
 
 def config_line(p, tokens):
     routing = "uniform random" if p.skew == 0 else "Zipf over experts"
-    return (f"preset {p.preset}: {p.ranks} ranks, hidden {p.hidden}, {p.dtype.upper()} dispatch, {tokens} tokens/rank, "
+    domains = f" ({p.domains} NVLink domain{'s' if p.domains > 1 else ''} of {p.ranks_per_domain()})"
+    return (f"preset {p.preset}: {p.ranks} ranks{domains}, hidden {p.hidden}, {p.dtype.upper()} dispatch, {tokens} tokens/rank, "
             f"{p.num_experts()} experts ({p.experts_per_rank}/rank), top-{p.topk}, routing {routing} "
             f"(skew {p.skew:g}), pad multiple {p.pad_multiple}")
 
@@ -175,7 +179,8 @@ def expected_outputs(p, inputs, layout):
         token's rows summed in fp32, rounded once to BF16 (received). Every row of a token
         holds the same value v, so that is bf16(n v) with n its ranks (exact in fp32 for
         BF16 v); grouped first sums a rank's e copies (its experts there) and rounds:
-        bf16(sum over ranks of bf16(e_d v))."""
+        bf16(sum over ranks of bf16(e_d v)). Across NVLink domains each domain's partial
+        is rounded to BF16 first, and the partials summed in domain order."""
     R, El = p.ranks, p.experts_per_rank
     E, fp8 = p.num_experts(), p.dtype == "fp8"
     dense = []  # per source: chosen [T, E] bool, weight [T, E]
@@ -231,13 +236,20 @@ def expected_outputs(p, inputs, layout):
         chosen, _ = dense[s]
         per_rank = chosen.view(chosen.shape[0], R, El).sum(2)  # [T, R]: the token's experts on each rank
         v = values[s].float()
-        if layout == "received":
-            combined.append((v * (per_rank > 0).sum(1, keepdim=True).float()).to(torch.bfloat16))
-        else:
-            acc = torch.zeros_like(v)
-            for d in range(R):
-                acc += (v * per_rank[:, d : d + 1].float()).to(torch.bfloat16).float()
-            combined.append(acc.to(torch.bfloat16))
+        # Each NVLink domain's partial is rounded to BF16, then the partials are summed in
+        # fp32 in domain order and rounded once (docs/semantics.md 7; one domain: bf16(n v)).
+        acc = torch.zeros_like(v)
+        Rd = p.ranks_per_domain()
+        for dom in range(p.domains):
+            ranks = per_rank[:, dom * Rd:(dom + 1) * Rd]
+            if layout == "received":
+                partial = v * (ranks > 0).sum(1, keepdim=True).float()
+            else:
+                partial = torch.zeros_like(v)
+                for d in range(Rd):
+                    partial += (v * ranks[:, d:d + 1].float()).to(torch.bfloat16).float()
+            acc += partial.to(torch.bfloat16).float()
+        combined.append(acc.to(torch.bfloat16))
     return out, combined
 
 
@@ -295,7 +307,8 @@ def _pair_matrices(traffic, R):
     at = lambda v, x, y: v[x * (n + 1) + y + 1]  # noqa: E731  ([device][owner + 1], owner -1: host)
     written = [[0 if x == y else at(traffic["write_bytes"], x, y) for y in range(R)] for x in range(R)]
     read = [[0 if x == y else at(traffic["read_bytes"], x, y) for y in range(R)] for x in range(R)]
-    return written, read
+    nic = [[traffic["nic_bytes"][x * n + y] for y in range(R)] for x in range(R)]
+    return written, read, nic
 
 
 def sim_tokens(p):
@@ -345,8 +358,8 @@ def _simulate(p, T, inputs, expected, sms, timed):
                 times[n][rank] = railyard.sim.elapsed_us(start, stop)
             barrier()
             if rank == 0:
-                written, read = _pair_matrices(railyard.sim.traffic(), R)
-                windows.append({"seconds": time.perf_counter() - t0, "written": written, "read": read,
+                written, read, nic = _pair_matrices(railyard.sim.traffic(), R)
+                windows.append({"seconds": time.perf_counter() - t0, "written": written, "read": read, "nic": nic,
                                 "busy": railyard.sim.busy_time()})
             barrier()
             return result
@@ -368,7 +381,7 @@ def _simulate(p, T, inputs, expected, sms, timed):
         return mismatches
 
     # timeout: how long a rank may wait at a barrier for the others' operation (--sim-full is slow)
-    per_rank = railyard.sim.run(world_size=R, fn=fn, ranks_per_domain=R, seed=p.seed, device=p.sim_gpu,
+    per_rank = railyard.sim.run(world_size=R, fn=fn, ranks_per_domain=p.ranks_per_domain(), seed=p.seed, device=p.sim_gpu,
                                 preemption=p.preemption, timeout=3600.0, timed=timed)
     for i, wnd in enumerate(windows):
         wnd["time_us"] = max(times[i])
@@ -409,10 +422,13 @@ def run_simulator(p):
                 ok = w_ == mw and (r_ == 0 if op == "dispatch" else r_ >= mr and (r_ - mr) % 8 == 0)
                 polls += (r_ - mr) // 8 if op == "combine" and r_ >= mr else 0
                 bad += not ok
+        nic_min = rb.nic_minimum(p, pairs, op, k == 0, T)
         ops.append({"name": names[k], "op": op, "layout": layout, "modelled": k != 0, "counted": counted[op],
                     "mismatches": sum(m[i] for m in per_rank), "what": checked_what(p, op, layout),
                     "written": written, "read": read, "min_written": minimum.written, "min_read": minimum.read,
-                    "polls": polls, "bad_pairs": bad, "sim_seconds": wnd["seconds"], "simulated": []})
+                    "polls": polls, "bad_pairs": bad, "sim_seconds": wnd["seconds"], "simulated": [],
+                    "nic": [sum(row) for row in wnd["nic"]], "nic_min": [sum(row) for row in nic_min],
+                    "bad_nics": sum(wnd["nic"][g] != nic_min[g] for g in range(R))})
     for sms in (s for s in p.sms if p.sim_timed and s <= rb.SIM_TIMED_MAX_SMS):
         timed, timed_per_rank = _simulate(p, T, inputs, expected, sms, True)
         for i, (o, wnd) in enumerate(zip(ops, timed)):
@@ -426,6 +442,8 @@ def run_simulator(p):
                 "sim_algbw_gbps": o["counted"].algbw_mean() / (t * 1e3) if t > 0 else 0.0,
                 "sim_busbw_gbps": o["counted"].busbw_mean() / (t * 1e3) if t > 0 else 0.0,
                 "sim_bound": bound, "sim_busiest": busiest, "sim_busiest_fraction": share, "mismatches": bad})
+            if p.domains > 1:
+                o["simulated"][-1]["sim_nic_busbw_gbps"] = sum(o["nic"]) / R / (t * 1e3) if t > 0 else 0.0
     return T, pairs, ops
 
 
@@ -488,7 +506,7 @@ def report_simulator(p, run_tokens, pairs, ops, doc):
         minimum = sum(map(sum, o["min_written"])) + sum(map(sum, o["min_read"]))
         ok &= o["bad_pairs"] == 0
         excess = 100.0 * max(moved - minimum, 0) / minimum if minimum else 0.0
-        print(f"  NVLink bytes (all {R * (R - 1)} links, railyard.sim.traffic()): {rb.with_commas(moved)}; minimum "
+        print(f"  NVLink bytes (all {R * (p.ranks_per_domain() - 1)} links, railyard.sim.traffic()): {rb.with_commas(moved)}; minimum "
               f"{rb.with_commas(minimum)}; excess {excess:.4f}% ({rb.with_commas(o['polls'])} 8-byte header "
               f"re-polls); links off their minimum: {o['bad_pairs']}{'  <-- FAIL' if o['bad_pairs'] else ' (OK)'}")
         print(f"  simulator: {o['sim_seconds']:.2f} s CPU wall time (NOT GPU time)")
@@ -502,17 +520,27 @@ def report_simulator(p, run_tokens, pairs, ops, doc):
                      "links": [{"executing": s, "owner": d, "written": o["written"][s][d], "read": o["read"][s][d],
                                 "min_written": o["min_written"][s][d], "min_read": o["min_read"][s][d]}
                                for s in range(R) for d in range(R) if s != d]}}
+        if p.domains > 1:
+            ok &= o["bad_nics"] == 0
+            print(f"  NIC bytes ({R} NICs, one per GPU, railyard.sim.traffic()): {rb.with_commas(sum(o['nic']))}; minimum "
+                  f"{rb.with_commas(sum(o['nic_min']))}; NICs off their minimum: {o['bad_nics']}"
+                  f"{'  <-- FAIL' if o['bad_nics'] else ' (OK)'}")
+            entry.update({"nic_bytes": o["nic"], "nic_minimum_bytes": o["nic_min"], "nics_off_minimum": o["bad_nics"]})
         if o["op"] == "combine" and i >= 1:
-            print_links(ops[i - 1], o, pairs, R)
+            print_links(p, ops[i - 1], o, pairs)
         if o["simulated"]:
             print(f"  SIMULATED on simulated {p.sim_gpu.upper()}s (timed mode, {run_tokens} tokens/rank; NOT a measurement; us, GB/s):")
-            print(f"    {'SMs':>5} {'time':>10} {'algbw':>9} {'busbw':>9}  {'bound':<10} busiest resource")
+            print(f"    {'SMs':>5} {'time':>10} {'algbw':>9} {'busbw':>9} {'NIC busbw' if p.domains > 1 else '':>10}"
+                  f"  {'bound':<10} busiest resource")
             for row in o["simulated"]:
+                nic = f"{row['sim_nic_busbw_gbps']:10.2f}" if p.domains > 1 else f"{'':>10}"
                 print(f"    {row['sms']:5d} {row['sim_time_us']:10.1f} {row['sim_algbw_gbps']:9.1f} "
-                      f"{row['sim_busbw_gbps']:9.1f}  {row['sim_bound']:<10} {row['sim_busiest']} "
+                      f"{row['sim_busbw_gbps']:9.1f} {nic}  {row['sim_bound']:<10} {row['sim_busiest']} "
                       f"{100 * row['sim_busiest_fraction']:.0f}%" + ("  <-- outputs MISMATCH" if row["mismatches"] else ""))
             entry["simulated"] = o["simulated"]
-        if o["modelled"]:
+        if o["modelled"] and p.domains > 1 and i == 1:
+            print("  (no MODEL across domains: the roofline model is NVLink's; the SIMULATED rows include the NIC)")
+        if o["modelled"] and p.domains == 1:
             m = rb.minimum_matrices(p, full_pairs, o["op"], False, rb.count_row_bytes(p))
             headline = model_op(p, m.written, m.read, rb.counted_bytes(p, full_pairs, o["op"]), p.tokens)
             print_model(f"MODEL estimate (not a measurement) for {p.tokens} tokens/rank, from the closed-form "
@@ -531,15 +559,16 @@ def report_simulator(p, run_tokens, pairs, ops, doc):
     return ok
 
 
-def print_links(dispatch, combine, pairs, R):
-    """Every link: dispatch bytes written s -> d and combine bytes home s read from d, each
-    against its minimum."""
+def print_links(p, dispatch, combine, pairs):
+    """Every link inside a domain (none crosses one: checked with the others): dispatch
+    bytes written s -> d and combine bytes home s read from d, each against its minimum."""
+    R = p.ranks
     print("  NVLink bytes per link (railyard.sim.traffic(), one window per operation) against the minimum:")
     print(f"  {'s -> d':<7} {'tokens':>7} {'dispatch wrote':>14} {'minimum':>14} {'combine read':>14} {'minimum':>14} "
           f"{'polls':>6}")
     for s in range(R):
         for d in range(R):
-            if s == d:
+            if s == d or s // p.ranks_per_domain() != d // p.ranks_per_domain():
                 continue
             dw, dm = dispatch["written"][s][d], dispatch["min_written"][s][d]
             cr, cm = combine["read"][s][d], combine["min_read"][s][d]
@@ -565,7 +594,8 @@ def run_gpu(p, rank, world, local_rank):
     x = torch.empty(T, H, dtype=torch.bfloat16, device=dev).uniform_(-2, 2, generator=gen)
     hidden = x.to(torch.float8_e4m3fn) if fp8 else x
     scales = torch.ones(T, H // FP8_BLOCK, device=dev) if fp8 else None
-    buf = railyard.Buffer(dist.group.WORLD, H, max(T, 1), El, use_fp8=fp8, max_top_k=K)
+    buf = railyard.Buffer(dist.group.WORLD, H, max(T, 1), El, use_fp8=fp8, max_top_k=K,
+                          ranks_per_domain=p.ranks_per_domain() if p.domains > 1 else None)
 
     def time_op(call):
         for _ in range(p.warmup):
@@ -660,7 +690,7 @@ def host_overhead(iters):
 # ---------------------------------------------------------------------------- main
 def parameters_json(p, run_tokens, sim):
     d = {"preset": p.preset, "hidden": p.hidden, "tokens_per_rank": p.tokens, "tokens_per_rank_run": run_tokens,
-         "ranks": p.ranks, "experts_per_rank": p.experts_per_rank, "experts": p.num_experts(), "topk": p.topk,
+         "ranks": p.ranks, "domains": p.domains, "experts_per_rank": p.experts_per_rank, "experts": p.num_experts(), "topk": p.topk,
          "dtype": p.dtype, "skew": p.skew, "pad_multiple": p.pad_multiple, "iters": p.iters, "warmup": p.warmup,
          "seed": p.seed, "dispatch_row_bytes": p.dispatch_row_bytes()}
     if sim:

@@ -89,6 +89,31 @@ def test_minimum_and_model():
     expect_eq(h100["fill"], 8, "SMs to fill the link")
 
 
+def test_nic_minimum():
+    # Three domains of one rank each (every rank is every other's rail peer).
+    p = tiny()
+    p.domains = 3
+    pairs, _ = bench_ep.counted_from_routing(p, routing(), 2)
+    zero = [[0] * 3 for _ in range(3)]
+    one_domain = tiny()
+    expect_eq(rb.nic_minimum(one_domain, bench_ep.counted_from_routing(one_domain, routing(), 2)[0], "dispatch", True, 2),
+              zero, "one domain: no NIC bytes")
+    d = rb.nic_minimum(p, pairs, "dispatch", False, 2)
+    # g -> q: rows = tokens of g with an expert on q; each row once, a signal per chunk
+    # of 64 (one here) and the rail entry's 8 bytes; no rows: the rail entry alone.
+    wire = d[1][0] - 16  # rank 1's t1 goes to rank 0: one wire row
+    assert wire >= 256, wire  # at least the BF16 payload
+    expect_eq([row[:] for row in d], [[0, 8, wire + 16], [wire + 16, 0, wire + 16], [8, wire + 16, 0]],
+              "dispatch NIC minimum")
+    first = rb.nic_minimum(p, pairs, "dispatch", True, 2)
+    expect_eq(first[0][1], 8 + rb.count_row_bytes(p) + 8, "first call: + the count row and its signal")
+    c = rb.nic_minimum(p, pairs, "combine", False, 2)
+    # g -> q: the partials of q's tokens with an expert on g
+    wc = c[0][1] - 16  # rank 1's t1 has an expert on rank 0
+    assert wc >= 256, wc
+    expect_eq([row[:] for row in c], [[0, wc + 16, 8], [8, 0, wc + 16], [wc + 16, wc + 16, 0]], "combine NIC minimum")
+
+
 def test_mismatch_fails():
     # A wrong expectation (one bit of one combined output) must make the run fail.
     real = bench_ep.expected_outputs
@@ -120,8 +145,15 @@ def check_json(path, like=None):
     assert {"algbw", "busbw", "time", "model"} <= set(d["definitions"])
     assert d["ops"] and all(OP <= set(o) for o in d["ops"]), "an op misses a key"
     modelled = [o for o in d["ops"] if o["modelled"]]
-    assert modelled and all(o["model"]["kind"].startswith("MODEL") and
-                            o["model_at_simulated_size"]["kind"].startswith("MODEL") for o in modelled)
+    domains = d["parameters"]["domains"]
+    assert modelled and (domains > 1 or all(o["model"]["kind"].startswith("MODEL") and
+                                            o["model_at_simulated_size"]["kind"].startswith("MODEL") for o in modelled))
+    if domains > 1:  # every NIC at its minimum, and the SIMULATED NIC bandwidth its bytes over its time
+        for o in d["ops"]:
+            assert o["nic_bytes"] == o["nic_minimum_bytes"] and min(o["nic_bytes"]) > 0, o
+            for r in o.get("simulated", []):
+                sent = sum(o["nic_bytes"]) / len(o["nic_bytes"])
+                assert abs(r["sim_nic_busbw_gbps"] * r["sim_time_us"] * 1e3 - sent) <= 1e-6 * sent, r
     assert all(o["check"]["mismatches"] == 0 and o["simulator_traffic"]["links_off_minimum"] == 0 for o in d["ops"])
     assert all(len(o["counted_bytes_per_rank"]["algbw"]) == d["parameters"]["ranks"] for o in d["ops"])
     if d["parameters"]["sim_timed"]:  # a SIMULATED row per SM count up to 16, its bandwidth its bytes over its time
@@ -161,6 +193,7 @@ def main():
         return 0
     test_counted_bytes()
     test_minimum_and_model()
+    test_nic_minimum()
     test_mismatch_fails()
     print("bench_ep_test: OK")
     return 0

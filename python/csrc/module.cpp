@@ -235,6 +235,7 @@ py::list sim_busy_time() {
     py::dict d;
     d["nvlink_out"] = b.nvlink_out_ns, d["nvlink_in"] = b.nvlink_in_ns, d["hbm"] = b.hbm_ns;
     d["sm_issue"] = b.sm_issue_ns, d["sm_smem"] = b.sm_smem_ns, d["sm_tma"] = b.sm_tma_ns;
+    d["nic_tx"] = b.nic_tx_ns, d["nic_rx"] = b.nic_rx_ns;
     out.append(d);
   }
   return out;
@@ -246,6 +247,7 @@ py::dict sim_traffic() {
   d["num_devices"] = t.num_devices;
   d["write_bytes"] = t.write_bytes;
   d["read_bytes"] = t.read_bytes;
+  d["nic_bytes"] = t.nic_bytes;  // [from * num_devices + to]: bytes a device's NIC placed in another's memory
   return d;
 }
 #endif
