@@ -210,6 +210,8 @@ PYBIND11_MODULE(_bench, m) {
   m.def("sms_to_fill", &sms_to_fill, py::arg("gpu"), py::arg("bytes"), py::arg("tokens") = 0);
 
   m.attr("SIM_TIMED_MAX_SMS") = kSimTimedMaxSms;
+  m.def("sim_block_limit", &sim_block_limit, py::arg("ranks"),
+        "The most blocks per kernel the simulator can run on `ranks` ranks at once (vm.max_map_count).");
   m.def("simulated_kind", &simulated_kind, py::arg("gpu"));
   m.def(
       "sim_bound",

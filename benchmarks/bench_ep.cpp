@@ -334,9 +334,11 @@ int main(int argc, char** argv) {
               kSim ? (" (the simulator runs its kernels with " + std::to_string(p.sim_sms) +
                           " blocks; the model is applied at every count: NVLink bytes do not depend on it)").c_str()
                      : "");
-  if (kSim && p.sim_timed && *std::max_element(p.sms.begin(), p.sms.end()) > kSimTimedMaxSms)
-    std::printf("  NOTE: SIMULATED rows stop at %d SMs (the simulator's threads each hold a stack mapping; more "
-                "exceed the kernel's vm.max_map_count); the MODEL covers every count.\n", kSimTimedMaxSms);
+  const int sim_rows_up_to = std::min(kSimTimedMaxSms, sim_block_limit(p.ranks));
+  if (kSim && p.sim_timed && *std::max_element(p.sms.begin(), p.sms.end()) > sim_rows_up_to)
+    std::printf("  NOTE: SIMULATED rows stop at %d SMs (the simulator's threads each hold a stack mapping; more, on "
+                "%d ranks, exceed the kernel's vm.max_map_count)%s.\n", sim_rows_up_to, p.ranks,
+                p.domains == 1 ? "; the MODEL covers every count" : "");
   print_definitions();
   std::fflush(stdout);
 

@@ -429,7 +429,7 @@ def run_simulator(p):
                     "polls": polls, "bad_pairs": bad, "sim_seconds": wnd["seconds"], "simulated": [],
                     "nic": [sum(row) for row in wnd["nic"]], "nic_min": [sum(row) for row in nic_min],
                     "bad_nics": sum(wnd["nic"][g] != nic_min[g] for g in range(R))})
-    for sms in (s for s in p.sms if p.sim_timed and s <= rb.SIM_TIMED_MAX_SMS):
+    for sms in (s for s in p.sms if p.sim_timed and s <= min(rb.SIM_TIMED_MAX_SMS, rb.sim_block_limit(R))):
         timed, timed_per_rank = _simulate(p, T, inputs, expected, sms, True)
         for i, (o, wnd) in enumerate(zip(ops, timed)):
             t = wnd["time_us"]
@@ -739,9 +739,12 @@ def header(p, run_tokens, sim):
     extra = (f" (the simulator runs its kernels with {p.sim_sms} blocks; the model is applied at every count: NVLink "
              "bytes do not depend on it)") if sim else ""
     print(f"  layouts: {layouts}; SM counts: {','.join(map(str, p.sms))}{extra}")
-    if sim and p.sim_timed and max(p.sms) > rb.SIM_TIMED_MAX_SMS:
-        print(f"  NOTE: SIMULATED rows stop at {rb.SIM_TIMED_MAX_SMS} SMs (the simulator's threads each hold a stack mapping; "
-              "more exceed the kernel's vm.max_map_count); the MODEL covers every count.")
+    rows_up_to = min(rb.SIM_TIMED_MAX_SMS, rb.sim_block_limit(p.ranks))
+    if sim and p.sim_timed and max(p.sms) > rows_up_to:
+        print(f"  NOTE: SIMULATED rows stop at {rows_up_to} SMs (the simulator's threads each hold a stack mapping; "
+              f"more, on {p.ranks} ranks, exceed the kernel's vm.max_map_count)"
+              + ("; the MODEL covers every count." if p.domains == 1 else "."))
+
     print_definitions()
 
 
@@ -782,6 +785,11 @@ def main(argv=None):
             return 1
         run_tokens = sim_tokens(p)
         header(p, run_tokens, True)
+        if p.sim_sms > rb.sim_block_limit(p.ranks):
+            print(f"\nFAILED: the simulator runs every rank's blocks at once, and {p.ranks} ranks x {p.sim_sms} blocks "
+                  f"exceed this machine's memory mappings (vm.max_map_count: {rb.sim_block_limit(p.ranks)} blocks at "
+                  "most); pass --sms with fewer, or raise vm.max_map_count\nbench_ep.py: FAILED", flush=True)
+            return 1
         doc.update(flavour="simulator", device=f"simulated {p.sim_gpu.upper()} (Railyard CPU simulator)",
                    parameters=parameters_json(p, run_tokens, True))
         try:

@@ -157,7 +157,8 @@ def check_json(path, like=None):
     assert all(o["check"]["mismatches"] == 0 and o["simulator_traffic"]["links_off_minimum"] == 0 for o in d["ops"])
     assert all(len(o["counted_bytes_per_rank"]["algbw"]) == d["parameters"]["ranks"] for o in d["ops"])
     if d["parameters"]["sim_timed"]:  # a SIMULATED row per SM count up to 16, its bandwidth its bytes over its time
-        timed_sms = [s for s in d["parameters"]["sms"] if s <= rb.SIM_TIMED_MAX_SMS]
+        up_to = min(rb.SIM_TIMED_MAX_SMS, rb.sim_block_limit(d["parameters"]["ranks"]))
+        timed_sms = [s for s in d["parameters"]["sms"] if s <= up_to]
         for o in d["ops"]:
             assert [r["sms"] for r in o["simulated"]] == timed_sms, o["simulated"]
             busbw = o["counted_bytes_per_rank"]["busbw"]

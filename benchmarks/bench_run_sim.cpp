@@ -422,6 +422,14 @@ RunResult run(const Params& p) {
     }
   }
 
+  const int block_limit = sim_block_limit(R);
+  if (p.sim_sms > block_limit) {
+    res.error = "the simulator runs every rank's blocks at once, and " + std::to_string(R) + " ranks x " +
+                std::to_string(p.sim_sms) + " blocks exceed this machine's memory mappings (vm.max_map_count: " +
+                std::to_string(block_limit) + " blocks at most); pass --sms " + std::to_string(std::max(1, block_limit)) +
+                " or fewer, or raise vm.max_map_count";
+    return res;
+  }
   const Pass checked = run_pass(p, inputs, routing, expected, T, p.sim_sms, /*timed=*/false);
   if (!checked.error.empty()) {
     res.error = checked.error;
@@ -450,7 +458,7 @@ RunResult run(const Params& p) {
   // SIMULATED time per SM count: one timed pass each.
   if (p.sim_timed) {
     for (const int sms : p.sms) {
-      if (sms > kSimTimedMaxSms) continue;
+      if (sms > kSimTimedMaxSms || sms > block_limit) continue;
       const Pass timed = run_pass(p, inputs, routing, expected, T, sms, /*timed=*/true);
       if (!timed.error.empty()) {
         res.error = "timed run with " + std::to_string(sms) + " SMs: " + timed.error;

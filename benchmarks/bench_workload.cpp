@@ -2,6 +2,7 @@
 #include "bench_workload.hpp"
 
 #include <algorithm>
+#include <fstream>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -205,6 +206,12 @@ Spread spread_of(std::vector<double> v) {
   s.min = v.front(), s.max = v.back(), s.p10 = at(0.10), s.p90 = at(0.90);
   s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
   return s;
+}
+
+int sim_block_limit(int ranks) {
+  long maps = 65530;
+  std::ifstream("/proc/sys/vm/max_map_count") >> maps;
+  return static_cast<int>(std::max(0L, (maps - 2048) / (2L * 224 * std::max(ranks, 1))));
 }
 
 std::string with_commas(uint64_t n) {

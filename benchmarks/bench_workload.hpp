@@ -150,6 +150,11 @@ std::string with_commas(uint64_t n);
 // 65530), their kind marker, and the resource that bounds an operation: the busiest of
 // every device's over its time when busy at least kSimBoundBusy of it, else "latency".
 inline constexpr int kSimTimedMaxSms = 16;
+// The most blocks per kernel the simulator can run on `ranks` ranks at once: every
+// simulated thread holds a guarded stack (two memory mappings), every rank's blocks are
+// resident together, and Linux caps a process's mappings (/proc/sys/vm/max_map_count,
+// 65530 by default). Counted at 224 threads per block (the combine's seven warps).
+int sim_block_limit(int ranks);
 inline std::string simulated_kind(const std::string& gpu) {  // gpu: a Params::sim_gpu
   return "SIMULATED (Railyard's timed simulator, " + std::string(gpu == "b200" ? "B200" : "H100") +
          " preset), not a measurement";
