@@ -41,6 +41,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <ostream>
 #include <random>
 #include <span>
 #include <string>
@@ -486,6 +487,9 @@ TEST(EndToEndAcrossDomains, DispatchCombineAndHandleReuseMatchTheReference) {
 struct MatrixGroup {
   int domains, ranks_per_domain;
 };
+void PrintTo(const MatrixGroup& g, std::ostream* os) {
+  *os << g.domains << " domains of " << g.ranks_per_domain << " ranks";
+}
 class AcrossDomainsMatrix : public ::testing::TestWithParam<MatrixGroup> {};
 
 Case matrix_case(const MatrixGroup& g, int i) {
