@@ -120,8 +120,7 @@ struct Partials {
     uint32_t k = 0, freed = 0;  // the block's chunks put, and handed back
     uint64_t put_of_slot[layout::kMaxChunksInFlight] = {};
     for (int r = static_cast<int>(blockIdx.x); r < H.remote_domains(); r += static_cast<int>(gridDim.x)) {
-      const int other = r < mine ? r : r + 1, peer = other * R + p.rank % R;
-      const int at_peer = layout::HierarchicalLayout::remote_index(other, mine);
+      const auto [other, peer, at_peer] = rail_peer(p.rank, R, r);
       const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p.lanes[r]);
       transport::mlx5::Lane lane(qp, p.wait);
       enter_rail(H, p.self, lane, qp.signal_order, r, peer, at_peer, p.handshake_wait);

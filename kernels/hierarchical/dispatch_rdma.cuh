@@ -70,7 +70,7 @@ template <uint32_t SlotBytes>
 class RdmaSender {
  public:
   RAILYARD_DEVICE RdmaSender(const RdmaSendParams& p, RdmaSendStorage<SlotBytes>& s)
-      : p_(p), s_(s), H_(p.shape), R_(p.shape.domain.ranks_per_domain), mine_(p.rank / R_) {}
+      : p_(p), s_(s), H_(p.shape), R_(p.shape.domain.ranks_per_domain) {}
 
   // Warp-collective: every remote domain dealt to `block` of `blocks`.
   RAILYARD_DEVICE void run(int block, int blocks) {
@@ -80,9 +80,7 @@ class RdmaSender {
  private:
   RAILYARD_DEVICE void send_domain(int r) {
     const layout::IntranodeLayout& L = H_.nvlink();
-    const int other = r < mine_ ? r : r + 1;  // the remote domain
-    const int peer = other * R_ + p_.rank % R_;
-    const int at_peer = layout::HierarchicalLayout::remote_index(other, mine_);
+    const auto [other, peer, at_peer] = rail_peer(p_.rank, R_, r);
     const int G = L.shape().ranks_per_domain, El = L.shape().num_local_experts;
     const int32_t packed =
         arch::ld_global(p_.handle.count_matrix + int64_t{p_.rank} * L.count_row_ints() + layout::count_to_domain(G, El, other));
@@ -196,7 +194,7 @@ class RdmaSender {
   const RdmaSendParams& p_;
   RdmaSendStorage<SlotBytes>& s_;
   layout::HierarchicalLayout H_;
-  int R_, mine_;
+  int R_;
   // Lane 0's: pieces loaded and stored so far (piece n uses slot n mod kSlots, whose
   // barrier completes phase n / kSlots), and each slot's destination.
   uint64_t loads_ = 0, stores_ = 0;

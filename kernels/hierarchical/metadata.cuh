@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "kernels/hierarchical/metadata.hpp"
+#include "kernels/hierarchical/rail.cuh"
 #include "kernels/intranode/metadata.cuh"
 #include "railyard/arch/memory.cuh"
 #include "railyard/arch/thread.cuh"
@@ -48,7 +49,6 @@ struct RailRelay {
                                     const layout::IntranodeLayout& lay, uint64_t seq) {
     const layout::HierarchicalLayout H(rp.shape);
     const int R = rp.shape.domain.ranks_per_domain;
-    const int mine = dom.rank / R;
     uint64_t* ops_done = reinterpret_cast<uint64_t*>(dom.self() + H.metadata_ops_offset());
     const uint64_t ops = arch::ld_global(ops_done);  // by every thread, before the barrier below
     const int warp = static_cast<int>(arch::warp_idx()), warps = static_cast<int>(blockDim.x / 32);
@@ -57,12 +57,10 @@ struct RailRelay {
     // (a) This rank's row to every rail peer. The block barrier that ended phase 3
     // ordered every thread's stores of it before this warp's doorbell release.
     for (int r = warp; r < H.remote_domains(); r += warps) {
-      const int other = r < mine ? r : r + 1;  // the remote domain
-      const int peer = other * R + dom.rank % R;
-      const int at_peer = layout::HierarchicalLayout::remote_index(other, mine);
+      const RailPeer peer = rail_peer(dom.rank, R, r);
       transport::mlx5::Lane lane(transport::mlx5::load_queue_pair(&rp.lanes[r]), dom.handshake_wait());
-      lane.put_signal({own_row}, {peer, static_cast<uint64_t>(H.count_row_offset(at_peer, ops))}, row_bytes,
-                      {peer, static_cast<uint64_t>(H.metadata_signal_offset(at_peer))}, 1);
+      lane.put_signal({own_row}, {peer.rank, static_cast<uint64_t>(H.count_row_offset(peer.at_peer, ops))}, row_bytes,
+                      {peer.rank, static_cast<uint64_t>(H.metadata_signal_offset(peer.at_peer))}, 1);
       lane.submit();
     }
     // (b) The puts' completions, before waiting for the peers' rows: a NIC error is
@@ -74,8 +72,7 @@ struct RailRelay {
     }
     // (c) Each rail peer's row into this domain's tables, then its flag.
     for (int r = warp; r < H.remote_domains(); r += warps) {
-      const int other = r < mine ? r : r + 1;
-      const int src = other * R + dom.rank % R;
+      const int src = rail_peer(dom.rank, R, r).rank;
       const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&rp.lanes[r]);
       transport::wait_signal(reinterpret_cast<const uint64_t*>(dom.self() + H.metadata_signal_offset(r)), ops + 1,
                              qp.signal_order, {"count row relayed by RDMA from rank", src, static_cast<int64_t>(seq)},

@@ -14,6 +14,17 @@
 
 namespace railyard::kernels::hierarchical {
 
+// Remote domain r's rail peer of `rank` (R ranks per domain): its domain, its rank, and
+// the index of this rank's domain among the peer's remote domains (where what this rank
+// sends it lands).
+struct RailPeer {
+  int domain, rank, at_peer;
+};
+RAILYARD_DEVICE RailPeer rail_peer(int rank, int R, int r) {
+  const int mine = rank / R, other = r < mine ? r : r + 1;
+  return {other, other * R + rank % R, layout::HierarchicalLayout::remote_index(other, mine)};
+}
+
 // Warp-collective, on the lane towards remote domain r's rail peer `peer` (whose
 // index for this rank's domain is `at_peer`): adds 1 to the peer's rail entry signal,
 // then waits for the peer's addition to this rank's. The peer has then entered the

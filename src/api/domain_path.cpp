@@ -5,11 +5,12 @@ namespace railyard::detail {
 
 namespace ki = kernels::intranode;
 
-DomainPath::DomainPath(const layout::IntranodeShape& shape, const runtime::RegisteredBuffer& registered, int rank,
-                       int nvlink_first, const PathOptions& options)
+DomainPath::DomainPath(const layout::IntranodeShape& shape, const runtime::RegisteredBuffer& registered,
+                       const PathOptions& options)
     : layout_(shape), options_(options) {
   domain_.shape = shape;
-  domain_.rank = rank;
+  domain_.rank = registered.rank();
+  const int nvlink_first = registered.rank() - registered.domain_rank();
   const auto peers = registered.domain_ptrs();
   if (static_cast<int>(peers.size()) != shape.ranks_per_domain) {
     domain_.nvlink_first = nvlink_first;

@@ -26,9 +26,9 @@ class DomainPath : public Path {
 
  protected:
   // `shape`: the ranks the kernels run over (ranks_per_domain: all of them), of which
-  // this rank's NVLink domain is `registered`'s, starting at rank `nvlink_first`.
-  DomainPath(const layout::IntranodeShape& shape, const runtime::RegisteredBuffer& registered, int rank,
-             int nvlink_first, const PathOptions& options);
+  // this rank's NVLink domain is `registered`'s.
+  DomainPath(const layout::IntranodeShape& shape, const runtime::RegisteredBuffer& registered,
+             const PathOptions& options);
 
   kernels::intranode::MetadataArguments metadata_arguments(const DispatchArgs& args, const HandleMemory& handle,
                                                            int blocks) const;

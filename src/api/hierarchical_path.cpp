@@ -62,15 +62,12 @@ class DeviceLanes {
 class HierarchicalPath final : public DomainPath {
  public:
   HierarchicalPath(const runtime::RegisteredBuffer& registered, runtime::Bootstrap& bootstrap, RailNic& nic,
-                   const PathOptions& options)
-      : DomainPath(layout::HierarchicalLayout(hierarchical_shape(registered.config())).nvlink().shape(), registered,
-                   registered.rank(), registered.rank() / registered.config().ranks_per_domain *
-                                          registered.config().ranks_per_domain,
-                   options),
-        shape_(hierarchical_shape(registered.config())),
+                   const PathOptions& options, const layout::HierarchicalShape& shape)
+      : DomainPath(layout::HierarchicalLayout(shape).nvlink().shape(), registered, options),
+        shape_(shape),
         rail_(runtime::rdma::connect_rail(nic.nic(), bootstrap, registered.topology(), nic.region(),
                                           {.queues = options.rdma_queues, .lanes_per_peer = 1})),
-        lanes_(rail_, registered.local_ptr(), layout::HierarchicalLayout(shape_).fetch_scratch_offset()) {}
+        lanes_(rail_, registered.local_ptr(), layout::HierarchicalLayout(shape).fetch_scratch_offset()) {}
 
   Status metadata(const DispatchArgs& args, const HandleMemory& handle, int blocks, GpuStream stream) override {
     return kh::launch_metadata({metadata_arguments(args, handle, blocks), shape_, lanes_.queue_pairs()}, stream);
@@ -98,7 +95,7 @@ class HierarchicalPath final : public DomainPath {
 
 std::unique_ptr<Path> make_hierarchical_path(const runtime::RegisteredBuffer& registered, runtime::Bootstrap& bootstrap,
                                              RailNic& nic, const PathOptions& options) {
-  return std::make_unique<HierarchicalPath>(registered, bootstrap, nic, options);
+  return std::make_unique<HierarchicalPath>(registered, bootstrap, nic, options, hierarchical_shape(registered.config()));
 }
 
 }  // namespace railyard::detail

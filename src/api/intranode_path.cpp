@@ -26,7 +26,7 @@ int checked_int(const char* field, int64_t value, int64_t max, const char* why) 
 class IntranodePath final : public DomainPath {
  public:
   IntranodePath(const runtime::RegisteredBuffer& registered, const PathOptions& options)
-      : DomainPath(intranode_shape(registered.config()), registered, registered.domain_rank(), 0, options) {}
+      : DomainPath(intranode_shape(registered.config()), registered, options) {}
 
   Status metadata(const DispatchArgs& args, const HandleMemory& handle, int blocks, GpuStream stream) override {
     return ki::launch_metadata(metadata_arguments(args, handle, blocks), stream);
