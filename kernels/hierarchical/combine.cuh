@@ -12,10 +12,11 @@
 //   the rail peer's combine receive area with a signal, and hands the ring slot back
 //   to the Load warp once the put completed (quiet(ticket)).
 // - Gather jobs pull this domain's rows over NVLink, and add the other domains'
-//   partials in ascending domain order, each domain's once its signal counts all of
-//   the chunks this rank's token rows for it make (packed as at dispatch:
-//   domain_pos). Any block may read any chunk, so the receiver counts a combine's
-//   chunks per remote domain (counters, written by the combine's last block).
+//   partials in ascending domain order, each once the signal of its chunk (the
+//   token's row for that domain, packed as at dispatch: domain_pos) counts this
+//   combine's put. Any block may read any chunk, so the receiver counts the puts
+//   consumed per (remote domain, chunk) (counters, written by the combine's last
+//   block).
 #pragma once
 
 #include <cstdint>
@@ -48,10 +49,12 @@ struct Partials {
   };
   // The send ring's hand-off between the store lane and the RDMA warp, per ring slot
   // (chunk k uses slot k mod S): `stored` completes once the chunk's rows landed,
-  // `sent` once its put completed.
+  // `sent` once its put completed. `landed`: per remote domain, the chunk whose signal
+  // the gather (the Load warp's lane 0) saw last, -1 before the first.
   struct Storage {
     uint64_t stored[layout::kMaxChunksInFlight];
     uint64_t sent[layout::kMaxChunksInFlight];
+    int32_t landed[layout::kMaxDomains - 1];
   };
 
   // By thread 0, before the pipelines' fence and the block barrier.
@@ -60,6 +63,7 @@ struct Partials {
       arch::mbarrier_init(&s.stored[k], 1);
       arch::mbarrier_init(&s.sent[k], 1);
     }
+    for (int32_t& chunk : s.landed) chunk = -1;
   }
 
   // Calls fn(dst, positions, chunk, begin, end) for each partial row this block sends,
@@ -139,7 +143,7 @@ struct Partials {
         lane.put_signal({static_cast<uint64_t>(H.combine_send_row_offset(r, static_cast<int>(slot), 0))},
                         {peer, static_cast<uint64_t>(H.combine_recv_row_offset(at_peer, first))},
                         static_cast<uint32_t>(n) * row_bytes,
-                        {peer, static_cast<uint64_t>(H.combine_signal_offset(at_peer))}, 1);
+                        {peer, static_cast<uint64_t>(H.combine_signal_offset(at_peer, first / C))}, 1);
         lane.submit();
         put_of_slot[slot] = lane.ticket();
         if (k + 1 - freed == S) free_slot(lane, s, put_of_slot, freed++, S);
@@ -151,26 +155,27 @@ struct Partials {
   // Lane 0 of a gather job: the other domains' partials of this rank's tokens.
   class Gather {
    public:
-    RAILYARD_DEVICE Gather(const Params& p, const layout::HandleView& h)
-        : p_(p), h_(h), H_(p.shape), R_(p.shape.domain.ranks_per_domain), mine_(p.rank / R_) {}
+    RAILYARD_DEVICE Gather(const Params& p, const layout::HandleView& h, Storage& s)
+        : p_(p), h_(h), s_(s), H_(p.shape), R_(p.shape.domain.ranks_per_domain), mine_(p.rank / R_) {}
     RAILYARD_DEVICE int num_domains() const { return p_.shape.num_domains; }
     RAILYARD_DEVICE int own_domain() const { return mine_; }
     RAILYARD_DEVICE int rank_in(int n) const { return n * R_; }
 
     // Token t's partial from domain n (not this one), or null if t sent nothing there.
-    // The first call for a domain waits for all of its chunks of this combine.
+    // Waits for its chunk's put, unless that chunk is the one waited for last (a
+    // block's tokens ascend, and so do their packed rows).
     RAILYARD_DEVICE const uint8_t* row(int64_t t, int n) {
       const int32_t i = arch::ld_global(h_.domain_pos + t * num_domains() + n);
       if (i < 0) return nullptr;
       const int r = layout::HierarchicalLayout::remote_index(mine_, n);
-      if (((waited_ >> r) & 1u) == 0) {
-        const uint64_t target = consumed(p_, H_, r) + chunks_to(p_, H_, h_, n);
+      const int32_t chunk = i / p_.shape.chunk_tokens;
+      if (s_.landed[r] != chunk) {
         const transport::SignalOrder order = transport::mlx5::load_queue_pair(&p_.lanes[r]).signal_order;
-        transport::wait_signal(reinterpret_cast<const uint64_t*>(p_.self + H_.combine_signal_offset(r)), target, order,
-                               {"combine: partials of domain (index) from rail peer rank (value)", n,
-                                n * R_ + p_.rank % R_},
+        transport::wait_signal(reinterpret_cast<const uint64_t*>(p_.self + H_.combine_signal_offset(r, chunk)),
+                               consumed(p_, H_, r, chunk) + 1, order,
+                               {"combine: partials of chunk (value) from domain (index)", n, chunk},
                                p_.handshake_wait);
-        waited_ |= uint64_t{1} << r;
+        s_.landed[r] = chunk;
       }
       return p_.self + H_.combine_recv_row_offset(r, i);
     }
@@ -178,19 +183,19 @@ struct Partials {
    private:
     const Params& p_;
     layout::HandleView h_;
+    Storage& s_;
     layout::HierarchicalLayout H_;
     int R_, mine_;
-    uint64_t waited_ = 0;  // remote domains whose partials are in
   };
 
-  // The combine's last block: every remote domain's chunks of this combine consumed.
+  // The combine's last block: the put of each chunk that came back, consumed.
   RAILYARD_DEVICE static void finish(const Params& p, const layout::HandleView& h) {
     const layout::HierarchicalLayout H(p.shape);
     const int mine = p.rank / p.shape.domain.ranks_per_domain;
     for (int r = 0; r < H.remote_domains(); ++r) {
-      const int other = r < mine ? r : r + 1;
-      arch::st_global(reinterpret_cast<uint64_t*>(p.self + H.combine_consumed_offset(r)),
-                      consumed(p, H, r) + chunks_to(p, H, h, other));
+      const int64_t chunks = chunks_to(p, H, h, r < mine ? r : r + 1);
+      for (int64_t c = 0; c < chunks; ++c)
+        arch::st_global(reinterpret_cast<uint64_t*>(p.self + H.combine_consumed_offset(r, c)), consumed(p, H, r, c) + 1);
     }
   }
 
@@ -204,16 +209,16 @@ struct Partials {
                            layout::count_to_domain(L.shape().ranks_per_domain, L.shape().num_local_experts, mine));
   }
   // Chunks of this rank's rows for domain n (its count row): the partials that come back.
-  RAILYARD_DEVICE static uint64_t chunks_to(const Params& p, const layout::HierarchicalLayout& H,
-                                            const layout::HandleView& h, int n) {
+  RAILYARD_DEVICE static int64_t chunks_to(const Params& p, const layout::HierarchicalLayout& H,
+                                           const layout::HandleView& h, int n) {
     const layout::IntranodeLayout& L = H.nvlink();
     const int32_t rows = arch::ld_global(h.count_matrix + int64_t{p.rank} * L.count_row_ints() +
                                          layout::count_to_domain(L.shape().ranks_per_domain,
                                                                  L.shape().num_local_experts, n));
-    return static_cast<uint64_t>((rows + p.shape.chunk_tokens - 1) / p.shape.chunk_tokens);
+    return (int64_t{rows} + p.shape.chunk_tokens - 1) / p.shape.chunk_tokens;
   }
-  RAILYARD_DEVICE static uint64_t consumed(const Params& p, const layout::HierarchicalLayout& H, int r) {
-    return arch::ld_global(reinterpret_cast<const uint64_t*>(p.self + H.combine_consumed_offset(r)));
+  RAILYARD_DEVICE static uint64_t consumed(const Params& p, const layout::HierarchicalLayout& H, int r, int64_t chunk) {
+    return arch::ld_global(reinterpret_cast<const uint64_t*>(p.self + H.combine_consumed_offset(r, chunk)));
   }
   // Warp-collective: chunk `k`'s put has completed; its slot goes back to the store lane.
   RAILYARD_DEVICE static void free_slot(transport::mlx5::Lane& lane, Storage& s, const uint64_t* put_of_slot,

@@ -71,7 +71,7 @@ struct NoRemoteCombine {
   struct Params {};
   struct Storage {};
   struct Gather {
-    RAILYARD_HOST_DEVICE Gather(const Params&, const layout::HandleView&) {}
+    RAILYARD_HOST_DEVICE Gather(const Params&, const layout::HandleView&, Storage&) {}
   };
 };
 
@@ -420,7 +420,7 @@ struct Combine {
     // pair, so that their NVLink round trips overlap.
     const int E = R * El;
     const int batch = R >= static_cast<int>(arch::kWarpSize) ? 1 : static_cast<int>(arch::kWarpSize) / R;
-    typename Remote::Gather remote(p.remote, p.handle);  // lane 0's
+    typename Remote::Gather remote(p.remote, p.handle, storage.remote);  // lane 0's
     for_each_batch_in_block_chunks(p.num_tokens, p.chunk_rows, batch, [&](int64_t t0, int n) {
       __syncwarp();  // lane 0 is done with the previous batch's sources
       if (with_probs) {

@@ -201,8 +201,9 @@ TEST(BufferFootprint, AcrossDomainsRegionsAreOrderedAndEveryIndexFallsInItsRegio
       EXPECT_EQ(L.rail_entries_offset(0), L.counters_offset());
       EXPECT_EQ(L.dispatch_consumed_offset(0, 0, 0), L.rail_entries_offset(D1 - 1) + 8);
       EXPECT_EQ(L.dispatch_consumed_offset(1, 0, 0), L.dispatch_consumed_offset(0, D1 - 1, L.chunks_per_domain() - 1) + 8);
-      EXPECT_EQ(L.combine_consumed_offset(0), L.dispatch_consumed_offset(1, D1 - 1, L.chunks_per_domain() - 1) + 8);
-      EXPECT_EQ(L.combine_consumed_offset(D1 - 1) + 8, L.counters_offset() + L.num_counters() * 8);
+      const int64_t last_chunk = L.chunks_per_domain() - 1;
+      EXPECT_EQ(L.combine_consumed_offset(0, 0), L.dispatch_consumed_offset(1, D1 - 1, last_chunk) + 8);
+      EXPECT_EQ(L.combine_consumed_offset(D1 - 1, last_chunk) + 8, L.counters_offset() + L.num_counters() * 8);
       EXPECT_LE(L.counters_offset() + L.num_counters() * 8, L.dispatch_recv_offset());
       EXPECT_EQ(L.dispatch_recv_row_offset(D1 - 1, M - 1) + L.wire_dispatch_row_bytes(), L.dispatch_send_offset());
       EXPECT_LE(L.dispatch_send_row_offset(D1 - 1, 1, 63) + L.wire_dispatch_row_bytes(), L.combine_recv_offset());
@@ -214,8 +215,8 @@ TEST(BufferFootprint, AcrossDomainsRegionsAreOrderedAndEveryIndexFallsInItsRegio
         slots.insert(L.metadata_signal_offset(r));
         for (int64_t ch = 0; ch < L.chunks_per_domain(); ++ch) {
           slots.insert(L.dispatch_signal_offset(r, ch));
+          slots.insert(L.combine_signal_offset(r, ch));
         }
-        slots.insert(L.combine_signal_offset(r));
         slots.insert(L.rail_entry_signal_offset(r));
       }
       EXPECT_EQ(static_cast<int64_t>(slots.size()), L.num_signals());

@@ -107,10 +107,10 @@ class HierarchicalLayout {
   // ---- the RDMA part ---------------------------------------------------------------
   // [state: 64 B: metadata operations done (uint64), the lanes' fetch-and-add scratch]
   // [count_rows: 2 parities x D-1 x count_row_ints int32, each remote rail peer's row]
-  // [signals: D-1 metadata, D-1 x chunks dispatch, D-1 combine, D-1 rail entry;
-  //  uint64, monotonic]
+  // [signals: D-1 metadata, D-1 x chunks dispatch, D-1 x chunks combine, D-1 rail
+  //  entry; uint64, monotonic]
   // [counters: D-1 rail entries, 2 roles x D-1 x chunks dispatch signals consumed,
-  //  D-1 combine signals consumed]
+  //  D-1 x chunks combine signals consumed]
   // [dispatch_recv: D-1 x M packed rows] [dispatch_send: D-1 x S x C packed rows]
   // [combine_recv: D-1 x M BF16 rows]    [combine_send: D-1 x S x C BF16 rows]
   RAILYARD_HOST_DEVICE int64_t rdma_offset() const { return round_up(nvlink_.registered_bytes(), 4096); }
@@ -123,11 +123,11 @@ class HierarchicalLayout {
   RAILYARD_HOST_DEVICE int64_t signals_offset() const {
     return count_rows_offset() + round_up(int64_t{2} * remote_domains() * nvlink_.count_row_ints() * 4, 128);
   }
-  RAILYARD_HOST_DEVICE int64_t num_signals() const { return remote_domains() * (3 + chunks_per_domain()); }
+  RAILYARD_HOST_DEVICE int64_t num_signals() const { return remote_domains() * (2 + 2 * chunks_per_domain()); }
   // How far this rank has waited each signal it shares between kernels: values only
   // this rank reads and writes (a monotonic signal's next target is the last one + 1).
   RAILYARD_HOST_DEVICE int64_t counters_offset() const { return signals_offset() + round_up(num_signals() * 8, 128); }
-  RAILYARD_HOST_DEVICE int64_t num_counters() const { return remote_domains() * (2 + 2 * chunks_per_domain()); }
+  RAILYARD_HOST_DEVICE int64_t num_counters() const { return remote_domains() * (1 + 3 * chunks_per_domain()); }
   RAILYARD_HOST_DEVICE int64_t dispatch_recv_offset() const {
     return counters_offset() + round_up(num_counters() * 8, 128);
   }
@@ -148,22 +148,19 @@ class HierarchicalLayout {
     return round_up(combine_send_offset() + send_ring_rows() * wire_combine_row_bytes(), 128);
   }
 
-  // Signal slots: remote domain r's metadata signal, chunk c's dispatch signal, and r's
-  // combine signal (each counts puts that landed; monotonic across operations).
+  // Signal slots: remote domain r's metadata signal, and chunk c's dispatch and combine
+  // signals (each counts puts that landed; monotonic across operations).
   RAILYARD_HOST_DEVICE int64_t metadata_signal_offset(int r) const { return signals_offset() + int64_t{r} * 8; }
   RAILYARD_HOST_DEVICE int64_t dispatch_signal_offset(int r, int64_t chunk) const {
     return signals_offset() + (remote_domains() + int64_t{r} * chunks_per_domain() + chunk) * 8;
   }
-  // One per remote domain: a combine's partials are read by any block, so a count per
-  // chunk could not be kept by one reader (design-internode.md, "Combine across
-  // domains"); the home rank waits for all of a domain's chunks.
-  RAILYARD_HOST_DEVICE int64_t combine_signal_offset(int r) const {
-    return signals_offset() + (remote_domains() * (1 + chunks_per_domain()) + int64_t{r}) * 8;
+  RAILYARD_HOST_DEVICE int64_t combine_signal_offset(int r, int64_t chunk) const {
+    return signals_offset() + (remote_domains() * (1 + chunks_per_domain()) + int64_t{r} * chunks_per_domain() + chunk) * 8;
   }
   // Remote domain r's rail entry signal: its rail peer adds 1 as it enters each
   // dispatch, once it has finished the one before, so its receive areas are free.
   RAILYARD_HOST_DEVICE int64_t rail_entry_signal_offset(int r) const {
-    return signals_offset() + (remote_domains() * (2 + chunks_per_domain()) + int64_t{r}) * 8;
+    return signals_offset() + (remote_domains() * (1 + 2 * chunks_per_domain()) + int64_t{r}) * 8;
   }
   // Counters: the rail entries from remote domain r seen so far, and the dispatch
   // signals of (r, chunk) consumed so far by forwarding role `role` (0: the loads of
@@ -172,10 +169,10 @@ class HierarchicalLayout {
   RAILYARD_HOST_DEVICE int64_t dispatch_consumed_offset(int role, int r, int64_t chunk) const {
     return counters_offset() + (remote_domains() + (int64_t{role} * remote_domains() + r) * chunks_per_domain() + chunk) * 8;
   }
-  // The chunks of remote domain r's combine signal consumed by the combines so far
-  // (written once per combine, by its last block).
-  RAILYARD_HOST_DEVICE int64_t combine_consumed_offset(int r) const {
-    return counters_offset() + (remote_domains() * (1 + 2 * chunks_per_domain()) + int64_t{r}) * 8;
+  // The puts of (r, chunk)'s combine signal consumed by the combines so far: any block
+  // may read any chunk, so the combine's last block counts them once per combine.
+  RAILYARD_HOST_DEVICE int64_t combine_consumed_offset(int r, int64_t chunk) const {
+    return counters_offset() + (remote_domains() * (1 + 2 * chunks_per_domain()) + int64_t{r} * chunks_per_domain() + chunk) * 8;
   }
   // Remote domain r's rail peer's count row of the metadata operation whose index
   // (metadata_ops before it) has this parity: a rail peer can start the next metadata
