@@ -100,18 +100,21 @@ def test_nic_minimum():
               zero, "one domain: no NIC bytes")
     d = rb.nic_minimum(p, pairs, "dispatch", False, 2)
     # g -> q: rows = tokens of g with an expert on q; each row once, a signal per chunk
-    # of 64 (one here) and the rail entry's 8 bytes; no rows: the rail entry alone.
-    wire = d[1][0] - 16  # rank 1's t1 goes to rank 0: one wire row
+    # of 64 (one here) and a rail entry of 8 bytes on each of the two lanes per rail
+    # peer; no rows: the rail entries alone.
+    entries = 2 * 8
+    wire = d[1][0] - 8 - entries  # rank 1's t1 goes to rank 0: one wire row
     assert wire >= 256, wire  # at least the BF16 payload
-    expect_eq([row[:] for row in d], [[0, 8, wire + 16], [wire + 16, 0, wire + 16], [8, wire + 16, 0]],
-              "dispatch NIC minimum")
+    one = wire + 8 + entries
+    expect_eq([row[:] for row in d], [[0, entries, one], [one, 0, one], [entries, one, 0]], "dispatch NIC minimum")
     first = rb.nic_minimum(p, pairs, "dispatch", True, 2)
-    expect_eq(first[0][1], 8 + rb.count_row_bytes(p) + 8, "first call: + the count row and its signal")
+    expect_eq(first[0][1], entries + rb.count_row_bytes(p) + 8, "first call: + the count row and its signal")
     c = rb.nic_minimum(p, pairs, "combine", False, 2)
     # g -> q: the partials of q's tokens with an expert on g
-    wc = c[0][1] - 16  # rank 1's t1 has an expert on rank 0
+    wc = c[0][1] - 8 - entries  # rank 1's t1 has an expert on rank 0
     assert wc >= 256, wc
-    expect_eq([row[:] for row in c], [[0, wc + 16, 8], [8, 0, wc + 16], [wc + 16, wc + 16, 0]], "combine NIC minimum")
+    onec = wc + 8 + entries
+    expect_eq([row[:] for row in c], [[0, onec, entries], [entries, 0, onec], [onec, onec, 0]], "combine NIC minimum")
 
 
 def test_mismatch_fails():

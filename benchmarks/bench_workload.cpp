@@ -168,7 +168,7 @@ std::vector<std::vector<uint64_t>> nic_minimum(const Params& p, const PairCounts
     for (int q = 0; q < p.ranks; ++q) {
       if (!p.same_rail(g, q) || p.same_domain(g, q)) continue;
       const uint64_t rows = op == Op::Dispatch ? pairs.domain_tokens(g, q / Rd) : pairs.domain_tokens(q, g / Rd);
-      uint64_t b = rows * wire + 8 * ((rows + C - 1) / C + 1);
+      uint64_t b = rows * wire + 8 * ((rows + C - 1) / C + static_cast<uint64_t>(shape.lanes_per_peer));
       if (metadata) b += count_row_bytes(p) + 8;
       m[static_cast<std::size_t>(g)][static_cast<std::size_t>(q)] = b;
     }

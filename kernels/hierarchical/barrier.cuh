@@ -28,11 +28,11 @@ struct Barrier {
     intranode::entry_barrier(p.domain, seq,
                              layout::OpDescriptor{static_cast<uint32_t>(pipeline::OpKind::Barrier), 0, 0, 0});
     const layout::HierarchicalLayout H(p.shape);
-    for (int r = 0; r < H.remote_domains(); ++r) {
-      const RailPeer peer = rail_peer(p.domain.rank, p.shape.domain.ranks_per_domain, r);
-      const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p.lanes[r]);
+    for (int q = 0; q < H.lanes(); ++q) {
+      const RailLane rail = rail_lane(H, p.domain.rank, q);
+      const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p.lanes[q]);
       transport::mlx5::Lane lane(qp, p.domain.wait());
-      enter_rail(H, p.domain.self(), lane, qp.signal_order, r, peer.rank, peer.at_peer, p.domain.handshake_wait());
+      enter_rail(H, p.domain.self(), lane, qp.signal_order, q, rail.peer.rank, rail.peer_lane, p.domain.handshake_wait());
       lane.quiet();  // its completion in: a NIC error is reported here, by this rank
     }
     intranode::op_end(p.domain, seq);

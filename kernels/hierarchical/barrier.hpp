@@ -18,8 +18,8 @@
 namespace railyard::kernels::hierarchical {
 
 struct BarrierArguments {
-  // As for the dispatch: the group's DomainParams, the group's shape, and a lane
-  // towards each rail peer (D - 1 of them, in the order of HierarchicalLayout::remote_index).
+  // As for the dispatch: the group's DomainParams, the group's shape, and its (D - 1) L
+  // lanes (lane l towards remote domain r at r L + l); the barrier enters each.
   intranode::DomainParams domain;
   layout::HierarchicalShape shape;
   const transport::mlx5::QueuePair* lanes = nullptr;

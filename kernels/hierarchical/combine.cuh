@@ -42,14 +42,15 @@ struct Partials {
     layout::HierarchicalShape shape;
     int rank = 0;             // in the group
     uint8_t* self = nullptr;  // this rank's registered buffer
-    const transport::mlx5::QueuePair* lanes = nullptr;  // [D - 1], remote_index order
+    const transport::mlx5::QueuePair* lanes = nullptr;  // [(D - 1) L], lane_index order
     pipeline::WaitPolicy wait;            // the ring hand-offs, the lanes' completions
     pipeline::WaitPolicy handshake_wait;  // rail entries, other domains' partials
     int64_t probs_offset = 0;             // HierarchicalLayout::wire_combine_probs_offset()
   };
-  // The send ring's hand-off between the store lane and the RDMA warp, per ring slot
-  // (chunk k uses slot k mod S): `stored` completes once the chunk's rows landed,
-  // `sent` once its put completed. `landed`: per remote domain, the chunk whose signal
+  // The send ring's hand-off between the store lane and the RDMA warp, per block chunk
+  // k mod S / L (the block's chunks of one lane are consecutive, and a lane has S / L
+  // ring slots): `stored` completes once the chunk's rows landed, `sent` once its put
+  // completed. `landed`: per remote domain, the chunk whose signal
   // the gather (the Load warp's lane 0) saw last, -1 before the first.
   struct Storage {
     uint64_t stored[layout::kMaxChunksInFlight];
@@ -67,26 +68,27 @@ struct Partials {
   }
 
   // Calls fn(dst, positions, chunk, begin, end) for each partial row this block sends,
-  // in the order the RDMA warp puts their chunks: remote domains dealt to blocks round
-  // robin (r = block, block + blocks, ...), then the rows the rail peer there
-  // forwarded, in packed order. `positions`: the row's staged positions at this
-  // domain's ranks (forward_pos); `chunk`: the block's chunk it belongs to (k, in ring
-  // slot k mod S); `begin`, `end`: whether it begins or ends that chunk.
+  // in the order the RDMA warp puts their chunks: lanes dealt to blocks round robin (q
+  // = block, block + blocks, ...), then the chunks of the rows the lane's rail peer
+  // forwarded that go on the lane (l, l + L, ...), in packed order. `positions`: the
+  // row's staged positions at this domain's ranks (forward_pos); `chunk`: the block's
+  // chunk it belongs to (k); `begin`, `end`: whether it begins or ends that chunk.
   template <class Fn>
   RAILYARD_DEVICE static void for_each_partial_row(const Params& p, const layout::HandleView& h, Fn&& fn) {
     const layout::HierarchicalLayout H(p.shape);
     const int R = p.shape.domain.ranks_per_domain, mine = p.rank / R, C = p.shape.chunk_tokens;
-    const int S = p.shape.chunks_in_flight, M = p.shape.domain.max_tokens;
+    const int M = p.shape.domain.max_tokens;
     uint32_t k = 0;  // the block's chunks so far
-    for (int r = static_cast<int>(blockIdx.x); r < H.remote_domains(); r += static_cast<int>(gridDim.x)) {
-      const int other = r < mine ? r : r + 1;
-      const int32_t rows = rows_from(p, H, h, other, mine);
-      for (int32_t i = 0; i < rows; ++i) {
-        const uint32_t chunk = k + static_cast<uint32_t>(i / C);
-        uint8_t* dst = p.self + H.combine_send_row_offset(r, static_cast<int>(chunk % S), i % C);
-        fn(dst, h.forward_pos + (int64_t{other} * M + i) * R, chunk, i % C == 0, i % C == C - 1 || i == rows - 1);
+    for (int q = static_cast<int>(blockIdx.x); q < H.lanes(); q += static_cast<int>(gridDim.x)) {
+      const RailLane rail = rail_lane(H, p.rank, q);
+      const int32_t rows = rows_from(p, H, h, rail.peer.domain, mine);
+      for (int64_t j = 0, c = rail.l; c * C < rows; ++j, c += p.shape.lanes_per_peer, ++k) {
+        const int n = rows - c * C < C ? static_cast<int>(rows - c * C) : C;
+        for (int i = 0; i < n; ++i) {
+          uint8_t* dst = p.self + H.combine_send_row_offset(rail.r, H.ring_slot(rail.l, j), i);
+          fn(dst, h.forward_pos + (int64_t{rail.peer.domain} * M + c * C + i) * R, k, i == 0, i == n - 1);
+        }
       }
-      k += static_cast<uint32_t>((rows + C - 1) / C);
     }
   }
 
@@ -101,7 +103,7 @@ struct Partials {
   // The Load warp's lane 0 before the first row of chunk k (its slot's last put must
   // have completed), and the store lane once the chunk's rows landed.
   RAILYARD_DEVICE static void ring_acquire(Storage& s, const Params& p, uint32_t k) {
-    const auto S = static_cast<uint32_t>(p.shape.chunks_in_flight);
+    const auto S = static_cast<uint32_t>(p.shape.slots_per_lane());
     if (k < S) return;
     const uint32_t slot = k % S, parity = (k / S - 1) & 1u;
     pipeline::timeout_while([&] { return !arch::mbarrier_try_wait_parity(&s.sent[slot], parity); },
@@ -110,40 +112,41 @@ struct Partials {
                             p.wait);
   }
   RAILYARD_DEVICE static void ring_commit(Storage& s, const Params& p, uint32_t k) {
-    (void)arch::mbarrier_arrive(&s.stored[k % static_cast<uint32_t>(p.shape.chunks_in_flight)]);
+    (void)arch::mbarrier_arrive(&s.stored[k % static_cast<uint32_t>(p.shape.slots_per_lane())]);
   }
 
-  // The RDMA warp: for every remote domain dealt to this block, the rail entry, then
-  // each chunk of partials once stored, put with a signal to the rail peer; up to S
+  // The RDMA warp: for every lane dealt to this block, the rail entry, then each of
+  // its chunks of partials once stored, put with a signal to the rail peer; up to S / L
   // puts in flight, a slot handed back once its own put completed.
   RAILYARD_DEVICE static void send(const Params& p, const layout::HandleView& h, Storage& s) {
     const layout::HierarchicalLayout H(p.shape);
     const int R = p.shape.domain.ranks_per_domain, mine = p.rank / R, C = p.shape.chunk_tokens;
-    const auto S = static_cast<uint32_t>(p.shape.chunks_in_flight);
+    const auto S = static_cast<uint32_t>(p.shape.slots_per_lane());
     const auto row_bytes = static_cast<uint32_t>(H.wire_combine_row_bytes());
     uint32_t k = 0, freed = 0;  // the block's chunks put, and handed back
     uint64_t put_of_slot[layout::kMaxChunksInFlight] = {};
-    for (int r = static_cast<int>(blockIdx.x); r < H.remote_domains(); r += static_cast<int>(gridDim.x)) {
-      const auto [other, peer, at_peer] = rail_peer(p.rank, R, r);
-      const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p.lanes[r]);
+    for (int q = static_cast<int>(blockIdx.x); q < H.lanes(); q += static_cast<int>(gridDim.x)) {
+      const RailLane rail = rail_lane(H, p.rank, q);
+      const int peer = rail.peer.rank, at_peer = rail.peer.at_peer;
+      const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p.lanes[q]);
       transport::mlx5::Lane lane(qp, p.wait);
-      enter_rail(H, p.self, lane, qp.signal_order, r, peer, at_peer, p.handshake_wait);
-      const int32_t rows = rows_from(p, H, h, other, mine);
-      for (int32_t first = 0; first < rows; first += C, ++k) {
+      enter_rail(H, p.self, lane, qp.signal_order, q, peer, rail.peer_lane, p.handshake_wait);
+      const int32_t rows = rows_from(p, H, h, rail.peer.domain, mine);
+      for (int64_t j = 0, c = rail.l; c * C < rows; ++j, c += p.shape.lanes_per_peer, ++k) {
         const uint32_t slot = k % S;
         if (arch::lane_idx() == 0) {
           pipeline::timeout_while(
               [&] { return !arch::mbarrier_try_wait_parity(&s.stored[slot], (k / S) & 1u); },
-              {"combine RDMA send: partial rows of chunk (index) stored, block chunk (value)", first / C,
+              {"combine RDMA send: partial rows of chunk (index) stored, block chunk (value)", c,
                static_cast<int64_t>(k)},
               p.wait);
         }
         __syncwarp();  // lane 0's acquire of the rows, before its doorbell's release
-        const int n = rows - first < C ? rows - first : C;
-        lane.put_signal({static_cast<uint64_t>(H.combine_send_row_offset(r, static_cast<int>(slot), 0))},
-                        {peer, static_cast<uint64_t>(H.combine_recv_row_offset(at_peer, first))},
+        const int n = rows - c * C < C ? static_cast<int>(rows - c * C) : C;
+        lane.put_signal({static_cast<uint64_t>(H.combine_send_row_offset(rail.r, H.ring_slot(rail.l, j), 0))},
+                        {peer, static_cast<uint64_t>(H.combine_recv_row_offset(at_peer, c * C))},
                         static_cast<uint32_t>(n) * row_bytes,
-                        {peer, static_cast<uint64_t>(H.combine_signal_offset(at_peer, first / C))}, 1);
+                        {peer, static_cast<uint64_t>(H.combine_signal_offset(at_peer, c))}, 1);
         lane.submit();
         put_of_slot[slot] = lane.ticket();
         if (k + 1 - freed == S) free_slot(lane, s, put_of_slot, freed++, S);
@@ -170,7 +173,7 @@ struct Partials {
       const int r = layout::HierarchicalLayout::remote_index(mine_, n);
       const int32_t chunk = i / p_.shape.chunk_tokens;
       if (s_.landed[r] != chunk) {
-        const transport::SignalOrder order = transport::mlx5::load_queue_pair(&p_.lanes[r]).signal_order;
+        const transport::SignalOrder order = transport::mlx5::load_queue_pair(&p_.lanes[H_.lane_index(r, 0)]).signal_order;
         transport::wait_signal(reinterpret_cast<const uint64_t*>(p_.self + H_.combine_signal_offset(r, chunk)),
                                consumed(p_, H_, r, chunk) + 1, order,
                                {"combine: partials of chunk (value) from domain (index)", n, chunk},

@@ -19,9 +19,8 @@ struct CombineArguments {
   // domain's probs travel with its partial, in fp32.
   intranode::CombineArguments combine;
   layout::HierarchicalShape shape;
-  // As for the dispatch: a lane towards each rail peer, D - 1 of them in the order of
-  // HierarchicalLayout::remote_index; block b drives those of remote domains b,
-  // b + num_blocks, ...
+  // As for the dispatch: (D - 1) L lanes, lane l towards remote domain r at r L + l;
+  // block b drives lanes b, b + num_blocks, ...
   const transport::mlx5::QueuePair* lanes = nullptr;
 };
 

@@ -98,7 +98,7 @@ struct Forwarding {
       const int other = r < mine ? r : r + 1, src = other * R + q.rank % R;
       const int32_t rows = arch::ld_global(q.handle.count_matrix + int64_t{src} * L.count_row_ints() +
                                            layout::count_to_domain(G, El, mine));
-      const transport::SignalOrder order = transport::mlx5::load_queue_pair(&q.lanes[r]).signal_order;
+      const transport::SignalOrder order = transport::mlx5::load_queue_pair(&q.lanes[H.lane_index(r, 0)]).signal_order;
       for (int64_t c = 0; c * C < rows; ++c, ++dealt) {
         if (dealt % gridDim.x != blockIdx.x) continue;
         if (arch::lane_idx() == 0) {

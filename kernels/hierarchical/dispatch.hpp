@@ -18,10 +18,10 @@ struct DispatchArguments {
   // hierarchical metadata of this call filled. Outputs as on one domain.
   intranode::DispatchArguments dispatch;
   layout::HierarchicalShape shape;
-  // A lane towards each rail peer (the rank of this local index in every other
-  // domain), in GPU memory, D - 1 of them in the order of
-  // HierarchicalLayout::remote_index. Block b drives the lanes of remote domains b,
-  // b + num_blocks, ...: a lane is driven by one warp of one block.
+  // shape.lanes_per_peer (L) lanes towards each rail peer (the rank of this local index
+  // in every other domain), in GPU memory, (D - 1) L of them: lane l towards remote
+  // domain r (HierarchicalLayout::remote_index) at r L + l (lane_index). Block b
+  // drives lanes b, b + num_blocks, ...: a lane is driven by one warp of one block.
   const transport::mlx5::QueuePair* lanes = nullptr;
 };
 

@@ -12,12 +12,12 @@
 // to the peer's signal for (this domain, c). The peer knows how many rows to expect
 // from the count row it got in the metadata (count_to_domain).
 //
-// One warp per block, remote domains dealt to blocks round robin (block b: r = b, b +
-// blocks, ...), each with its own lane and its own ring of S chunk slots. Before its
-// first put to a rail peer, the rail entry: the peer has entered this dispatch too, so
-// its receive area is free (it finished the last one). Before slot
-// c mod S is packed again, quiet(ticket) waits for the put that read it, and for no
-// later one. Lane 0 moves the row bytes with TMA (global -> shared -> send ring, pieces
+// One warp per block, lanes dealt to blocks round robin (block b: q = b, b + blocks,
+// ...). Lane q = r L + l carries remote domain r's chunks l, l + L, ... (L =
+// lanes_per_peer), through its own S / L of the domain's ring slots. Before its first
+// put, the rail entry on the lane: the peer has entered this dispatch too, so its
+// receive area is free (it finished the last one). Before a ring slot is packed again,
+// quiet(ticket) waits for the put that read it, and for no later one. Lane 0 moves the row bytes with TMA (global -> shared -> send ring, pieces
 // streaming through four shared-memory slots); the other fields are plain stores of
 // the warp's lanes. Before a put the ring's bytes must be visible to lane 0, which
 // rings the doorbell: its bulk writes are waited for (bulk_wait_group, whose completion
@@ -46,7 +46,7 @@ struct RdmaSendParams {
   layout::HandleView handle;                             // the group's, filled by the metadata
   const uint8_t* hidden = nullptr;                       // [T][dispatch row bytes], 16-byte aligned
   const float* scales = nullptr;                         // [T][num_scales] (FP8)
-  const transport::mlx5::QueuePair* lanes = nullptr;     // [D - 1], remote_index order
+  const transport::mlx5::QueuePair* lanes = nullptr;     // [(D - 1) L], lane_index order
   pipeline::WaitPolicy wait;                             // the lanes' completions
   pipeline::WaitPolicy handshake_wait;                   // the rail peers' entries
 };
@@ -72,36 +72,39 @@ class RdmaSender {
   RAILYARD_DEVICE RdmaSender(const RdmaSendParams& p, RdmaSendStorage<SlotBytes>& s)
       : p_(p), s_(s), H_(p.shape), R_(p.shape.domain.ranks_per_domain) {}
 
-  // Warp-collective: every remote domain dealt to `block` of `blocks`.
+  // Warp-collective: every lane dealt to `block` of `blocks`.
   RAILYARD_DEVICE void run(int block, int blocks) {
-    for (int r = block; r < H_.remote_domains(); r += blocks) send_domain(r);
+    for (int q = block; q < H_.lanes(); q += blocks) send_lane(q);
   }
 
  private:
-  RAILYARD_DEVICE void send_domain(int r) {
+  RAILYARD_DEVICE void send_lane(int q) {
     const layout::IntranodeLayout& L = H_.nvlink();
-    const auto [other, peer, at_peer] = rail_peer(p_.rank, R_, r);
+    const RailLane rail = rail_lane(H_, p_.rank, q);
+    const int other = rail.peer.domain, peer = rail.peer.rank, at_peer = rail.peer.at_peer;
     const int G = L.shape().ranks_per_domain, El = L.shape().num_local_experts;
     const int32_t packed =
         arch::ld_global(p_.handle.count_matrix + int64_t{p_.rank} * L.count_row_ints() + layout::count_to_domain(G, El, other));
-    const int C = p_.shape.chunk_tokens, S = p_.shape.chunks_in_flight;
+    const int C = p_.shape.chunk_tokens, lanes = p_.shape.lanes_per_peer, slots = p_.shape.slots_per_lane();
     const auto wire_bytes = static_cast<uint32_t>(H_.wire_dispatch_row_bytes());
-    const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p_.lanes[r]);
+    const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p_.lanes[q]);
     transport::mlx5::Lane lane(qp, p_.wait);
-    enter_rail(H_, p_.self, lane, qp.signal_order, r, peer, at_peer, p_.handshake_wait);
+    enter_rail(H_, p_.self, lane, qp.signal_order, q, peer, rail.peer_lane, p_.handshake_wait);
     uint64_t put_of_slot[layout::kMaxChunksInFlight] = {};  // the ticket after each slot's last put
-    for (int64_t c = 0; c * C < packed; ++c) {
-      const int slot = static_cast<int>(c % S);
-      if (c >= S) lane.quiet(put_of_slot[slot]);  // the put of chunk c - S has read the slot
+    // Chunk c = l + j L is the lane's j-th.
+    for (int64_t j = 0, c = rail.l; c * C < packed; ++j, c += lanes) {
+      const int slot = static_cast<int>(j % slots);
+      if (j >= slots) lane.quiet(put_of_slot[slot]);  // the put of the lane's chunk j - slots has read it
       const int rows = packed - c * C < C ? static_cast<int>(packed - c * C) : C;
-      pack_chunk(other, c * C, rows, p_.self + H_.dispatch_send_row_offset(r, slot, 0));
+      const int64_t ring = H_.dispatch_send_row_offset(rail.r, H_.ring_slot(rail.l, j), 0);
+      pack_chunk(other, c * C, rows, p_.self + ring);
       if (arch::lane_idx() == 0) {
         drain();
         arch::bulk_wait_group<0>();  // the row bytes are in the ring (and, the wait
                                      // completed, visible to the generic proxy)
       }
       __syncwarp();  // every lane's fields too
-      lane.put_signal({static_cast<uint64_t>(H_.dispatch_send_row_offset(r, slot, 0))},
+      lane.put_signal({static_cast<uint64_t>(ring)},
                       {peer, static_cast<uint64_t>(H_.dispatch_recv_row_offset(at_peer, c * C))}, rows * wire_bytes,
                       {peer, static_cast<uint64_t>(H_.dispatch_signal_offset(at_peer, c))}, 1);
       lane.submit();

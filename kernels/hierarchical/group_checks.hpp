@@ -30,6 +30,10 @@ inline Status check_group(const std::string& who, const std::string& domain_arg,
     return Status::invalid_argument(at + "shape.chunk_tokens and shape.chunks_in_flight are " +
                                     std::to_string(h.chunk_tokens) + ", " + std::to_string(h.chunks_in_flight) +
                                     "; expected >= 1 and 1.." + std::to_string(layout::kMaxChunksInFlight));
+  if (h.lanes_per_peer < 1 || h.chunks_in_flight % h.lanes_per_peer != 0)
+    return Status::invalid_argument(at + "shape.lanes_per_peer is " + std::to_string(h.lanes_per_peer) +
+                                    "; expected a divisor of shape.chunks_in_flight (" +
+                                    std::to_string(h.chunks_in_flight) + "): each lane owns as many ring slots");
   if (dom.shape != layout::HierarchicalLayout(h).nvlink().shape())
     return Status::invalid_argument(at + domain_arg + ".shape is not the group's: expected HierarchicalLayout(shape).nvlink().shape(), " +
                                     std::to_string(D * R) + " ranks");
@@ -39,7 +43,9 @@ inline Status check_group(const std::string& who, const std::string& domain_arg,
                                     std::to_string(dom.nvlink_first) + ", " + std::to_string(dom.nvlink_ranks) +
                                     "; expected " + std::to_string(first) + ", " + std::to_string(R) +
                                     " (the NVLink domain of rank " + std::to_string(dom.rank) + ")");
-  if (!lanes) return Status::invalid_argument(at + "lanes is null; expected " + std::to_string(D - 1) + " queue pairs");
+  if (!lanes)
+    return Status::invalid_argument(at + "lanes is null; expected " + std::to_string((D - 1) * h.lanes_per_peer) +
+                                    " queue pairs");
   return Status::success();
 }
 

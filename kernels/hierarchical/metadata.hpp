@@ -18,8 +18,8 @@ struct MetadataArguments {
   // group's (IntranodeLayout over D x R ranks).
   intranode::MetadataArguments metadata;
   layout::HierarchicalShape shape;
-  // Lane 0 towards each rail peer (the rank of this local index in every other domain),
-  // in GPU memory, D - 1 of them in the order of HierarchicalLayout::remote_index.
+  // As for the dispatch: (D - 1) L lanes, lane l towards remote domain r at r L + l;
+  // the metadata drives lane 0 towards each rail peer.
   const transport::mlx5::QueuePair* lanes = nullptr;
 };
 

@@ -25,23 +25,36 @@ RAILYARD_DEVICE RailPeer rail_peer(int rank, int R, int r) {
   return {other, other * R + rank % R, layout::HierarchicalLayout::remote_index(other, mine)};
 }
 
-// Warp-collective, on the lane towards remote domain r's rail peer `peer` (whose
-// index for this rank's domain is `at_peer`): adds 1 to the peer's rail entry signal,
-// then waits for the peer's addition to this rank's. The peer has then entered the
-// same operation, so it has finished the one before, whose readers of its receive
-// areas (forwarders, a combine's home gather) are done: this rank may overwrite them.
-// Every dispatch and combine does it once per rail peer, so both sides count the
+// Lane q (remote domain r = q / L, lane l = q % L): its rail peer, and the same lane's
+// index at the peer (the peer's lane l towards this rank's domain).
+struct RailLane {
+  int r, l;
+  RailPeer peer;
+  int peer_lane;
+};
+RAILYARD_DEVICE RailLane rail_lane(const layout::HierarchicalLayout& H, int rank, int q) {
+  const int L = H.shape().lanes_per_peer, r = q / L, l = q % L;
+  const RailPeer peer = rail_peer(rank, H.shape().domain.ranks_per_domain, r);
+  return {r, l, peer, peer.at_peer * L + l};
+}
+
+// Warp-collective, on lane q towards its rail peer `peer` (whose index for the same
+// lane is `peer_lane`): adds 1 to the peer's rail entry signal of the lane, then waits
+// for the peer's addition to this rank's. The peer has then entered the same
+// operation, so it has finished the one before, whose readers of its receive areas
+// (forwarders, a combine's home gather) are done: this rank may overwrite them.
+// Every dispatch, combine and barrier does it once per lane, so both sides count the
 // same entries; each counts those it has seen in its counters (only it touches them),
 // and the signal only grows.
 RAILYARD_DEVICE void enter_rail(const layout::HierarchicalLayout& H, uint8_t* self, transport::mlx5::Lane& lane,
-                                transport::SignalOrder order, int r, int peer, int at_peer,
+                                transport::SignalOrder order, int q, int peer, int peer_lane,
                                 const pipeline::WaitPolicy& handshake_wait) {
-  auto* seen = reinterpret_cast<uint64_t*>(self + H.rail_entries_offset(r));
+  auto* seen = reinterpret_cast<uint64_t*>(self + H.rail_entries_offset(q));
   const uint64_t entries = arch::ld_global(seen);
-  lane.signal({peer, static_cast<uint64_t>(H.rail_entry_signal_offset(at_peer))}, 1);
+  lane.signal({peer, static_cast<uint64_t>(H.rail_entry_signal_offset(peer_lane))}, 1);
   lane.submit();
   if (arch::lane_idx() == 0) {
-    transport::wait_signal(reinterpret_cast<const uint64_t*>(self + H.rail_entry_signal_offset(r)), entries + 1, order,
+    transport::wait_signal(reinterpret_cast<const uint64_t*>(self + H.rail_entry_signal_offset(q)), entries + 1, order,
                            {"rail entry: rail peer entering the operation (rank)", peer,
                             static_cast<int64_t>(entries + 1)},
                            handshake_wait);

@@ -1,9 +1,10 @@
 // Railyard public API, internal: the path of a group of several NVLink domains. Its
 // kernels are the hierarchical ones (kernels/hierarchical): the intra-node kernels
 // over the whole group, whose traffic between domains crosses each rank's NIC to its
-// rail peers (docs/design-internode.md). On creation it connects the rail (one RC
-// queue pair towards each rail peer, runtime::rdma::connect_rail, collective) and
-// puts the lanes the kernels drive in the GPU's memory.
+// rail peers (docs/design-internode.md). On creation it connects the rail (the
+// shape's lanes_per_peer RC queue pairs towards each rail peer,
+// runtime::rdma::connect_rail, collective) and puts the lanes the kernels drive in
+// the GPU's memory.
 #include "hierarchical_path.hpp"
 
 #include <cstring>
@@ -23,13 +24,14 @@ namespace {
 namespace kh = kernels::hierarchical;
 namespace mlx5 = transport::mlx5;
 
-// One allocation of the rank's GPU memory: the queue pairs the kernels take (D - 1,
-// remote_index order), the remote table (every rank's region, by rank) and the lanes'
-// states (zeroed: nothing posted yet).
+// One allocation of the rank's GPU memory: the queue pairs the kernels take ((D - 1) L,
+// lane l towards peers[i] at i L + l: HierarchicalLayout::lane_index, the rail's
+// peers being in remote_index order), the remote table (every rank's region, by rank)
+// and the lanes' states (zeroed: nothing posted yet).
 class DeviceLanes {
  public:
   DeviceLanes(const runtime::rdma::RailConnections& c, uint8_t* local_base, int64_t fetch_scratch_offset) {
-    const std::size_t n = c.peers.size(), remotes = c.remotes.size();
+    const std::size_t n = c.queues.size(), remotes = c.remotes.size();
     const std::size_t qp_bytes = n * sizeof(mlx5::QueuePair), table_bytes = remotes * sizeof(mlx5::RemoteMemory);
     const std::size_t bytes = qp_bytes + table_bytes + n * sizeof(mlx5::LaneState);
     ptr_ = static_cast<uint8_t*>(runtime::gpu::malloc_device(bytes, "RDMA lanes"));
@@ -39,9 +41,11 @@ class DeviceLanes {
         .remotes = reinterpret_cast<const mlx5::RemoteMemory*>(ptr_ + qp_bytes),
         .states = reinterpret_cast<mlx5::LaneState*>(ptr_ + qp_bytes + table_bytes),
         .fetch_scratch = {static_cast<uint64_t>(fetch_scratch_offset)}};
-    for (std::size_t i = 0; i < n; ++i) {
-      const mlx5::QueuePair qp = runtime::rdma::mlx5_queue_pair(c, static_cast<int>(i), 0, memory);
-      std::memcpy(image.data() + i * sizeof qp, &qp, sizeof qp);
+    for (std::size_t i = 0; i < c.peers.size(); ++i) {
+      for (int l = 0; l < c.lanes_per_peer; ++l) {
+        const mlx5::QueuePair qp = runtime::rdma::mlx5_queue_pair(c, static_cast<int>(i), l, memory);
+        std::memcpy(image.data() + c.lane_slot(static_cast<int>(i), l) * sizeof qp, &qp, sizeof qp);
+      }
     }
     const std::vector<mlx5::RemoteMemory> table = runtime::rdma::mlx5_remote_table(c);
     std::memcpy(image.data() + qp_bytes, table.data(), table_bytes);
@@ -66,7 +70,7 @@ class HierarchicalPath final : public DomainPath {
       : DomainPath(layout::HierarchicalLayout(shape).nvlink().shape(), registered, options),
         shape_(shape),
         rail_(runtime::rdma::connect_rail(nic.nic(), bootstrap, registered.topology(), nic.region(),
-                                          {.queues = options.rdma_queues, .lanes_per_peer = 1})),
+                                          {.queues = options.rdma_queues, .lanes_per_peer = shape.lanes_per_peer})),
         lanes_(rail_, registered.local_ptr(), layout::HierarchicalLayout(shape).fetch_scratch_offset()) {}
 
   Status metadata(const DispatchArgs& args, const HandleMemory& handle, int blocks, GpuStream stream) override {

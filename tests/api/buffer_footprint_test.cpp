@@ -197,9 +197,10 @@ TEST(BufferFootprint, AcrossDomainsRegionsAreOrderedAndEveryIndexFallsInItsRegio
       // The count rows are the group's: a key per rank and expert of the group, and
       // one per domain.
       EXPECT_EQ(L.nvlink().count_row_ints(), layout::kCountRowHeaderInts + domains * 4 * (1 + 3) + domains);
-      EXPECT_LE(L.rail_entry_signal_offset(D1 - 1) + 8, L.counters_offset());
+      EXPECT_EQ(L.lanes(), D1 * 2);  // two lanes per rail peer by default
+      EXPECT_LE(L.rail_entry_signal_offset(L.lanes() - 1) + 8, L.counters_offset());
       EXPECT_EQ(L.rail_entries_offset(0), L.counters_offset());
-      EXPECT_EQ(L.dispatch_consumed_offset(0, 0, 0), L.rail_entries_offset(D1 - 1) + 8);
+      EXPECT_EQ(L.dispatch_consumed_offset(0, 0, 0), L.rail_entries_offset(L.lanes() - 1) + 8);
       EXPECT_EQ(L.dispatch_consumed_offset(1, 0, 0), L.dispatch_consumed_offset(0, D1 - 1, L.chunks_per_domain() - 1) + 8);
       const int64_t last_chunk = L.chunks_per_domain() - 1;
       EXPECT_EQ(L.combine_consumed_offset(0, 0), L.dispatch_consumed_offset(1, D1 - 1, last_chunk) + 8);
@@ -217,8 +218,14 @@ TEST(BufferFootprint, AcrossDomainsRegionsAreOrderedAndEveryIndexFallsInItsRegio
           slots.insert(L.dispatch_signal_offset(r, ch));
           slots.insert(L.combine_signal_offset(r, ch));
         }
-        slots.insert(L.rail_entry_signal_offset(r));
       }
+      for (int q = 0; q < L.lanes(); ++q) slots.insert(L.rail_entry_signal_offset(q));
+      // A domain's S = 4 ring slots split between its two lanes, each lane's wrapping.
+      std::set<int> ring[2];
+      for (int l = 0; l < 2; ++l)
+        for (int64_t j = 0; j < 6; ++j) ring[l].insert(L.ring_slot(l, j));
+      EXPECT_EQ(ring[0], (std::set<int>{0, 1}));
+      EXPECT_EQ(ring[1], (std::set<int>{2, 3}));
       EXPECT_EQ(static_cast<int64_t>(slots.size()), L.num_signals());
       EXPECT_EQ(*slots.rbegin(), L.signals_offset() + (L.num_signals() - 1) * 8);
       // A wire row: header and entries, scales, the row; 16-byte multiples.

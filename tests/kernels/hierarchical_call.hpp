@@ -109,7 +109,7 @@ inline std::vector<Case> group_matrix() {
 
 // The NIC bytes of one dispatch (or combine) since sim::reset_traffic(): from each
 // rank g to each rail peer q, the rows packed between them, `row_bytes` each, one
-// 8-byte signal per chunk and the rail entry; nothing to any other rank. The rows
+// 8-byte signal per chunk and a rail entry per lane; nothing to any other rank. The rows
 // are what the reference's count row of g (dispatch: rows g packed for q's domain) or
 // of q (combine: the partials of the rows q packed for g's domain) says.
 enum class Direction { Dispatch, Combine };
@@ -127,7 +127,8 @@ inline void expect_rail_nic_bytes(const Group& group, const Case& c, const Refer
         const layout::HandleView want = layout::HandleView::carve(L, const_cast<uint8_t*>(bytes.data()), 0);
         const int64_t rows =
             want.count_matrix[packer * L.count_row_ints() + layout::count_to_domain(G, c.local_experts, to / R)];
-        expected = static_cast<uint64_t>(rows * row_bytes + 8 * ((rows + C - 1) / C + 1));
+        // The rows, a signal per chunk, a rail entry per lane.
+        expected = static_cast<uint64_t>(rows * row_bytes + 8 * ((rows + C - 1) / C + group.layout().shape().lanes_per_peer));
       }
       EXPECT_EQ(traffic.nic_sent(g, q), expected) << "NIC bytes from rank " << g << " to " << q;
     }

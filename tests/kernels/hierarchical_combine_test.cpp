@@ -225,6 +225,24 @@ TEST(HierarchicalCombine, WeakMemoryNicDelaysAndCallsBackToBack) {
            test::weak_with_nic_delays(64), CombineInputLayout::Permuted, 1, 3);
 }
 
+// Lanes: with L lanes per rail peer, a remote domain's chunks go on its L lanes (chunk
+// c on lane c mod L), each lane in the block it is dealt to, with its own S / L ring
+// slots and its own rail entry. 4-token chunks so that every lane has several and its
+// slots wrap; 1, 3 and 4 blocks (fewer blocks than lanes, and more); calls back to
+// back in the weak mode with NIC delays; both layouts.
+TEST(HierarchicalCombine, ADomainsChunksSpreadOverLanes) {
+  for (int lanes : {2, 4}) {
+    for (int blocks : {1, 3, 4}) {
+      const Case c{3, 2, {30, 2, 17, 0, 64, 9}, 4, 2, false, test::Routing::Uniform, {}, 64, DType::BF16, 4, 4, lanes};
+      run_case(c, 7 + static_cast<uint64_t>(blocks), test::weak_with_nic_delays(64),
+               blocks == 3 ? CombineInputLayout::Permuted : CombineInputLayout::Received, blocks, 2);
+      if (HasFailure()) return;
+      run_case(c, 9, GroupSetup{}, CombineInputLayout::Received, blocks);  // one call: the NIC bytes too
+      if (HasFailure()) return;
+    }
+  }
+}
+
 // SIMULATED (timed mode, the H100 and ConnectX-7 model: docs/simulator.md): one rank
 // per domain, every token bound for both (experts 0 and 1, one per rank), 8192 BF16
 // elements a row; the combine alone (metadata and dispatch synchronised first) with 4
@@ -316,7 +334,7 @@ TEST(HierarchicalCombine, ArgumentErrorsNameTheArgument) {
     const char* expected;
   } refusals[] = {
       {[](Args& a) { a.shape.num_domains = 1; }, "hierarchical combine: shape.num_domains is 1; expected 2..64"},
-      {[](Args& a) { a.lanes = nullptr; }, "hierarchical combine: lanes is null; expected 1 queue pairs"},
+      {[](Args& a) { a.lanes = nullptr; }, "hierarchical combine: lanes is null; expected 2 queue pairs"},
       {[](Args& a) { a.combine.domain.nvlink_first = 0; },
        "combine.domain.nvlink_first, nvlink_ranks are 0, 2; expected 2, 2 (the NVLink domain of rank 2)"},
       {[](Args& a) { a.combine.ranks_per_partial = 1; },

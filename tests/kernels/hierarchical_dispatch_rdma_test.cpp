@@ -160,9 +160,11 @@ void run_case(const Case& c, uint64_t seed, const GroupSetup& setup, int blocks,
           EXPECT_EQ(got, expected) << "rank " << g << " signal of remote domain " << r << " chunk " << ch;
         }
         // The NIC bytes of the rail peer to this rank: its packed rows, one signal per
-        // chunk and its rail entry.
+        // chunk and a rail entry per lane.
         const auto chunks = static_cast<uint64_t>((packed + C - 1) / C);
-        EXPECT_EQ(traffic.nic_sent(src, g), static_cast<uint64_t>(packed) * H.wire_dispatch_row_bytes() + 8 * (chunks + 1))
+        const auto entries = static_cast<uint64_t>(H.shape().lanes_per_peer);
+        EXPECT_EQ(traffic.nic_sent(src, g),
+                  static_cast<uint64_t>(packed) * H.wire_dispatch_row_bytes() + 8 * (chunks + entries))
             << "NIC bytes from rank " << src << " to " << g;
       }
     }
@@ -190,7 +192,20 @@ TEST(HierarchicalDispatchRdma, EveryRankReceivesItsRailPeersPackedRows) {
 TEST(HierarchicalDispatchRdma, OneRingSlotIsReusedOnlyAfterItsPutCompleted) {
   GroupSetup setup = test::weak_with_nic_delays(256);
   setup.nic.stall_probability = 0.9;
-  run_case({2, 1, {40, 40}, 2, 2, false, test::Routing::Uniform, {}, 64, DType::BF16, 2, 1}, 4, setup, 1, 2);
+  run_case({2, 1, {40, 40}, 2, 2, false, test::Routing::Uniform, {}, 64, DType::BF16, 2, 1, 1}, 4, setup, 1, 2);
+}
+
+// Two and four lanes per rail peer (chunk c on lane c mod L, S / L ring slots each):
+// with 4-token chunks every lane has several chunks and its slots wrap; one block
+// drives every lane, two and three share them, four give each lane of a domain its
+// own; calls back to back in the weak mode with NIC delays.
+TEST(HierarchicalDispatchRdma, ADomainsChunksSpreadOverLanes) {
+  for (int lanes : {2, 4})
+    for (int blocks : {1, 2, 3, 4}) {
+      run_case({3, 2, {30, 2, 17, 0, 64, 9}, 4, 2, false, test::Routing::Uniform, {}, 64, DType::BF16, 4, 4, lanes},
+               5 + static_cast<uint64_t>(blocks), test::weak_with_nic_delays(256), blocks, 2);
+      if (HasFatalFailure()) return;
+    }
 }
 
 TEST(HierarchicalDispatchRdma, WeakMemoryNicReorderingAndCallsBackToBack) {
@@ -202,14 +217,16 @@ TEST(HierarchicalDispatchRdma, WeakMemoryNicReorderingAndCallsBackToBack) {
 
 // SIMULATED (timed mode, H100 and ConnectX-7 model): one rank per domain, 4096 tokens
 // of 8192 BF16 elements each bound for the other domain (64 MiB of wire rows a
-// direction), one warp of one block, the default ring (64-token chunks, 4 in flight).
-// The NIC is the bound: it must be busy and the wire rows must move at >= 85% of its
-// 50 GB/s (about 90% today; with 2 chunks in flight 84%, and with a quiet() of every
-// put before a slot's reuse instead of the slot's own put's, 44%).
+// direction), one warp of one block on one lane with the default ring (64-token
+// chunks, 4 in flight). The NIC is the bound: it must be busy and the wire rows must
+// move at >= 85% of its 50 GB/s (about 90% today; with 2 chunks in flight 84%, and
+// with a quiet() of every put before a slot's reuse instead of the slot's own put's,
+// 44%; with the default two lanes, which one block drives one after the other with
+// two ring slots each, 82%).
 TEST(HierarchicalDispatchRdmaTimed, OneWarpKeepsTheNicBusy) {
   GroupSetup setup;
   setup.timed = true;
-  const Case c{2, 1, {4096}, 2, 1, false, test::Routing::Skewed, {}, 8192, DType::BF16};
+  const Case c{2, 1, {4096}, 2, 1, false, test::Routing::Skewed, {}, 8192, DType::BF16, 64, 4, 1};
   std::vector<double> ns;
   std::vector<sim::BusyTime> busy;
   run_case<8192>(c, 1, setup, 1, 1, &ns, &busy);

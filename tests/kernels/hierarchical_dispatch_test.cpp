@@ -160,6 +160,22 @@ TEST(HierarchicalDispatch, WeakMemoryNicDelaysAndCallsBackToBack) {
            test::weak_with_nic_delays(64), {kGrouped, 1}, 3);
 }
 
+// Two and four lanes per rail peer: a remote domain's chunks (4 tokens each) go on its
+// lanes round robin, each lane with its own ring slots and rail entry, driven by the
+// block it is dealt to (1, 3 and 4 blocks); both layouts, calls back to back in the
+// weak mode with NIC delays, then one call whose NIC bytes are checked.
+TEST(HierarchicalDispatch, ADomainsChunksSpreadOverLanes) {
+  for (int lanes : {2, 4})
+    for (int blocks : {1, 3, 4}) {
+      const Case c{3, 2, {30, 2, 17, 0, 64, 9}, 4, 2, false, test::Routing::Uniform, {}, 128, kFp8, 4, 4, lanes};
+      run_case(c, 3 + static_cast<uint64_t>(blocks), test::weak_with_nic_delays(64),
+               {blocks == 3 ? kGrouped : kReceived, blocks}, 2);
+      if (HasFailure()) return;
+      run_case(c, 4, GroupSetup{}, {kReceived, blocks});
+      if (HasFailure()) return;
+    }
+}
+
 // Six dispatches of one handle in a row (different rows each), no metadata between:
 // a metadata operation would keep a rank from overwriting a receive area its rail
 // peer still reads (the relay of its count row waits for the peer's), here the rail
@@ -257,7 +273,7 @@ TEST(HierarchicalDispatch, ArgumentErrorsNameTheArgument) {
     const char* expected;
   } refusals[] = {
       {[](Args& a) { a.shape.num_domains = 1; }, "hierarchical dispatch: shape.num_domains is 1; expected 2..64"},
-      {[](Args& a) { a.lanes = nullptr; }, "hierarchical dispatch: lanes is null; expected 1 queue pairs"},
+      {[](Args& a) { a.lanes = nullptr; }, "hierarchical dispatch: lanes is null; expected 2 queue pairs"},
       {[](Args& a) { a.dispatch.domain.nvlink_ranks = 4; },
        "dispatch.domain.nvlink_first, nvlink_ranks are 2, 4; expected 2, 2 (the NVLink domain of rank 2)"},
       {[](Args& a) { a.dispatch.domain.shape.ranks_per_domain = 2; }, "dispatch.domain.shape is not the group's"},

@@ -37,6 +37,7 @@ struct Case {
   DType dtype = DType::BF16;
   int chunk_tokens = 64;
   int chunks_in_flight = HierarchicalShape{}.chunks_in_flight;
+  int lanes_per_peer = 0;  // 0: the default where it divides chunks_in_flight, else 1
 
   int group() const { return domains * ranks_per_domain; }
   int tokens_of(int rank) const { return tokens.size() == 1 ? tokens[0] : tokens[static_cast<std::size_t>(rank)]; }
@@ -44,7 +45,9 @@ struct Case {
     std::string s = std::to_string(domains) + " x " + std::to_string(ranks_per_domain) + " tokens [";
     for (int t : tokens) s += std::to_string(t) + " ";
     return s + "] topk " + std::to_string(topk) + " experts/rank " + std::to_string(local_experts) +
-           (routing_map ? " map" : " topk") + (routing == Routing::Skewed ? " skewed" : "");
+           (routing_map ? " map" : " topk") + (routing == Routing::Skewed ? " skewed" : "") + " chunks " +
+           std::to_string(chunk_tokens) + " x " + std::to_string(chunks_in_flight) + " lanes " +
+           (lanes_per_peer > 0 ? std::to_string(lanes_per_peer) : "default");
   }
 };
 
@@ -76,7 +79,8 @@ class Group {
     for (int g = 0; g < G; ++g) {
       std::vector<transport::mlx5::QueuePair> lanes;
       for (int other = 0; other < shape.num_domains; ++other)
-        if (other != g / R()) lanes.push_back(fabric_.qp(g, other * R() + g % R(), 0));
+        for (int l = 0; l < shape.lanes_per_peer && other != g / R(); ++l)
+          lanes.push_back(fabric_.qp(g, other * R() + g % R(), l));  // HierarchicalLayout::lane_index order
       auto* device_lanes = static_cast<transport::mlx5::QueuePair*>(
           sim::malloc_device(g, sizeof(transport::mlx5::QueuePair) * lanes.size(), "lanes"));
       std::memcpy(device_lanes, lanes.data(), sizeof(transport::mlx5::QueuePair) * lanes.size());
@@ -133,6 +137,7 @@ class Group {
     c.num_domains = shape.num_domains;
     c.ranks_per_domain = shape.domain.ranks_per_domain;
     c.seed = seed;
+    c.lanes_per_peer = shape.lanes_per_peer;
     c.memory_model = setup.memory_model;
     c.buffer_bytes = static_cast<std::size_t>(L.registered_bytes());
     c.fetch_scratch_offset = static_cast<uint64_t>(L.fetch_scratch_offset());
@@ -156,6 +161,8 @@ inline HierarchicalShape shape_of(const Case& c, int max_tokens) {
   s.num_domains = c.domains;
   s.chunk_tokens = c.chunk_tokens;
   s.chunks_in_flight = c.chunks_in_flight;
+  const int lanes = HierarchicalShape{}.lanes_per_peer;
+  s.lanes_per_peer = c.lanes_per_peer > 0 ? c.lanes_per_peer : c.chunks_in_flight % lanes == 0 ? lanes : 1;
   return s;
 }
 inline int max_tokens_of(const Case& c) {

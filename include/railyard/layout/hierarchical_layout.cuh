@@ -53,6 +53,13 @@ struct HierarchicalShape {
   // NIC about 90% busy in the timed simulation (tests/kernels/hierarchical_dispatch_rdma_test.cpp);
   // two, 84%.
   int chunks_in_flight = 4;
+  // L: lanes (queue pairs) towards each rail peer, a divisor of S. Chunk c of a remote
+  // domain goes on its lane c mod L, which owns S / L of the domain's ring slots; the
+  // kernels deal the (remote domain, lane) pairs to blocks, so L blocks can pack one
+  // domain's chunks at once.
+  int lanes_per_peer = 2;
+  // Ring slots per lane.
+  RAILYARD_HOST_DEVICE int slots_per_lane() const { return chunks_in_flight / lanes_per_peer; }
 };
 
 class HierarchicalLayout {
@@ -66,6 +73,13 @@ class HierarchicalLayout {
   RAILYARD_HOST_DEVICE static int remote_index(int mine, int other) { return other < mine ? other : other - 1; }
   RAILYARD_HOST_DEVICE int64_t chunks_per_domain() const {
     return (int64_t{s_.domain.max_tokens} + s_.chunk_tokens - 1) / s_.chunk_tokens;
+  }
+  // The lanes, (remote domain r, lane l) as q = r L + l: the queue pairs' order too.
+  RAILYARD_HOST_DEVICE int lanes() const { return remote_domains() * s_.lanes_per_peer; }
+  RAILYARD_HOST_DEVICE int lane_index(int r, int l) const { return r * s_.lanes_per_peer + l; }
+  // The ring slot (of the lane's remote domain) of lane l's j-th chunk of an operation.
+  RAILYARD_HOST_DEVICE int ring_slot(int l, int64_t j) const {
+    return l * s_.slots_per_lane() + static_cast<int>(j % s_.slots_per_lane());
   }
 
   // ---- packed rows -------------------------------------------------------------------
@@ -107,9 +121,9 @@ class HierarchicalLayout {
   // ---- the RDMA part ---------------------------------------------------------------
   // [state: 64 B: metadata operations done (uint64), the lanes' fetch-and-add scratch]
   // [count_rows: 2 parities x D-1 x count_row_ints int32, each remote rail peer's row]
-  // [signals: D-1 metadata, D-1 x chunks dispatch, D-1 x chunks combine, D-1 rail
-  //  entry; uint64, monotonic]
-  // [counters: D-1 rail entries, 2 roles x D-1 x chunks dispatch signals consumed,
+  // [signals: D-1 metadata, D-1 x chunks dispatch, D-1 x chunks combine, a rail entry
+  //  per lane; uint64, monotonic]
+  // [counters: rail entries per lane, 2 roles x D-1 x chunks dispatch signals consumed,
   //  D-1 x chunks combine signals consumed]
   // [dispatch_recv: D-1 x M packed rows] [dispatch_send: D-1 x S x C packed rows]
   // [combine_recv: D-1 x M BF16 rows]    [combine_send: D-1 x S x C BF16 rows]
@@ -123,11 +137,11 @@ class HierarchicalLayout {
   RAILYARD_HOST_DEVICE int64_t signals_offset() const {
     return count_rows_offset() + round_up(int64_t{2} * remote_domains() * nvlink_.count_row_ints() * 4, 128);
   }
-  RAILYARD_HOST_DEVICE int64_t num_signals() const { return remote_domains() * (2 + 2 * chunks_per_domain()); }
+  RAILYARD_HOST_DEVICE int64_t num_signals() const { return remote_domains() * (1 + 2 * chunks_per_domain()) + lanes(); }
   // How far this rank has waited each signal it shares between kernels: values only
   // this rank reads and writes (a monotonic signal's next target is the last one + 1).
   RAILYARD_HOST_DEVICE int64_t counters_offset() const { return signals_offset() + round_up(num_signals() * 8, 128); }
-  RAILYARD_HOST_DEVICE int64_t num_counters() const { return remote_domains() * (1 + 3 * chunks_per_domain()); }
+  RAILYARD_HOST_DEVICE int64_t num_counters() const { return lanes() + remote_domains() * 3 * chunks_per_domain(); }
   RAILYARD_HOST_DEVICE int64_t dispatch_recv_offset() const {
     return counters_offset() + round_up(num_counters() * 8, 128);
   }
@@ -157,22 +171,23 @@ class HierarchicalLayout {
   RAILYARD_HOST_DEVICE int64_t combine_signal_offset(int r, int64_t chunk) const {
     return signals_offset() + (remote_domains() * (1 + chunks_per_domain()) + int64_t{r} * chunks_per_domain() + chunk) * 8;
   }
-  // Remote domain r's rail entry signal: its rail peer adds 1 as it enters each
-  // dispatch, once it has finished the one before, so its receive areas are free.
-  RAILYARD_HOST_DEVICE int64_t rail_entry_signal_offset(int r) const {
-    return signals_offset() + (remote_domains() * (1 + 2 * chunks_per_domain()) + int64_t{r}) * 8;
+  // Lane q's rail entry signal: the rail peer adds 1 on its lane q as it enters each
+  // dispatch, combine or barrier, once it has finished the one before, so its receive
+  // areas are free.
+  RAILYARD_HOST_DEVICE int64_t rail_entry_signal_offset(int q) const {
+    return signals_offset() + (remote_domains() * (1 + 2 * chunks_per_domain()) + int64_t{q}) * 8;
   }
-  // Counters: the rail entries from remote domain r seen so far, and the dispatch
-  // signals of (r, chunk) consumed so far by forwarding role `role` (0: the loads of
-  // the row bytes, 1: the stores of the rows' fields; each waits for itself).
-  RAILYARD_HOST_DEVICE int64_t rail_entries_offset(int r) const { return counters_offset() + int64_t{r} * 8; }
+  // Counters: the rail entries seen so far on lane q, and the dispatch signals of (r,
+  // chunk) consumed so far by forwarding role `role` (0: the loads of the row bytes, 1:
+  // the stores of the rows' fields; each waits for itself).
+  RAILYARD_HOST_DEVICE int64_t rail_entries_offset(int q) const { return counters_offset() + int64_t{q} * 8; }
   RAILYARD_HOST_DEVICE int64_t dispatch_consumed_offset(int role, int r, int64_t chunk) const {
-    return counters_offset() + (remote_domains() + (int64_t{role} * remote_domains() + r) * chunks_per_domain() + chunk) * 8;
+    return counters_offset() + (lanes() + (int64_t{role} * remote_domains() + r) * chunks_per_domain() + chunk) * 8;
   }
   // The puts of (r, chunk)'s combine signal consumed by the combines so far: any block
   // may read any chunk, so the combine's last block counts them once per combine.
   RAILYARD_HOST_DEVICE int64_t combine_consumed_offset(int r, int64_t chunk) const {
-    return counters_offset() + (remote_domains() * (1 + 2 * chunks_per_domain()) + int64_t{r} * chunks_per_domain() + chunk) * 8;
+    return counters_offset() + (lanes() + (2 * int64_t{remote_domains()} + r) * chunks_per_domain() + chunk) * 8;
   }
   // Remote domain r's rail peer's count row of the metadata operation whose index
   // (metadata_ops before it) has this parity: a rail peer can start the next metadata
