@@ -192,10 +192,11 @@ TEST(HierarchicalDispatch, DispatchesOfOneHandleInARowWaitForTheRailEntry) {
 // SIMULATED (timed mode, the H100 and ConnectX-7 model: docs/simulator.md): one rank
 // per domain, every token bound for both (experts 0 and 1, one per rank), 8192 BF16
 // elements a row; the dispatch alone (its metadata synchronised first) with 4 blocks.
-// Printed: the time, the wire rows' rate and how busy each NIC's send pipe was (when
-// written: 631 and 774 us, NIC busy 53% and 44%: one remote domain is one block's RDMA
-// warp, whose row bytes pass that SM's TMA twice beside the block's own NVLink
-// traffic). Required: at least 35%, so that a slower path shows.
+// Printed: the time, the wire rows' rate and how busy each NIC's send pipe was (with
+// one lane per rail peer: 631 and 774 us, NIC busy 53% and 44%, one remote domain being
+// one block's RDMA warp, whose row bytes pass that SM's TMA twice beside the block's
+// own NVLink traffic; with the default two lanes, two blocks: 521 and 536 us, 65% and
+// 63%). Required: at least 35%, so that a slower path shows.
 TEST(HierarchicalDispatchTimed, FourBlocksAcrossTwoDomains) {
   GroupSetup setup;
   setup.timed = true;
