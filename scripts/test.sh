@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sets up the machine, builds both flavours in build/ and runs every test (labels sim,
-# host, gpu, rdma; gpu tests skip without a device; not the slow `mutation` label, which
-# `ctest --test-dir build -L mutation` runs), then reports the line coverage that the
+# host, gpu, rdma, python; gpu tests skip without a device; not the labels `slow` (the
+# seed configurations, the weak-mode seed sweeps after the first, the largest groups of
+# the across-domain matrix: `ctest --test-dir build -L slow -j2`) and `mutation`
+# (`ctest --test-dir build -L mutation`)), then reports the line coverage that the
 # simulator tests give the device code (kernels/, include/railyard/{arch,pipeline,layout,transport,common}).
 #
 #   bash scripts/test.sh            # everything
@@ -45,12 +47,12 @@ if [[ -f $build/ptxas/summary.txt ]]; then
   echo "ptxas resource reports: $build/ptxas/summary.txt"
 fi
 
-phase "test (ctest, all labels but mutation)"
+phase "test (ctest, all labels but slow and mutation)"
 # Coverage counters start from zero for this run.
 find "$build" -name '*.gcda' -delete
 ctest_log=$build/ctest.log
 # shellcheck disable=SC2086
-ctest --test-dir "$build" -j"$jobs" --output-on-failure --timeout 900 -LE mutation ${CTEST_ARGS:-} 2>&1 |
+ctest --test-dir "$build" -j"$jobs" --output-on-failure --timeout 900 -LE 'slow|mutation' ${CTEST_ARGS:-} 2>&1 |
   tee "$ctest_log"
 ctest_rc=${PIPESTATUS[0]}
 phase_done test
