@@ -68,8 +68,8 @@ struct Partials {
   }
 
   // Calls fn(dst, positions, chunk, begin, end) for each partial row this block sends,
-  // in the order the RDMA warp puts their chunks: lanes dealt to blocks round robin (q
-  // = block, block + blocks, ...), then the chunks of the rows the lane's rail peer
+  // in the order the RDMA warp puts their chunks: lanes dealt to blocks round robin
+  // (HierarchicalLayout::dealt_lane), then the chunks of the rows the lane's rail peer
   // forwarded that go on the lane (l, l + L, ...), in packed order. `positions`: the
   // row's staged positions at this domain's ranks (forward_pos); `chunk`: the block's
   // chunk it belongs to (k); `begin`, `end`: whether it begins or ends that chunk.
@@ -79,7 +79,8 @@ struct Partials {
     const int R = p.shape.domain.ranks_per_domain, mine = p.rank / R, C = p.shape.chunk_tokens;
     const int M = p.shape.domain.max_tokens;
     uint32_t k = 0;  // the block's chunks so far
-    for (int q = static_cast<int>(blockIdx.x); q < H.lanes(); q += static_cast<int>(gridDim.x)) {
+    for (int dealt = static_cast<int>(blockIdx.x); dealt < H.lanes(); dealt += static_cast<int>(gridDim.x)) {
+      const int q = H.dealt_lane(dealt);
       const RailLane rail = rail_lane(H, p.rank, q);
       const int32_t rows = rows_from(p, H, h, rail.peer.domain, mine);
       for (int64_t j = 0, c = rail.l; c * C < rows; ++j, c += p.shape.lanes_per_peer, ++k) {
@@ -125,7 +126,8 @@ struct Partials {
     const auto row_bytes = static_cast<uint32_t>(H.wire_combine_row_bytes());
     uint32_t k = 0, freed = 0;  // the block's chunks put, and handed back
     uint64_t put_of_slot[layout::kMaxChunksInFlight] = {};
-    for (int q = static_cast<int>(blockIdx.x); q < H.lanes(); q += static_cast<int>(gridDim.x)) {
+    for (int dealt = static_cast<int>(blockIdx.x); dealt < H.lanes(); dealt += static_cast<int>(gridDim.x)) {
+      const int q = H.dealt_lane(dealt);
       const RailLane rail = rail_lane(H, p.rank, q);
       const int peer = rail.peer.rank, at_peer = rail.peer.at_peer;
       const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p.lanes[q]);

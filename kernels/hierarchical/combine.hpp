@@ -20,7 +20,7 @@ struct CombineArguments {
   intranode::CombineArguments combine;
   layout::HierarchicalShape shape;
   // As for the dispatch: (D - 1) L lanes, lane l towards remote domain r at r L + l;
-  // block b drives lanes b, b + num_blocks, ...
+  // block b drives the lanes dealt_lane(b), dealt_lane(b + num_blocks), ...
   const transport::mlx5::QueuePair* lanes = nullptr;
 };
 

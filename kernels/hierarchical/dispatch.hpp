@@ -21,7 +21,8 @@ struct DispatchArguments {
   // shape.lanes_per_peer (L) lanes towards each rail peer (the rank of this local index
   // in every other domain), in GPU memory, (D - 1) L of them: lane l towards remote
   // domain r (HierarchicalLayout::remote_index) at r L + l (lane_index). Block b
-  // drives lanes b, b + num_blocks, ...: a lane is driven by one warp of one block.
+  // drives the lanes dealt_lane(b), dealt_lane(b + num_blocks), ... (every domain's lane
+  // 0 first): a lane is driven by one warp of one block.
   const transport::mlx5::QueuePair* lanes = nullptr;
 };
 

@@ -12,8 +12,8 @@
 // to the peer's signal for (this domain, c). The peer knows how many rows to expect
 // from the count row it got in the metadata (count_to_domain).
 //
-// One warp per block, lanes dealt to blocks round robin (block b: q = b, b + blocks,
-// ...). Lane q = r L + l carries remote domain r's chunks l, l + L, ... (L =
+// One warp per block, lanes dealt to blocks round robin in HierarchicalLayout::dealt_lane
+// order (every domain's lane 0 first). Lane q = r L + l carries remote domain r's chunks l, l + L, ... (L =
 // lanes_per_peer), through its own S / L of the domain's ring slots. Before its first
 // put, the rail entry on the lane: the peer has entered this dispatch too, so its
 // receive area is free (it finished the last one). Before a ring slot is packed again,
@@ -74,7 +74,7 @@ class RdmaSender {
 
   // Warp-collective: every lane dealt to `block` of `blocks`.
   RAILYARD_DEVICE void run(int block, int blocks) {
-    for (int q = block; q < H_.lanes(); q += blocks) send_lane(q);
+    for (int p = block; p < H_.lanes(); p += blocks) send_lane(H_.dealt_lane(p));
   }
 
  private:

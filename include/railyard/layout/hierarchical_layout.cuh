@@ -77,6 +77,11 @@ class HierarchicalLayout {
   // The lanes, (remote domain r, lane l) as q = r L + l: the queue pairs' order too.
   RAILYARD_HOST_DEVICE int lanes() const { return remote_domains() * s_.lanes_per_peer; }
   RAILYARD_HOST_DEVICE int lane_index(int r, int l) const { return r * s_.lanes_per_peer + l; }
+  // The p-th lane in the order the kernels deal lanes to blocks (block b: p = b, b +
+  // blocks, ...): every remote domain's lane 0, then every domain's lane 1, ..., so
+  // that each domain's first chunks get blocks of their own before any block takes a
+  // second lane.
+  RAILYARD_HOST_DEVICE int dealt_lane(int p) const { return lane_index(p % remote_domains(), p / remote_domains()); }
   // The ring slot (of the lane's remote domain) of lane l's j-th chunk of an operation.
   RAILYARD_HOST_DEVICE int ring_slot(int l, int64_t j) const {
     return l * s_.slots_per_lane() + static_cast<int>(j % s_.slots_per_lane());
