@@ -50,8 +50,8 @@ struct Partials {
   // The send ring's hand-off between the store lane and the RDMA warp, per block chunk
   // k mod S / L (the block's chunks of one lane are consecutive, and a lane has S / L
   // ring slots): `stored` completes once the chunk's rows landed, `sent` once its put
-  // completed. `landed`: per remote domain, the chunk whose signal
-  // the gather (the Load warp's lane 0) saw last, -1 before the first.
+  // completed. `landed`: per remote domain, the chunk whose signal the gather (the
+  // Load warp's lane 0) saw last, -1 before the first.
   struct Storage {
     uint64_t stored[layout::kMaxChunksInFlight];
     uint64_t sent[layout::kMaxChunksInFlight];
@@ -79,9 +79,7 @@ struct Partials {
     const int R = p.shape.domain.ranks_per_domain, mine = p.rank / R, C = p.shape.chunk_tokens;
     const int M = p.shape.domain.max_tokens;
     uint32_t k = 0;  // the block's chunks so far
-    for (int dealt = static_cast<int>(blockIdx.x); dealt < H.lanes(); dealt += static_cast<int>(gridDim.x)) {
-      const int q = H.dealt_lane(dealt);
-      const RailLane rail = rail_lane(H, p.rank, q);
+    for_each_dealt_lane(H, p.rank, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), [&](const RailLane& rail) {
       const int32_t rows = rows_from(p, H, h, rail.peer.domain, mine);
       for (int64_t j = 0, c = rail.l; c * C < rows; ++j, c += p.shape.lanes_per_peer, ++k) {
         const int n = rows - c * C < C ? static_cast<int>(rows - c * C) : C;
@@ -90,7 +88,7 @@ struct Partials {
           fn(dst, h.forward_pos + (int64_t{rail.peer.domain} * M + c * C + i) * R, k, i == 0, i == n - 1);
         }
       }
-    }
+    });
   }
 
   // A partial row's probs (after its BF16 row).
@@ -126,13 +124,11 @@ struct Partials {
     const auto row_bytes = static_cast<uint32_t>(H.wire_combine_row_bytes());
     uint32_t k = 0, freed = 0;  // the block's chunks put, and handed back
     uint64_t put_of_slot[layout::kMaxChunksInFlight] = {};
-    for (int dealt = static_cast<int>(blockIdx.x); dealt < H.lanes(); dealt += static_cast<int>(gridDim.x)) {
-      const int q = H.dealt_lane(dealt);
-      const RailLane rail = rail_lane(H, p.rank, q);
+    for_each_dealt_lane(H, p.rank, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), [&](const RailLane& rail) {
       const int peer = rail.peer.rank, at_peer = rail.peer.at_peer;
-      const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p.lanes[q]);
+      const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p.lanes[rail.q]);
       transport::mlx5::Lane lane(qp, p.wait);
-      enter_rail(H, p.self, lane, qp.signal_order, q, peer, rail.peer_lane, p.handshake_wait);
+      enter_rail(H, p.self, lane, qp.signal_order, rail.q, peer, rail.peer_lane, p.handshake_wait);
       const int32_t rows = rows_from(p, H, h, rail.peer.domain, mine);
       for (int64_t j = 0, c = rail.l; c * C < rows; ++j, c += p.shape.lanes_per_peer, ++k) {
         const uint32_t slot = k % S;
@@ -154,7 +150,7 @@ struct Partials {
         if (k + 1 - freed == S) free_slot(lane, s, put_of_slot, freed++, S);
       }
       while (freed < k) free_slot(lane, s, put_of_slot, freed++, S);  // before the lane changes
-    }
+    });
   }
 
   // Lane 0 of a gather job: the other domains' partials of this rank's tokens.

@@ -74,22 +74,21 @@ class RdmaSender {
 
   // Warp-collective: every lane dealt to `block` of `blocks`.
   RAILYARD_DEVICE void run(int block, int blocks) {
-    for (int p = block; p < H_.lanes(); p += blocks) send_lane(H_.dealt_lane(p));
+    for_each_dealt_lane(H_, p_.rank, block, blocks, [&](const RailLane& rail) { send_lane(rail); });
   }
 
  private:
-  RAILYARD_DEVICE void send_lane(int q) {
+  RAILYARD_DEVICE void send_lane(const RailLane& rail) {
     const layout::IntranodeLayout& L = H_.nvlink();
-    const RailLane rail = rail_lane(H_, p_.rank, q);
     const int other = rail.peer.domain, peer = rail.peer.rank, at_peer = rail.peer.at_peer;
     const int G = L.shape().ranks_per_domain, El = L.shape().num_local_experts;
     const int32_t packed =
         arch::ld_global(p_.handle.count_matrix + int64_t{p_.rank} * L.count_row_ints() + layout::count_to_domain(G, El, other));
     const int C = p_.shape.chunk_tokens, lanes = p_.shape.lanes_per_peer, slots = p_.shape.slots_per_lane();
     const auto wire_bytes = static_cast<uint32_t>(H_.wire_dispatch_row_bytes());
-    const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p_.lanes[q]);
+    const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p_.lanes[rail.q]);
     transport::mlx5::Lane lane(qp, p_.wait);
-    enter_rail(H_, p_.self, lane, qp.signal_order, q, peer, rail.peer_lane, p_.handshake_wait);
+    enter_rail(H_, p_.self, lane, qp.signal_order, rail.q, peer, rail.peer_lane, p_.handshake_wait);
     uint64_t put_of_slot[layout::kMaxChunksInFlight] = {};  // the ticket after each slot's last put
     // Chunk c = l + j L is the lane's j-th.
     for (int64_t j = 0, c = rail.l; c * C < packed; ++j, c += lanes) {

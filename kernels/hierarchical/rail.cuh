@@ -28,14 +28,21 @@ RAILYARD_DEVICE RailPeer rail_peer(int rank, int R, int r) {
 // Lane q (remote domain r = q / L, lane l = q % L): its rail peer, and the same lane's
 // index at the peer (the peer's lane l towards this rank's domain).
 struct RailLane {
-  int r, l;
+  int q, r, l;
   RailPeer peer;
   int peer_lane;
 };
 RAILYARD_DEVICE RailLane rail_lane(const layout::HierarchicalLayout& H, int rank, int q) {
   const int L = H.shape().lanes_per_peer, r = q / L, l = q % L;
   const RailPeer peer = rail_peer(rank, H.shape().domain.ranks_per_domain, r);
-  return {r, l, peer, peer.at_peer * L + l};
+  return {q, r, l, peer, peer.at_peer * L + l};
+}
+
+// Calls fn(rail) for each lane dealt to `block` of `blocks`: dealt lanes block, block +
+// blocks, ... (HierarchicalLayout::dealt_lane), in that order.
+template <class Fn>
+RAILYARD_DEVICE void for_each_dealt_lane(const layout::HierarchicalLayout& H, int rank, int block, int blocks, Fn&& fn) {
+  for (int p = block; p < H.lanes(); p += blocks) fn(rail_lane(H, rank, H.dealt_lane(p)));
 }
 
 // Warp-collective, on lane q towards its rail peer `peer` (whose index for the same
