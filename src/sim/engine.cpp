@@ -305,6 +305,7 @@ void Engine::engine_main() {
 }
 
 void Engine::run_until_pause() {
+  agents_cached_ = false;  // the host, holding the world, may have changed what they do next
   while (active_.load(std::memory_order_acquire) == 0) {
     if (!step()) break;
   }
@@ -425,6 +426,7 @@ void Engine::reset(const Config& config) {
   timed_.clear();
   async_.clear();
   agents_.clear();
+  async_cached_ = agents_cached_ = false;
   if (config.fiber_stack_bytes != config_.fiber_stack_bytes) {
     stacks_ = std::make_unique<StackPool>(config.fiber_stack_bytes);
   } else {
@@ -819,10 +821,8 @@ bool Engine::idle() {
 bool Engine::step_timed() {
   Fiber* f = by_clock_.empty() ? nullptr : by_clock_.front().fiber;
   const std::size_t a = earliest_async();
-  std::size_t agent = agents_.size();
-  double agent_ns = kNoEvent;
-  for (std::size_t i = 0; i < agents_.size(); ++i)
-    if (const double t = agents_[i]->next_event_ns(); t < agent_ns) agent_ns = t, agent = i;
+  const std::size_t agent = earliest_agent();
+  const double agent_ns = agent < agents_.size() ? agent_next_ns_[agent] : kNoEvent;
   if (f == nullptr && a == async_.size() && agent == agents_.size()) return idle();
   ++stats_.scheduler_steps;
   ++stats_.virtual_cycles;
@@ -838,6 +838,7 @@ bool Engine::step_timed() {
     if (recheck_parked()) return true;
     record_decision(2, agent, 0, 0);
     now_ns_ = std::max(now_ns_, agent_ns);
+    agents_cached_ = false;
     agents_[agent]->step();
     ++epoch_;
   } else {
@@ -857,10 +858,27 @@ Fiber* Engine::pop_earliest_fiber() {
   return f;
 }
 
-std::size_t Engine::earliest_async() const {
+std::size_t Engine::earliest_async() {
+  if (async_cached_) return earliest_async_;
   std::size_t best = async_.size();
   for (std::size_t i = 0; i < async_.size(); ++i)
     if (best == async_.size() || async_[i].next_ns() < async_[best].next_ns()) best = i;
+  async_cached_ = true;
+  return earliest_async_ = best;
+}
+
+// Timed mode: the agent whose next event is earliest, the first among equals
+// (agents_.size(): none has one).
+std::size_t Engine::earliest_agent() {
+  if (!agents_cached_ || doorbell_stores_seen_ != timing_.doorbell_stores()) {
+    agent_next_ns_.resize(agents_.size());
+    for (std::size_t i = 0; i < agents_.size(); ++i) agent_next_ns_[i] = agents_[i]->next_event_ns();
+    agents_cached_ = true;
+    doorbell_stores_seen_ = timing_.doorbell_stores();
+  }
+  std::size_t best = agents_.size();
+  for (std::size_t i = 0; i < agents_.size(); ++i)
+    if (agent_next_ns_[i] < (best < agents_.size() ? agent_next_ns_[best] : kNoEvent)) best = i;
   return best;
 }
 
@@ -1037,6 +1055,8 @@ void Engine::finish_head(int stream) {
 // ---- asynchronous copies ---------------------------------------------------------------------
 void Engine::issue_async(const AsyncOp& op) {
   async_.push_back(op);
+  if (async_cached_ && (earliest_async_ == async_.size() - 1 || op.next_ns() < async_[earliest_async_].next_ns()))
+    earliest_async_ = async_.size() - 1;
   ++op.block->pending_async;
   if (op.kind == AsyncOp::Kind::S2G) {
     ++op.group->pending_reads;
@@ -1046,6 +1066,7 @@ void Engine::issue_async(const AsyncOp& op) {
 
 void Engine::complete_async(std::size_t index) {
   ++epoch_;
+  async_cached_ = false;
   AsyncOp& pending = async_[index];
   if (timing_.enabled()) {
     now_ns_ = std::max(now_ns_, pending.next_ns());
@@ -1178,6 +1199,7 @@ void Engine::destroy_kernel(KernelRun& k) {
     for (std::size_t i = 0; i < waiting->size(); ++i) (*waiting)[i]->wait_index = i;
   }
   std::erase_if(async_, [&](const AsyncOp& op) { return op.block->kernel == &k; });
+  async_cached_ = false;
   devices_[k.device].resident_blocks -= static_cast<unsigned>(k.resident.size());
   if (last_run_ != nullptr && last_run_->block->kernel == &k) last_run_ = nullptr;
   k.resident.clear();  // unwinds the suspended fibers' stacks

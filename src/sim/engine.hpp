@@ -370,8 +370,14 @@ class Engine {
   int device_count() const { return static_cast<int>(devices_.size()); }
   std::size_t live_allocations() const { return allocations_.size(); }
   std::size_t live_bytes() const;
-  void add_agent(Agent* agent) { agents_.push_back(agent); }
-  void remove_agent(Agent* agent) { std::erase(agents_, agent); }
+  void add_agent(Agent* agent) {
+    agents_.push_back(agent);
+    agents_cached_ = false;
+  }
+  void remove_agent(Agent* agent) {
+    std::erase(agents_, agent);
+    agents_cached_ = false;
+  }
   // An agent's step() (engine thread) ends a device's work with a fault.
   void agent_fault(int device, ErrorKind kind, const std::string& report) { fault_device(device, kind, report); }
   Traffic traffic() const;
@@ -430,7 +436,8 @@ class Engine {
   void complete_async(std::size_t index);
   Fiber* neighbour_to_run();
   Fiber* pop_earliest_fiber();         // timed mode
-  std::size_t earliest_async() const;  // timed mode
+  std::size_t earliest_async();        // timed mode
+  std::size_t earliest_agent();        // timed mode
   void record_decision(uint64_t what, uint64_t a, uint64_t b, uint64_t c);
   void warp_or_hang();
   bool pause_for_quiescence();
@@ -491,6 +498,16 @@ class Engine {
   std::vector<Fiber*> timed_;
   std::vector<AsyncOp> async_;
   std::vector<Agent*> agents_;
+  // Timed mode: the copy whose next step is earliest (valid while async_cached_) and
+  // each agent's next event (valid while agents_cached_ and no doorbell was stored to
+  // since). A copy's time changes only when it steps, an agent's only when an agent
+  // steps, a doorbell is rung or the host held the world, so the scheduler rescans
+  // them only then instead of at every step.
+  std::size_t earliest_async_ = 0;
+  bool async_cached_ = false;
+  std::vector<double> agent_next_ns_;
+  bool agents_cached_ = false;
+  uint64_t doorbell_stores_seen_ = 0;
   std::unique_ptr<StackPool> stacks_ = std::make_unique<StackPool>();
   Fiber* current_ = nullptr;
   Fiber* last_run_ = nullptr;  // the fiber of the last run, while its block is resident

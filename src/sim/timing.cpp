@@ -181,7 +181,10 @@ void Timing::store(Fiber* f, Target where, const void* ptr, std::size_t bytes, b
   }
   if (strong) visible_at_[reinterpret_cast<uintptr_t>(ptr)] = visible;
   if (!doorbells_.empty())
-    if (Doorbell* d = find_doorbell(ptr, bytes); d != nullptr) d->rung_ns = std::min(d->rung_ns, t);
+    if (Doorbell* d = find_doorbell(ptr, bytes); d != nullptr) {
+      d->rung_ns = std::min(d->rung_ns, t);
+      ++doorbell_stores_;
+    }
 }
 
 void Timing::atomic(Fiber* f, Target where, const void* ptr, std::size_t bytes) {

@@ -92,6 +92,8 @@ class Timing {
   void remove_doorbell(const void* ptr);
   double doorbell_rung_ns(const void* ptr) const;
   void take_doorbell(const void* ptr);
+  // How many stores have hit a doorbell so far: what an agent's next event may follow.
+  uint64_t doorbell_stores() const { return doorbell_stores_; }
 
  private:
   struct Sm {
@@ -133,6 +135,7 @@ class Timing {
   std::vector<Device> devices_;
   // Strong stores in flight: when each address's last one becomes visible.
   std::unordered_map<uintptr_t, double> visible_at_;
+  uint64_t doorbell_stores_ = 0;
   std::map<uintptr_t, Doorbell> doorbells_;  // by start
 };
 
