@@ -822,7 +822,7 @@ bool Engine::step_timed() {
   Fiber* f = by_clock_.empty() ? nullptr : by_clock_.front().fiber;
   const std::size_t a = earliest_async();
   const std::size_t agent = earliest_agent();
-  const double agent_ns = agent < agents_.size() ? agent_next_ns_[agent] : kNoEvent;
+  const double agent_ns = earliest_agent_ns_;
   if (f == nullptr && a == async_.size() && agent == agents_.size()) return idle();
   ++stats_.scheduler_steps;
   ++stats_.virtual_cycles;
@@ -870,16 +870,14 @@ std::size_t Engine::earliest_async() {
 // Timed mode: the agent whose next event is earliest, the first among equals
 // (agents_.size(): none has one).
 std::size_t Engine::earliest_agent() {
-  if (!agents_cached_ || doorbell_stores_seen_ != timing_.doorbell_stores()) {
-    agent_next_ns_.resize(agents_.size());
-    for (std::size_t i = 0; i < agents_.size(); ++i) agent_next_ns_[i] = agents_[i]->next_event_ns();
-    agents_cached_ = true;
-    doorbell_stores_seen_ = timing_.doorbell_stores();
-  }
-  std::size_t best = agents_.size();
+  if (agents_cached_ && doorbell_stores_seen_ == timing_.doorbell_stores()) return earliest_agent_;
+  earliest_agent_ = agents_.size();
+  earliest_agent_ns_ = kNoEvent;
   for (std::size_t i = 0; i < agents_.size(); ++i)
-    if (agent_next_ns_[i] < (best < agents_.size() ? agent_next_ns_[best] : kNoEvent)) best = i;
-  return best;
+    if (const double t = agents_[i]->next_event_ns(); t < earliest_agent_ns_) earliest_agent_ns_ = t, earliest_agent_ = i;
+  agents_cached_ = true;
+  doorbell_stores_seen_ = timing_.doorbell_stores();
+  return earliest_agent_;
 }
 
 // Config::locality: with that probability, the next runnable thread after the one

@@ -499,13 +499,14 @@ class Engine {
   std::vector<AsyncOp> async_;
   std::vector<Agent*> agents_;
   // Timed mode: the copy whose next step is earliest (valid while async_cached_) and
-  // each agent's next event (valid while agents_cached_ and no doorbell was stored to
-  // since). A copy's time changes only when it steps, an agent's only when an agent
-  // steps, a doorbell is rung or the host held the world, so the scheduler rescans
-  // them only then instead of at every step.
+  // the agent whose next event is earliest, with its time (valid while agents_cached_
+  // and no doorbell was stored to since). A copy's time changes only when it steps, an
+  // agent's only when an agent steps, a doorbell is rung or the host held the world,
+  // so the scheduler rescans them only then instead of at every step.
   std::size_t earliest_async_ = 0;
   bool async_cached_ = false;
-  std::vector<double> agent_next_ns_;
+  std::size_t earliest_agent_ = 0;
+  double earliest_agent_ns_ = 0;
   bool agents_cached_ = false;
   uint64_t doorbell_stores_seen_ = 0;
   std::unique_ptr<StackPool> stacks_ = std::make_unique<StackPool>();
