@@ -112,23 +112,29 @@ const detail::Allocation* check_global_impl(const void* ptr, std::size_t bytes, 
   return a;
 }
 
-void forget_polls(Fiber* f) { f->polls.clear(); }
+void forget_polls(Fiber* f) {
+  f->polls.clear();
+  f->idle_parks = 0;
+}
 
 // True when this fiber saw exactly these bytes at this address before, since it last
 // changed memory; records the observation otherwise.
-bool idle_poll(Fiber* f, const void* ptr, const void* data, std::size_t bytes) {
+// `memory`: the value is the bytes at ptr (false: an mbarrier's phases).
+bool idle_poll(Fiber* f, const void* ptr, const void* data, std::size_t bytes, bool memory = true) {
   uint64_t v[2] = {0, 0};
   std::memcpy(v, data, bytes);
   for (auto& r : f->polls) {
-    if (r.addr == ptr && r.bytes == bytes) {
+    if (r.addr == ptr && r.bytes == bytes && r.memory == memory) {
       const bool same = r.value[0] == v[0] && r.value[1] == v[1];
       r.value[0] = v[0];
       r.value[1] = v[1];
+      if (!same) f->idle_parks = 0;
       return same;
     }
   }
   if (f->polls.size() >= 256) f->polls.erase(f->polls.begin());
-  f->polls.push_back({ptr, bytes, {v[0], v[1]}});
+  f->polls.push_back({ptr, bytes, {v[0], v[1]}, memory});
+  f->idle_parks = 0;
   return false;
 }
 
@@ -413,7 +419,7 @@ void store(void* ptr, const void* data, std::size_t bytes, Order order, Scope sc
   std::memcpy(ptr, data, bytes);
   if (e.weak().enabled()) e.weak().store(self(), ptr, bytes, order, scope, op, loc);
   if (e.timing().enabled()) e.timing().store(self(), target(self(), owner), ptr, bytes, order != Order::Plain);
-  e.progress();
+  e.wrote(ptr, bytes);
   forget_polls(self());
   if (order != Order::Plain || e.timing().enabled()) e.yield_runnable();
 }
@@ -447,7 +453,7 @@ uint64_t atomic_rmw(void* ptr, std::size_t bytes, RmwFn fn, uint64_t a, uint64_t
       std::memcpy(ptr, &next, bytes);
       if (e.weak().enabled()) e.weak().rmw(f, ptr, bytes, scope, next != old, op, loc);
       if (next != old) {
-        e.progress();
+        e.wrote(ptr, bytes);
         forget_polls(f);
       } else {
         idle_poll(f, ptr, &old, bytes);
@@ -460,7 +466,7 @@ uint64_t atomic_rmw(void* ptr, std::size_t bytes, RmwFn fn, uint64_t a, uint64_t
   }
   std::memcpy(ptr, &next, bytes);
   if (e.weak().enabled()) e.weak().rmw(f, ptr, bytes, scope, true, op, loc);
-  e.progress();
+  e.wrote(ptr, bytes);
   forget_polls(f);
   e.yield_runnable();
   return old;
@@ -513,7 +519,7 @@ void mbarrier_init(uint64_t* bar, unsigned arrival_count, Loc loc) {
   self()->unfenced_mbarrier_inits = true;
   m.init_loc = loc;
   *bar = 0;
-  e.progress();
+  e.wrote(bar, sizeof(*bar));
   e.yield_runnable();
 }
 
@@ -578,7 +584,7 @@ bool mbarrier_test_wait_parity(uint64_t* bar, uint32_t parity, Loc loc) {
   if (e.timing().enabled()) e.timing().cycles(self(), e.timing().model(self()->device).mbarrier_cycles);
   const bool done = wait_sees_phase(self(), *m, parity);
   uint64_t observed = m->phases_completed;
-  if (!done && idle_poll(self(), bar, &observed, 8)) {
+  if (!done && idle_poll(self(), bar, &observed, 8, /*memory=*/false)) {
     WaitInfo wi;
     wi.kind = WaitInfo::Kind::Mbarrier;
     wi.addr = bar;

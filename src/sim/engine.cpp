@@ -306,6 +306,7 @@ void Engine::engine_main() {
 
 void Engine::run_until_pause() {
   agents_cached_ = false;  // the host, holding the world, may have changed what they do next
+  wake_all_watchers();     // and written what they watch
   while (active_.load(std::memory_order_acquire) == 0) {
     if (!step()) break;
   }
@@ -424,6 +425,8 @@ void Engine::reset(const Config& config) {
   by_clock_.clear();
   parked_.clear();
   timed_.clear();
+  watching_.clear();
+  watched_pages_.clear();
   async_.clear();
   agents_.clear();
   async_cached_ = agents_cached_ = false;
@@ -659,7 +662,8 @@ void Engine::wake(Fiber* f) {
   if (f->state == FiberState::TimedWait) {
     remove_waiting(timed_, f);
   } else if (f->state == FiberState::Parked) {
-    remove_waiting(parked_, f);
+    if (f->watching) unwatch(f);
+    else remove_waiting(parked_, f);
   } else if (f->state != FiberState::Blocked) {
     return;
   }
@@ -744,6 +748,7 @@ void Engine::run_fiber(Fiber* f) {
     case FiberState::Runnable: make_runnable(f); break;
     case FiberState::Parked:
       f->park_epoch = epoch_;
+      ++f->idle_parks;
       add_waiting(parked_, f);
       break;
     case FiberState::TimedWait: add_waiting(timed_, f); break;
@@ -762,10 +767,8 @@ void Engine::run_fiber(Fiber* f) {
 bool Engine::step() {
   if (admission_dirty_) admit();
   if (epoch_ != unpark_epoch_ && !parked_.empty()) {
-    for (Fiber* f : parked_) {
-      if (timing_.enabled()) f->clock_ns = std::max(f->clock_ns, now_ns_);  // progress happened by now
-      make_runnable(f);
-    }
+    for (Fiber* f : parked_)
+      if (!watch(f)) unpark(f);
     parked_.clear();
   }
   unpark_epoch_ = epoch_;
@@ -924,6 +927,7 @@ void Engine::admit() {
         // A 0-byte copy may name null pointers, which memmove and memset must not get.
         if (op.kind == StreamOp::Kind::Memcpy && op.bytes) std::memmove(op.dst, op.src, op.bytes);
         if (op.kind == StreamOp::Kind::Memset && op.bytes) std::memset(op.dst, op.value, op.bytes);
+        if (op.kind == StreamOp::Kind::Memcpy || op.kind == StreamOp::Kind::Memset) wrote(op.dst, op.bytes);
         if (op.kind == StreamOp::Kind::EventRecord) {
           events_done_[op.event] = true;
           event_time_ns_[op.event] = s.time_ns;
@@ -1088,10 +1092,12 @@ void Engine::complete_async(std::size_t index) {
   --b->pending_async;
   if (op.kind == AsyncOp::Kind::G2S) {
     std::memmove(op.dst, op.src, op.bytes);
+    wrote(op.dst, op.bytes);
     if (weak_.enabled()) weak_.bulk_landed(op.issuer, op.dst, op.bytes, true, op.loc);
     if (Mbarrier* m = b->find_mbarrier(reinterpret_cast<uintptr_t>(op.bar))) complete_tx(*m, op.bytes);
   } else {
     std::memcpy(op.dst, op.data->data(), op.bytes);
+    wrote(op.dst, op.bytes);
     if (weak_.enabled()) weak_.bulk_landed(op.issuer, op.dst, op.bytes, false, op.loc);
     --op.group->pending_writes;
     Fiber* f = op.issuer;
@@ -1192,6 +1198,8 @@ void Engine::destroy_kernel(KernelRun& k) {
   for (std::size_t i = 0; i < runnable_.size(); ++i) runnable_[i]->runnable_index = i;
   std::erase_if(by_clock_, [&](const TimedEntry& e) { return in_kernel(e.fiber); });
   std::make_heap(by_clock_.begin(), by_clock_.end(), std::greater<>{});
+  for (Fiber* f : std::vector<Fiber*>(watching_))
+    if (in_kernel(f)) unwatch(f);
   for (auto* waiting : {&parked_, &timed_}) {
     std::erase_if(*waiting, in_kernel);
     for (std::size_t i = 0; i < waiting->size(); ++i) (*waiting)[i]->wait_index = i;
@@ -1243,12 +1251,87 @@ bool Engine::recheck_parked() {
   if (recheck_epoch_ != epoch_) recheck_epoch_ = epoch_, rechecks_in_epoch_ = 0;
   if (rechecks_in_epoch_ == kRechecksPerEpoch) return false;
   ++rechecks_in_epoch_;
-  for (Fiber* f : parked_) {
-    if (timing_.enabled()) f->clock_ns = std::max(f->clock_ns, now_ns_);
-    make_runnable(f);
-  }
+  for (Fiber* f : parked_) unpark(f);
   parked_.clear();
   return true;
+}
+
+// A parked fiber runs again, at the time progress happened (the caller empties parked_).
+void Engine::unpark(Fiber* f) {
+  if (timing_.enabled()) f->clock_ns = std::max(f->clock_ns, now_ns_);
+  make_runnable(f);
+}
+
+// A fiber that parked twice in a row on memory polls with nothing new in between (the
+// first park may be a false one: a relaxed poll saw the flag, the confirming acquire
+// then read the same value) would, run again, only read the same bytes and park: it
+// watches them instead, unless one changed since it read it. Fibers that poll an
+// mbarrier or sleep always run again.
+bool Engine::watch(Fiber* f) {
+  if (f->idle_parks < 2 || f->wait.kind != WaitInfo::Kind::Poll || f->polls.empty()) return false;
+  for (const Fiber::PollRecord& r : f->polls) {
+    if (!r.memory) return false;
+    uint64_t v[2] = {0, 0};
+    std::memcpy(v, r.addr, r.bytes);
+    if (v[0] != r.value[0] || v[1] != r.value[1]) return false;
+  }
+  for (const Fiber::PollRecord& r : f->polls) {
+    const auto a = reinterpret_cast<uintptr_t>(r.addr);
+    for (uintptr_t page = a >> 12; page <= (a + r.bytes - 1) >> 12; ++page) {
+      std::vector<Fiber*>& w = watched_pages_[page];
+      if (std::find(w.begin(), w.end(), f) == w.end()) w.push_back(f);
+    }
+  }
+  f->watching = true;
+  add_waiting(watching_, f);
+  return true;
+}
+
+void Engine::unwatch(Fiber* f) {
+  for (const Fiber::PollRecord& r : f->polls) {
+    const auto a = reinterpret_cast<uintptr_t>(r.addr);
+    for (uintptr_t page = a >> 12; page <= (a + r.bytes - 1) >> 12; ++page) {
+      auto it = watched_pages_.find(page);
+      if (it == watched_pages_.end()) continue;
+      std::erase(it->second, f);
+      if (it->second.empty()) watched_pages_.erase(it);
+    }
+  }
+  f->watching = false;
+  remove_waiting(watching_, f);
+}
+
+// The watchers of the pages [addr, addr + bytes) touches whose polled bytes there now
+// differ from what they saw run again.
+void Engine::wake_watchers(uintptr_t addr, std::size_t bytes) {
+  if (bytes == 0) return;
+  for (uintptr_t page = addr >> 12; page <= (addr + bytes - 1) >> 12; ++page) {
+    auto it = watched_pages_.find(page);
+    if (it == watched_pages_.end()) continue;
+    const std::vector<Fiber*> fibers = it->second;  // unwatch edits the page's list
+    for (Fiber* f : fibers) {
+      bool changed = false;
+      for (const Fiber::PollRecord& r : f->polls) {
+        const auto a = reinterpret_cast<uintptr_t>(r.addr);
+        if (a >= addr + bytes || a + r.bytes <= addr) continue;
+        uint64_t v[2] = {0, 0};
+        std::memcpy(v, r.addr, r.bytes);
+        changed |= v[0] != r.value[0] || v[1] != r.value[1];
+      }
+      if (!changed) continue;
+      unwatch(f);
+      unpark(f);
+    }
+  }
+}
+
+// A clock warp or the host's turn (which may have written anything): every watcher runs again.
+void Engine::wake_all_watchers() {
+  while (!watching_.empty()) {
+    Fiber* f = watching_.back();
+    unwatch(f);
+    unpark(f);
+  }
 }
 
 // A host thread asked to run until nothing more can happen on its own (stream_query):
@@ -1275,7 +1358,7 @@ bool Engine::pause_for_quiescence() {
 // without reading the clock can only be released by another thread, which none is:
 // after max_idle_rounds such rounds in a row it is a hang.
 bool Engine::may_warp() {
-  if (parked_.empty() && timed_.empty()) return false;  // every fiber is blocked for good
+  if (parked_.empty() && timed_.empty() && watching_.empty()) return false;  // every fiber is blocked for good
   if (idle_rounds_ > 0) {
     if (clock_reads_ == warp_clock_reads_) {
       ++rounds_without_clock_;
@@ -1294,9 +1377,14 @@ bool Engine::may_warp() {
 void Engine::warp_clock() {
   ++idle_rounds_;
   stats_.virtual_cycles += warp_cycles_;
-  record_decision(3, warp_cycles_, parked_.size(), timed_.size());
+  record_decision(3, warp_cycles_, parked_.size() + watching_.size(), timed_.size());
   // Timed mode: the waiters' clocks jump as far past the latest time reached.
   const double warp_ns = timing_.enabled() ? timing_.cycles_to_ns(0, static_cast<double>(warp_cycles_)) : 0.0;
+  while (!watching_.empty()) {
+    Fiber* f = watching_.back();
+    unwatch(f);
+    add_waiting(parked_, f);
+  }
   for (Fiber* f : parked_) {
     f->woken_by_warp = true;
     if (timing_.enabled()) f->clock_ns = std::max(f->clock_ns, now_ns_) + warp_ns;
@@ -1317,7 +1405,7 @@ void Engine::warp_clock() {
 // Faults every device with a kernel or a pending stream operation with the hang report.
 void Engine::report_hang() {
   std::string report = hang_report();
-  if (rounds_without_clock_ < config_.max_idle_rounds && (!parked_.empty() || !timed_.empty()))
+  if (rounds_without_clock_ < config_.max_idle_rounds && (!parked_.empty() || !timed_.empty() || !watching_.empty()))
     report += "the virtual clock reached its limit of 2^62 cycles while the waits above still read it: "
               "no cycle budget bounds them\n";
   std::vector<int> devs;

@@ -88,13 +88,20 @@ struct Fiber {
   bool timed_out = false;  // set when a clock warp ends a timed wait
   bool woken_by_warp = false;  // ran again only because the clock warped; cleared when it waits again
   // Idle-poll detection: what this fiber's ordered loads saw since it last changed
-  // memory. A load that sees the same value again is an idle poll.
+  // memory. A load that sees the same value again is an idle poll. `memory`: the value
+  // is the bytes at addr (false: an mbarrier's completed phases).
   struct PollRecord {
     const void* addr;
     std::size_t bytes;
     uint64_t value[2];
+    bool memory;
   };
   std::vector<PollRecord> polls;
+  // Parks in a row with nothing new seen in between (idle_poll saw only values it had
+  // seen, and the fiber wrote nothing); from the second on, a fiber that polls memory
+  // only sleeps until one of those bytes is written (Engine::watch).
+  uint32_t idle_parks = 0;
+  bool watching = false;  // parked in Engine::watching_, woken by a write to its polls
   // Bulk async-groups of this thread: the open group and the committed ones, oldest first.
   std::deque<BulkGroup> groups;
   // Whether this thread waited for its bulk stores' reads before exiting: groups it
@@ -397,6 +404,12 @@ class Engine {
   bool yield_timed(const WaitInfo& wait);  // until woken (true) or clock warp (false)
   void wake(Fiber* f);
   void progress() { ++epoch_; }
+  // Something wrote [ptr, ptr + bytes): progress, and the fibers watching those bytes
+  // wake if what they polled there changed.
+  void wrote(const void* ptr, std::size_t bytes) {
+    ++epoch_;
+    if (!watched_pages_.empty()) wake_watchers(reinterpret_cast<uintptr_t>(ptr), bytes);
+  }
   [[noreturn]] void fault(ErrorKind kind, const std::string& message, Loc loc);
   void count_traffic(int device, int owner, std::size_t bytes, bool write);
   void count_nic_bytes(int from, int to, std::size_t bytes);
@@ -455,6 +468,11 @@ class Engine {
   void remove_runnable(Fiber* f);
   static void add_waiting(std::vector<Fiber*>& list, Fiber* f);
   static void remove_waiting(std::vector<Fiber*>& list, Fiber* f);
+  void unpark(Fiber* f);  // a parked fiber (not watching) runs again
+  bool watch(Fiber* f);   // a parked fiber watches its polls instead, if it may
+  void unwatch(Fiber* f);
+  void wake_watchers(uintptr_t addr, std::size_t bytes);
+  void wake_all_watchers();
   bool has_work() const;
   bool world_ready() const;
 
@@ -496,6 +514,13 @@ class Engine {
   uint64_t runnable_order_ = 0;
   std::vector<Fiber*> parked_;
   std::vector<Fiber*> timed_;
+  // Parked fibers that poll memory and have parked twice with nothing new: they sleep
+  // until a write changes a value they polled (watched_pages_: by 4 KiB page of each
+  // polled address, the fibers watching it), a clock warp, or the host's next turn.
+  // Without this, every progress anywhere reran every parked poller, so a step's cost
+  // grew with the group's waiting threads.
+  std::vector<Fiber*> watching_;
+  std::unordered_map<uintptr_t, std::vector<Fiber*>> watched_pages_;
   std::vector<AsyncOp> async_;
   std::vector<Agent*> agents_;
   // Timed mode: the copy whose next step is earliest (valid while async_cached_) and

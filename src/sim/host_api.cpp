@@ -384,6 +384,7 @@ void agent_fault(int device, ErrorKind kind, const std::string& report) {
 
 void agent_write(const std::string& agent, const void* ptr, std::size_t bytes, AgentOrder order, const char* op,
                  std::source_location loc) {
+  engine().wrote(ptr, bytes);  // wakes the threads polling these bytes
   detail::WeakMemory& weak = engine().weak();
   if (weak.enabled())
     weak.agent_write(agent, ptr, bytes, order == AgentOrder::Plain ? device::Order::Plain : device::Order::Release,

@@ -63,7 +63,8 @@ int check_global(const void* ptr, std::size_t bytes, std::size_t align, bool wri
 // Loads/stores of 1, 2, 4, 8 or 16 bytes (value bits in little-endian order in `data`).
 // Loads other than Plain are scheduling points; a load that returns the same value
 // as this fiber's previous load of the same address is an idle poll, and the fiber
-// sleeps until some other fiber makes progress.
+// sleeps until some other fiber makes progress (from its second idle park in a row,
+// until one of the bytes it polled is written: docs/simulator.md, "How it works").
 void load(const void* ptr, void* data, std::size_t bytes, Order order, Scope scope,
           const char* op, Loc loc);
 void store(void* ptr, const void* data, std::size_t bytes, Order order, Scope scope,

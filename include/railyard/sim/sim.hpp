@@ -250,10 +250,12 @@ void agent_fault(int device, ErrorKind kind, const std::string& report);
 
 // Called from an agent's step() only. In the weak memory mode an agent's accesses are
 // checked like a thread's, as a thread outside every device called `agent` (no-ops in
-// the sequentially consistent mode):
-//  - agent_write records bytes the agent placed in simulated memory. Plain: payload,
-//    which a kernel may read only once it knows the write (an acquire of something
-//    published after it). Release: a strong store (a NIC's atomic, a CQE's owner word)
+// the sequentially consistent mode, but for agent_write's wake):
+//  - agent_write records bytes the agent placed in simulated memory and, in both
+//    modes, wakes the threads polling them: an agent calls it for every write (else
+//    its pollers run again only at the next clock warp). Plain: payload, which a
+//    kernel may read only once it knows the write (an acquire of something published
+//    after it). Release: a strong store (a NIC's atomic, a CQE's owner word)
 //    that publishes everything written before it to a thread that acquires it with a
 //    system-scope load or fence; a narrower acquire is a scope fault.
 //  - doorbell_release: what the last store to the doorbell at `ptr` released to the
