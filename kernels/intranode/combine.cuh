@@ -25,6 +25,8 @@
 // A block runs (and publishes) all its stage jobs before its gather jobs. Stage jobs
 // never wait on another rank, so every row a gather job waits for is staged by a
 // block that cannot be blocked by it: no deadlock, no cross-block communication.
+// (Across domains the partial jobs come between the stage jobs of rows from other
+// domains and those of the block's own domain; they wait only for the former.)
 //
 // Rows travel in pieces of SlotBytes; reduction warps split a piece by 16-byte
 // vectors, so each reduction lane keeps only 2 x 8 x ceil(SlotBytes / 2 KiB) fp32
@@ -131,8 +133,9 @@ struct Combine {
     kLast = 1u << 3,          // after adding: the piece is complete, emit it
     kDomainRounded = 1u << 4, // the piece's result is `total` (gather), else `partial` (stage)
     kDone = 1u << 5,          // no more jobs: pass it on and stop
-    kFlush = 1u << 6,         // the stage jobs are over: pass it on; the store lane
-                              // publishes every staged row before the gather jobs
+    kFlush = 1u << 6,         // stage jobs are over (across domains: those of rows from
+                              // other domains, then the rest): pass it on; the store
+                              // lane publishes every staged row so far
     kChunkEnd = 1u << 7,      // (Remote) the piece ends a send-ring chunk: hand it to the RDMA warp
   };
   struct SlotTag {
@@ -361,7 +364,7 @@ struct Combine {
     // Received layout: a row exists as input iff the caller passes it.
     const int64_t rows_with_input = p.permuted_input ? described : min_i64(described, p.num_input_rows);
 
-    for_each_in_block_chunks(num_recv, p.chunk_rows, [&](int64_t r) {
+    const auto stage = [&](int64_t r) {
       __syncwarp();  // lane 0 is done with the previous job's sources
       layout::RowHeader* header = lay.header(dom.self(), r);
       layout::HeaderEntry* entries = lay.header_entries(dom.self(), r);
@@ -406,14 +409,34 @@ struct Combine {
         // The store warp releases seq once the row's bulk stores have completed.
         push_job(p, storage, pipe, state, 0, num_sources, lay.stage_row(dom.self(), r), r, /*gather=*/false);
       }
-    });
+    };
+
+    // Received rows are in source rank order; [own_begin, own_end) came from this
+    // NVLink domain's ranks. Across domains the others (tokens rail peers forwarded
+    // here) are staged first and published (a flush), then the partial jobs run, which
+    // wait only for such rows (here and at the domain's other ranks, which stage them
+    // first too) and for ring slots: the NIC starts before the block has staged the
+    // rows of its own domain's tokens, which follow.
+    int64_t own_begin = 0, own_end = num_recv;
+    if constexpr (Remote::kPartials) {
+      int64_t before = 0, own = 0;
+      for (int s = 0; s < dom.nvlink_end(); ++s) {
+        const int32_t n = arch::ld_global(&h.count_matrix[int64_t{s} * lay.count_row_ints() + layout::count_to_rank(dom.rank)]);
+        (s < dom.nvlink_begin() ? before : own) += n;
+      }
+      own_begin = min_i64(before, num_recv);
+      own_end = min_i64(own_begin + own, num_recv);
+      for_each_in_block_chunks(num_recv - (own_end - own_begin), p.chunk_rows,
+                               [&](int64_t i) { stage(i < own_begin ? i : i - own_begin + own_end); });
+      if (lane == 0) push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kFlush}, nullptr);
+      // ---- partial jobs: before the gather jobs, which may wait for other domains'
+      // partials, while partial jobs wait only for staged rows and ring slots ------------
+      push_partials(p, storage, pipe, state, seq);
+    }
+    for_each_in_block_chunks(own_end - own_begin, p.chunk_rows, [&](int64_t i) { stage(own_begin + i); });
 
     // The store lane publishes every staged row before any gather job waits for one.
     if (lane == 0) push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kFlush}, nullptr);
-
-    // ---- partial jobs (across domains): before the gather jobs, which may wait for
-    // other domains' partials, while partial jobs wait only for staged rows ---------------
-    if constexpr (Remote::kPartials) push_partials(p, storage, pipe, state, seq);
 
     // ---- gather jobs: this rank's tokens, pulled from every rank that holds them -------
     // The warp waits for the rows of `batch` tokens at once, a lane per (token, rank)
