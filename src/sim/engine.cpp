@@ -1262,6 +1262,23 @@ void Engine::unpark(Fiber* f) {
   make_runnable(f);
 }
 
+namespace {
+// Whether the bytes a poll read differ from what it saw.
+bool poll_changed(const Fiber::PollRecord& r) {
+  uint64_t v[2] = {0, 0};
+  std::memcpy(v, r.addr, r.bytes);
+  return v[0] != r.value[0] || v[1] != r.value[1];
+}
+// Calls fn(page) for each 4 KiB page a fiber's polls touch (a page once per poll).
+template <class Fn>
+void for_each_watched_page(const Fiber* f, Fn&& fn) {
+  for (const Fiber::PollRecord& r : f->polls) {
+    const auto a = reinterpret_cast<uintptr_t>(r.addr);
+    for (uintptr_t page = a >> 12; page <= (a + r.bytes - 1) >> 12; ++page) fn(page);
+  }
+}
+}  // namespace
+
 // A fiber that parked twice in a row on memory polls with nothing new in between (the
 // first park may be a false one: a relaxed poll saw the flag, the confirming acquire
 // then read the same value) would, run again, only read the same bytes and park: it
@@ -1269,34 +1286,24 @@ void Engine::unpark(Fiber* f) {
 // mbarrier or sleep always run again.
 bool Engine::watch(Fiber* f) {
   if (f->idle_parks < 2 || f->wait.kind != WaitInfo::Kind::Poll || f->polls.empty()) return false;
-  for (const Fiber::PollRecord& r : f->polls) {
-    if (!r.memory) return false;
-    uint64_t v[2] = {0, 0};
-    std::memcpy(v, r.addr, r.bytes);
-    if (v[0] != r.value[0] || v[1] != r.value[1]) return false;
-  }
-  for (const Fiber::PollRecord& r : f->polls) {
-    const auto a = reinterpret_cast<uintptr_t>(r.addr);
-    for (uintptr_t page = a >> 12; page <= (a + r.bytes - 1) >> 12; ++page) {
-      std::vector<Fiber*>& w = watched_pages_[page];
-      if (std::find(w.begin(), w.end(), f) == w.end()) w.push_back(f);
-    }
-  }
+  for (const Fiber::PollRecord& r : f->polls)
+    if (!r.memory || poll_changed(r)) return false;
+  for_each_watched_page(f, [&](uintptr_t page) {
+    std::vector<Fiber*>& w = watched_pages_[page];
+    if (std::find(w.begin(), w.end(), f) == w.end()) w.push_back(f);
+  });
   f->watching = true;
   add_waiting(watching_, f);
   return true;
 }
 
 void Engine::unwatch(Fiber* f) {
-  for (const Fiber::PollRecord& r : f->polls) {
-    const auto a = reinterpret_cast<uintptr_t>(r.addr);
-    for (uintptr_t page = a >> 12; page <= (a + r.bytes - 1) >> 12; ++page) {
-      auto it = watched_pages_.find(page);
-      if (it == watched_pages_.end()) continue;
-      std::erase(it->second, f);
-      if (it->second.empty()) watched_pages_.erase(it);
-    }
-  }
+  for_each_watched_page(f, [&](uintptr_t page) {
+    auto it = watched_pages_.find(page);
+    if (it == watched_pages_.end()) return;
+    std::erase(it->second, f);
+    if (it->second.empty()) watched_pages_.erase(it);
+  });
   f->watching = false;
   remove_waiting(watching_, f);
 }
@@ -1313,10 +1320,7 @@ void Engine::wake_watchers(uintptr_t addr, std::size_t bytes) {
       bool changed = false;
       for (const Fiber::PollRecord& r : f->polls) {
         const auto a = reinterpret_cast<uintptr_t>(r.addr);
-        if (a >= addr + bytes || a + r.bytes <= addr) continue;
-        uint64_t v[2] = {0, 0};
-        std::memcpy(v, r.addr, r.bytes);
-        changed |= v[0] != r.value[0] || v[1] != r.value[1];
+        changed |= a < addr + bytes && addr < a + r.bytes && poll_changed(r);
       }
       if (!changed) continue;
       unwatch(f);
