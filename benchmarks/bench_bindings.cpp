@@ -83,6 +83,7 @@ PYBIND11_MODULE(_bench, m) {
       .def_readwrite("sim_tokens", &Params::sim_tokens)
       .def_readwrite("sim_full", &Params::sim_full)
       .def_readwrite("sim_timed", &Params::sim_timed)
+      .def_readwrite("sim_waits", &Params::sim_waits)
       .def_readwrite("sim_gpu", &Params::sim_gpu)
       .def_readwrite("preemption", &Params::preemption)
       .def_readwrite("host_overhead_iters", &Params::host_overhead_iters)

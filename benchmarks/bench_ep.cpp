@@ -42,6 +42,7 @@ const char* const kUsage =
     "          [--topk K] [--dtype bf16|fp8] [--skew S] [--sms N | --sms-sweep 1,2,4,...]\n"
     "          [--layout received|grouped|both] [--pad-multiple P] [--iters N] [--warmup N] [--seed S]\n"
     "          [--json FILE] [--sim-tokens T] [--sim-full] [--no-sim-timed] [--sim-gpu h100|b200] [--preemption P]\n"
+    "          [--sim-waits N]\n"
     "          [--host-overhead-iters N]\n"
     "          [--model-fixed-us U] [--model-token-latency-us U]\n"
     "  presets: seed   = hidden 8192, BF16, 4096 tokens/rank, 2 experts/rank, top-8, uniform, 8 ranks (default)\n"
@@ -50,7 +51,8 @@ const char* const kUsage =
     "  simulator: runs --sim-tokens (default 128) tokens per rank, or --tokens with --sim-full (slow),\n"
     "             checked; then once per SM count in its timed mode (SIMULATED times; --no-sim-timed skips);\n"
     "             the roofline model's upper bound is for --tokens from the routing's closed-form bytes;\n"
-    "             --sim-gpu picks the simulated GPUs' preset (h100, the default, or b200).\n"
+    "             --sim-gpu picks the simulated GPUs' preset (h100, the default, or b200);\n"
+    "             --sim-waits N lists under each timed row the N waits that took the most thread time.\n"
     "  --domains D: the ranks form D NVLink domains (R / D ranks each), joined by RDMA between rail peers;\n"
     "             the simulator gives each GPU a simulated 400 Gb/s NIC and counts its bytes too.\n";
 
@@ -107,6 +109,7 @@ bool parse(int argc, char** argv, Params* p) {
     else if (arg == "--sim-tokens") p->sim_tokens = std::atoll(v.c_str());
     else if (arg == "--sim-gpu" && (v == "h100" || v == "b200")) p->sim_gpu = v;
     else if (arg == "--preemption") p->preemption = std::atof(v.c_str());
+    else if (arg == "--sim-waits") p->sim_waits = std::atoi(v.c_str());
     else if (arg == "--host-overhead-iters") p->host_overhead_iters = std::atoi(v.c_str());
     else if (arg == "--model-fixed-us") p->model_fixed_us = std::atof(v.c_str());
     else if (arg == "--model-token-latency-us") p->model_token_latency_us = std::atof(v.c_str());
@@ -117,7 +120,7 @@ bool parse(int argc, char** argv, Params* p) {
          p->sim_tokens >= 0 && p->ranks >= 1 && p->ranks <= 72 && p->domains >= 1 && p->domains <= 64 &&
          p->ranks % p->domains == 0 && p->experts_per_rank >= 1 && p->topk >= 1 &&
          p->topk <= p->num_experts() && p->skew >= 0 && p->pad_multiple >= 1 && p->iters >= 1 && p->warmup >= 0 &&
-         p->preemption > 0 && p->preemption <= 1 && p->model_fixed_us >= 0 &&
+         p->preemption > 0 && p->preemption <= 1 && p->sim_waits >= 0 && p->model_fixed_us >= 0 &&
          p->model_token_latency_us >= 0;
 }
 
@@ -276,6 +279,17 @@ void print_simulated(Json& j, const OpResult& op, int64_t tokens, const std::str
     if (op.has_nic) j.num("sim_nic_busbw_gbps", s.nic_busbw_gbps);
     j.num("sim_algbw_gbps", s.algbw_gbps).num("sim_busbw_gbps", s.busbw_gbps).str("sim_bound", s.bound.bound);
     j.str("sim_busiest", s.bound.busiest).num("sim_busiest_fraction", s.bound.busiest_fraction);
+    if (!s.waits.empty()) {
+      std::printf("          waited on (SIMULATED; us summed over threads, longest one):\n");
+      j.begin_array("sim_waits");
+      for (const SimWait& w : s.waits) {
+        std::printf("            %12.1f us in %8llu waits, longest %9.1f us: %s (%s)\n", w.total_us,
+                    static_cast<unsigned long long>(w.waits), w.max_us, w.what.c_str(), w.where.c_str());
+        j.begin_object().str("what", w.what).str("where", w.where).uinteger("waits", w.waits).num("total_us", w.total_us);
+        j.num("max_us", w.max_us).end_object();
+      }
+      j.end_array();
+    }
     j.uinteger("mismatches", s.mismatches).end_object();
   }
   j.end_array();

@@ -22,12 +22,20 @@ struct Timed {  // one SM count, measured on GPUs
   double algbw_gbps = 0, busbw_gbps = 0;  // at the median time
 };
 
+// Where a timed run's threads waited (sim::wait_profile), for one label.
+struct SimWait {
+  std::string what, where;  // the label, and the kernel line (file:line)
+  uint64_t waits = 0;
+  double total_us = 0, max_us = 0;  // summed over threads, and the longest
+};
+
 struct Simulated {  // one SM count, in the simulator's timed mode: SIMULATED, not measured
   int sms = 0;
   double time_us = 0;  // the slowest rank's, from a common start
   double algbw_gbps = 0, busbw_gbps = 0;
   double nic_busbw_gbps = 0;  // several domains: mean over NICs of the bytes each sent / time
   SimBound bound;
+  std::vector<SimWait> waits;  // the Params::sim_waits longest, over every rank
   uint64_t mismatches = 0;  // the timed run's outputs against the reference
 };
 

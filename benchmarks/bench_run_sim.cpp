@@ -101,6 +101,7 @@ struct Sample {
   sim::Traffic traffic;
   sim::Stats stats;
   std::vector<sim::BusyTime> busy;  // timed mode
+  std::vector<sim::WaitTotal> waits;  // timed mode
   Clock::time_point time;
 };
 
@@ -293,6 +294,7 @@ Pass run_pass(const Params& p, const std::vector<ref::RankInput>& inputs, const 
         s.traffic = sim::traffic();
         s.stats = sim::stats();
         s.busy = sim::busy_time();
+        s.waits = sim::wait_profile();
         s.time = Clock::now();
         sim::reset_traffic();
       }
@@ -478,7 +480,10 @@ RunResult run(const Params& p) {
             s.nic_busbw_gbps = sent / R / (s.time_us * 1e3);
           }
         }
-        s.bound = sim_bound(s.time_us, named(window_of(timed, i).second->busy));
+        const Sample& after = *window_of(timed, i).second;
+        s.bound = sim_bound(s.time_us, named(after.busy));
+        for (std::size_t w = 0; w < after.waits.size() && static_cast<int>(w) < p.sim_waits; ++w)
+          s.waits.push_back({after.waits[w].what, after.waits[w].where, after.waits[w].waits, after.waits[w].total_ns / 1e3, after.waits[w].max_ns / 1e3});
         for (int r = 0; r < R; ++r) s.mismatches += timed.mismatches[i][r];
         op.mismatches += s.mismatches;
         op.simulated.push_back(s);

@@ -37,6 +37,7 @@ struct Params {
   bool sim_full = false;     // simulate `tokens` itself (slow: minutes to hours)
   bool sim_timed = true;     // also a timed run per SM count: SIMULATED times (--no-sim-timed: skip)
   std::string sim_gpu = "h100";  // the simulated GPUs' preset: h100 or b200 (--sim-gpu)
+  int sim_waits = 0;  // with each timed row, the N waits that took the most time (--sim-waits N)
   double preemption = 0.25;  // the simulator's switch probability at non-blocking points
   int host_overhead_iters = 50;  // host-overhead microbenchmark calls per op (0: skip)
   double model_fixed_us = 0;          // the model's fixed cost per operation

@@ -723,6 +723,14 @@ void bulk_wait_group(unsigned max_pending, bool read_only, Loc loc) {
 // ---- time and faults ----------------------------------------------------------------------------------------
 uint64_t clock64() { return engine().read_clock(); }
 
+double wait_entered() { return engine().timing().enabled() ? self()->clock_ns : 0; }
+
+void waited(const char* what, double entered_ns, Loc loc) {
+  Engine& e = engine();
+  if (e.timing().enabled() && self()->clock_ns > entered_ns)
+    e.timing().waited(what, loc, self()->clock_ns - entered_ns);
+}
+
 void nanosleep(unsigned ns, Loc loc) {
   Engine& e = engine();
   if (e.timing().enabled()) {  // the thread's clock moves on; it is not idle

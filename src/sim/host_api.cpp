@@ -445,6 +445,12 @@ std::vector<BusyTime> busy_time() {
   return e.timing().busy();
 }
 
+std::vector<WaitTotal> wait_profile() {
+  Engine& e = engine();
+  auto lock = e.acquire();
+  return e.timing().wait_profile();
+}
+
 Stats stats() {
   Engine& e = engine();
   auto lock = e.acquire();

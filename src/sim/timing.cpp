@@ -17,6 +17,7 @@ void Timing::reset(bool enabled) {
   devices_.clear();
   visible_at_.clear();
   doorbells_.clear();
+  waits_.clear();
 }
 
 void Timing::add_device(const DeviceProps& props) {
@@ -80,6 +81,32 @@ void Timing::reset_busy() {
     d.nic_tx.busy_ns = d.nic_rx.busy_ns = d.nic_pcie.busy_ns = 0;
     for (Sm& sm : d.sms) sm.issue.busy_ns = sm.smem.busy_ns = sm.tma.busy_ns = 0;
   }
+  waits_.clear();
+}
+
+void Timing::waited(const char* what, device::Loc loc, double ns) {
+  WaitTotal& w = waits_[{what, loc.file_name(), loc.line()}];
+  ++w.waits;
+  w.total_ns += ns;
+  w.max_ns = std::max(w.max_ns, ns);
+}
+
+std::vector<WaitTotal> Timing::wait_profile() const {
+  std::map<std::pair<std::string, std::string>, WaitTotal> by_label;
+  for (const auto& [key, w] : waits_) {
+    const auto& [what, file, line] = key;
+    const std::string where = project_file(file) + ":" + std::to_string(line);
+    WaitTotal& t = by_label[{what, where}];
+    t.what = what;
+    t.where = where;
+    t.waits += w.waits;
+    t.total_ns += w.total_ns;
+    t.max_ns = std::max(t.max_ns, w.max_ns);
+  }
+  std::vector<WaitTotal> out;
+  for (auto& [label, w] : by_label) out.push_back(w);
+  std::stable_sort(out.begin(), out.end(), [](const WaitTotal& a, const WaitTotal& b) { return a.total_ns > b.total_ns; });
+  return out;
 }
 
 double Timing::issue(Fiber* f) {

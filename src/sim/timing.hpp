@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -64,7 +65,10 @@ class Timing {
 
   // Each pipe's busy time (sim::busy_time()), and a new count from zero.
   std::vector<BusyTime> busy() const;
-  void reset_busy();
+  void reset_busy();  // and the wait profile
+  // A thread waited `ns` on `what` at `loc` (sim::wait_profile, reset with the busy times).
+  void waited(const char* what, device::Loc loc, double ns);
+  std::vector<WaitTotal> wait_profile() const;
 
   // Costs to the calling thread f (of block b on SM b->sm).
   // `acquire`: an ld.acquire (of scope `sys` or narrower above the block).
@@ -133,6 +137,8 @@ class Timing {
 
   bool enabled_ = false;
   std::vector<Device> devices_;
+  // By label and line (string literals: one text may have several addresses).
+  std::map<std::tuple<const char*, const char*, uint_least32_t>, WaitTotal> waits_;
   // Strong stores in flight: when each address's last one becomes visible.
   std::unordered_map<uintptr_t, double> visible_at_;
   uint64_t doorbell_stores_ = 0;

@@ -14,6 +14,8 @@
 
 #include "benchmarks/calibrate/microkernels.cuh"
 #include "kernels/common/device_kernel.cuh"
+#include "railyard/arch/memory.cuh"
+#include "railyard/pipeline/wait.cuh"
 #include "tests/arch/sim_harness.hpp"
 
 namespace railyard {
@@ -274,6 +276,42 @@ TEST_P(Timed, TheSeedDoesNotChangeTheTime) {
   }
   EXPECT_EQ(times[0], times[1]);
   EXPECT_EQ(times[0], times[2]);
+}
+
+// sim::wait_profile: warp 1 sleeps `kSleepNs`, then releases a flag that warp 0 waits
+// for in a timeout_while. The wait is charged about the sleep, under its label and
+// line; a second wait whose condition already holds costs only its check.
+TEST_P(Timed, TheWaitProfileChargesEachWaitToItsLabelAndLine) {
+  start(1);
+  constexpr unsigned kSleepNs = 5000;
+  DeviceArray<uint64_t> flag(0, 1, "flag");
+  flag[0] = 0;
+  uint64_t* f = flag.ptr;
+  int wait_line = 0;
+  sim::launch(sim::default_stream(0), {1, 64, 0, "wait_profile"}, [f, &wait_line] {
+    if (threadIdx.x == 32) {
+      __nanosleep(kSleepNs);
+      arch::st_release_sys(f, uint64_t{1});
+    } else if (threadIdx.x == 0) {
+      wait_line = __LINE__ + 1;
+      pipeline::wait_at_least_acquire(f, 1, {"test: the flag", 0, 0}, {});
+      pipeline::timeout_while([f] { return arch::ld_relaxed_sys(f) < 1; }, {"test: the flag again", 0, 0}, {});
+    }
+  });
+  sim::device_synchronize(0);
+  const std::vector<sim::WaitTotal> waits = sim::wait_profile();
+  ASSERT_EQ(waits.size(), 2u);
+  EXPECT_EQ(waits[0].what, "test: the flag");
+  EXPECT_EQ(waits[0].where, "tests/sim/timing_test.cpp:" + std::to_string(wait_line));
+  EXPECT_EQ(waits[0].waits, 1u);
+  EXPECT_GE(waits[0].total_ns, kSleepNs);
+  EXPECT_LT(waits[0].total_ns, kSleepNs + 3 * model().fence_sys_ns + model().global_latency_ns * 4);
+  EXPECT_EQ(waits[0].max_ns, waits[0].total_ns);
+  EXPECT_EQ(waits[1].what, "test: the flag again");
+  EXPECT_EQ(waits[1].where, "tests/sim/timing_test.cpp:" + std::to_string(wait_line + 1));
+  EXPECT_LT(waits[1].total_ns, 2 * model().global_latency_ns + model().acquire_sys_extra_ns + 100);
+  sim::reset_traffic();
+  EXPECT_TRUE(sim::wait_profile().empty()) << "reset_traffic starts a new profile";
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, Timed, ::testing::ValuesIn(kGpus),

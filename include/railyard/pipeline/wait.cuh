@@ -79,14 +79,21 @@ RAILYARD_DEVICE void fill_record(const WaitPolicy& policy, const WaitTarget& tar
 template <class StillWaiting>
 RAILYARD_DEVICE void timeout_while(StillWaiting&& still_waiting, const WaitTarget& target,
                                    const WaitPolicy& policy = {} RAILYARD_LOC_PARAM) {
-  if (!still_waiting()) return;  // the common case reads no clock
-  const uint64_t start = static_cast<uint64_t>(clock64());
-  while (still_waiting()) {
-    if (policy.abort != nullptr) trap_if_aborted(policy.abort, policy.record RAILYARD_LOC_ARG);
-    if (static_cast<uint64_t>(clock64()) - start > policy.timeout_cycles) {
-      detail::report_timeout(target, policy RAILYARD_LOC_ARG);
+#if RAILYARD_IS_SIM
+  const double entered_ns = sim::device::wait_entered();  // sim::wait_profile
+#endif
+  if (still_waiting()) {  // the common case reads no clock
+    const uint64_t start = static_cast<uint64_t>(clock64());
+    while (still_waiting()) {
+      if (policy.abort != nullptr) trap_if_aborted(policy.abort, policy.record RAILYARD_LOC_ARG);
+      if (static_cast<uint64_t>(clock64()) - start > policy.timeout_cycles) {
+        detail::report_timeout(target, policy RAILYARD_LOC_ARG);
+      }
     }
   }
+#if RAILYARD_IS_SIM
+  sim::device::waited(target.what, entered_ns RAILYARD_LOC_ARG);
+#endif
 }
 
 // Waits until *flag >= value, bounded like timeout_while, and acquires it at system

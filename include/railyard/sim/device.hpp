@@ -111,6 +111,11 @@ void bulk_wait_group(unsigned max_pending, bool read_only, Loc loc);
 
 // ---- time and faults -------------------------------------------------------------------------
 uint64_t clock64();
+// sim::wait_profile: the calling thread enters a timeout_while (its clock, in ns; 0
+// outside the timed mode), and leaves the one it entered at `entered_ns`, which waited
+// on `what`. Neither counts as reading the clock (a clock64() that may time a wait).
+double wait_entered();
+void waited(const char* what, double entered_ns, Loc loc);
 void nanosleep(unsigned ns, Loc loc);  // a scheduling point; idle if nothing else changed
 [[noreturn]] void trap(const char* message, Loc loc);
 

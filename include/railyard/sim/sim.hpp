@@ -327,6 +327,20 @@ struct BusyTime {
 };
 std::vector<BusyTime> busy_time();  // by device; empty outside the timed mode
 
+// Timed mode: how long the kernels' threads spent in pipeline::timeout_while since
+// reset() or reset_traffic(), by what they waited on (the wait's label) and where (the
+// kernel line that waited): how many waits took any time (the first check's own cost
+// included, so a condition met at once counts too), their sum over threads and the
+// longest. Ordered by total, longest first. It says which role waits on which other,
+// where a busy time says only what is saturated.
+struct WaitTotal {
+  std::string what;
+  std::string where;  // file:line
+  uint64_t waits = 0;
+  double total_ns = 0, max_ns = 0;
+};
+std::vector<WaitTotal> wait_profile();  // empty outside the timed mode
+
 struct Stats {
   uint64_t scheduler_steps = 0;
   uint64_t fibers_run = 0;
