@@ -283,10 +283,13 @@ void print_simulated(Json& j, const OpResult& op, int64_t tokens, const std::str
       std::printf("          waited on (SIMULATED; us summed over threads, longest one):\n");
       j.begin_array("sim_waits");
       for (const SimWait& w : s.waits) {
-        std::printf("            %12.1f us in %8llu waits, longest %9.1f us: %s (%s)\n", w.total_us,
-                    static_cast<unsigned long long>(w.waits), w.max_us, w.what.c_str(), w.where.c_str());
+        std::printf("            %12.1f us in %8llu waits, longest %9.1f us (rank %d, index %lld, value %lld): %s (%s)\n",
+                    w.total_us, static_cast<unsigned long long>(w.waits), w.max_us, w.longest_rank,
+                    static_cast<long long>(w.longest_index), static_cast<long long>(w.longest_value), w.what.c_str(),
+                    w.where.c_str());
         j.begin_object().str("what", w.what).str("where", w.where).uinteger("waits", w.waits).num("total_us", w.total_us);
-        j.num("max_us", w.max_us).end_object();
+        j.num("max_us", w.max_us).integer("longest_rank", w.longest_rank).integer("longest_index", w.longest_index);
+        j.integer("longest_value", w.longest_value).end_object();
       }
       j.end_array();
     }

@@ -27,6 +27,8 @@ struct SimWait {
   std::string what, where;  // the label, and the kernel line (file:line)
   uint64_t waits = 0;
   double total_us = 0, max_us = 0;  // summed over threads, and the longest
+  int longest_rank = -1;            // the longest wait's rank, and its WaitTarget numbers
+  int64_t longest_index = -1, longest_value = -1;
 };
 
 struct Simulated {  // one SM count, in the simulator's timed mode: SIMULATED, not measured

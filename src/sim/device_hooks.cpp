@@ -725,10 +725,11 @@ uint64_t clock64() { return engine().read_clock(); }
 
 double wait_entered() { return engine().timing().enabled() ? self()->clock_ns : 0; }
 
-void waited(const char* what, double entered_ns, Loc loc) {
+void waited(const char* what, int64_t index, int64_t value, double entered_ns, Loc loc) {
   Engine& e = engine();
-  if (e.timing().enabled() && self()->clock_ns > entered_ns)
-    e.timing().waited(what, loc, self()->clock_ns - entered_ns);
+  const Fiber* f = self();
+  if (e.timing().enabled() && f->clock_ns > entered_ns)
+    e.timing().waited({what, f->device, index, value}, loc, f->clock_ns - entered_ns);
 }
 
 void nanosleep(unsigned ns, Loc loc) {

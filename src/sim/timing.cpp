@@ -84,11 +84,16 @@ void Timing::reset_busy() {
   waits_.clear();
 }
 
-void Timing::waited(const char* what, device::Loc loc, double ns) {
-  WaitTotal& w = waits_[{what, loc.file_name(), loc.line()}];
+void Timing::waited(const Waited& what, device::Loc loc, double ns) {
+  WaitTotal& w = waits_[{what.what, loc.file_name(), loc.line()}];
   ++w.waits;
   w.total_ns += ns;
-  w.max_ns = std::max(w.max_ns, ns);
+  if (ns > w.max_ns) {
+    w.max_ns = ns;
+    w.longest_device = what.device;
+    w.longest_index = what.index;
+    w.longest_value = what.value;
+  }
 }
 
 std::vector<WaitTotal> Timing::wait_profile() const {
@@ -101,7 +106,12 @@ std::vector<WaitTotal> Timing::wait_profile() const {
     t.where = where;
     t.waits += w.waits;
     t.total_ns += w.total_ns;
-    t.max_ns = std::max(t.max_ns, w.max_ns);
+    if (w.max_ns > t.max_ns) {
+      t.max_ns = w.max_ns;
+      t.longest_device = w.longest_device;
+      t.longest_index = w.longest_index;
+      t.longest_value = w.longest_value;
+    }
   }
   std::vector<WaitTotal> out;
   for (auto& [label, w] : by_label) out.push_back(w);

@@ -66,8 +66,14 @@ class Timing {
   // Each pipe's busy time (sim::busy_time()), and a new count from zero.
   std::vector<BusyTime> busy() const;
   void reset_busy();  // and the wait profile
-  // A thread waited `ns` on `what` at `loc` (sim::wait_profile, reset with the busy times).
-  void waited(const char* what, device::Loc loc, double ns);
+  // A thread of `device` waited `ns` at `loc` on `what` (index, value) (sim::wait_profile,
+  // reset with the busy times).
+  struct Waited {
+    const char* what;
+    int device;
+    int64_t index, value;
+  };
+  void waited(const Waited& w, device::Loc loc, double ns);
   std::vector<WaitTotal> wait_profile() const;
 
   // Costs to the calling thread f (of block b on SM b->sm).

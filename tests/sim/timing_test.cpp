@@ -294,7 +294,7 @@ TEST_P(Timed, TheWaitProfileChargesEachWaitToItsLabelAndLine) {
       arch::st_release_sys(f, uint64_t{1});
     } else if (threadIdx.x == 0) {
       wait_line = __LINE__ + 1;
-      pipeline::wait_at_least_acquire(f, 1, {"test: the flag", 0, 0}, {});
+      pipeline::wait_at_least_acquire(f, 1, {"test: the flag", 7, 1}, {});
       pipeline::timeout_while([f] { return arch::ld_relaxed_sys(f) < 1; }, {"test: the flag again", 0, 0}, {});
     }
   });
@@ -307,6 +307,9 @@ TEST_P(Timed, TheWaitProfileChargesEachWaitToItsLabelAndLine) {
   EXPECT_GE(waits[0].total_ns, kSleepNs);
   EXPECT_LT(waits[0].total_ns, kSleepNs + 3 * model().fence_sys_ns + model().global_latency_ns * 4);
   EXPECT_EQ(waits[0].max_ns, waits[0].total_ns);
+  EXPECT_EQ(waits[0].longest_device, 0);
+  EXPECT_EQ(waits[0].longest_index, 7);
+  EXPECT_EQ(waits[0].longest_value, 1);
   EXPECT_EQ(waits[1].what, "test: the flag again");
   EXPECT_EQ(waits[1].where, "tests/sim/timing_test.cpp:" + std::to_string(wait_line + 1));
   EXPECT_LT(waits[1].total_ns, 2 * model().global_latency_ns + model().acquire_sys_extra_ns + 100);

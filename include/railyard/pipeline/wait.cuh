@@ -92,7 +92,7 @@ RAILYARD_DEVICE void timeout_while(StillWaiting&& still_waiting, const WaitTarge
     }
   }
 #if RAILYARD_IS_SIM
-  sim::device::waited(target.what, entered_ns RAILYARD_LOC_ARG);
+  sim::device::waited(target.what, target.index, target.value, entered_ns RAILYARD_LOC_ARG);
 #endif
 }
 

@@ -338,6 +338,9 @@ struct WaitTotal {
   std::string where;  // file:line
   uint64_t waits = 0;
   double total_ns = 0, max_ns = 0;
+  // The longest wait's: its kernel's device, and the wait's two numbers (WaitTarget).
+  int longest_device = -1;
+  int64_t longest_index = -1, longest_value = -1;
 };
 std::vector<WaitTotal> wait_profile();  // empty outside the timed mode
 
