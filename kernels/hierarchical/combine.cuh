@@ -129,14 +129,16 @@ struct Partials {
     uint32_t k = 0, freed = 0;  // the block's chunks put, and handed back
     // Per chunk in flight (k mod S): the ticket after its put, and its lane.
     InFlight in_flight[layout::kMaxChunksInFlight] = {};
+    bool entered[kLanesAtOnce] = {};  // the rail peer's entry seen (before the first put, or at the end)
     for_each_dealt_chunk(
         H, p.rank, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
         [&](const RailLane& rail) { return rows_from(p, H, h, rail.peer.domain, mine); },
-        [&](const RailLane& rail, int) {
+        [&](const RailLane& rail, int i) {
           transport::mlx5::Lane lane(transport::mlx5::load_queue_pair(&p.lanes[rail.q]), p.wait);
           post_rail_entry(H, lane, rail.peer.rank, rail.peer_lane);
+          entered[i] = false;
         },
-        [&](const RailLane& rail, int, int64_t j, int64_t c, int n) {
+        [&](const RailLane& rail, int i, int64_t j, int64_t c, int n) {
           const uint32_t slot = k % S;
           if (arch::lane_idx() == 0) {
             pipeline::timeout_while(
@@ -150,7 +152,8 @@ struct Partials {
           // saves them), so the warp takes the lane up again for each chunk.
           const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p.lanes[rail.q]);
           transport::mlx5::Lane lane(qp, p.wait);
-          if (j == 0) wait_rail_entry(H, p.self, qp.signal_order, rail.q, rail.peer.rank, p.handshake_wait);
+          if (!entered[i]) wait_rail_entry(H, p.self, qp.signal_order, rail.q, rail.peer.rank, p.handshake_wait);
+          entered[i] = true;
           lane.put_signal({static_cast<uint64_t>(H.combine_send_row_offset(rail.r, H.ring_slot(rail.l, j), 0))},
                           {rail.peer.rank, static_cast<uint64_t>(H.combine_recv_row_offset(rail.peer.at_peer, c * C))},
                           static_cast<uint32_t>(n) * row_bytes,
@@ -160,8 +163,15 @@ struct Partials {
           ++k;
           if (k - freed == S) free_slot(p, s, in_flight, freed++, S);
         },
-        [&](const RailLane*, int) {
+        [&](const RailLane* rails, int n) {
           while (freed < k) free_slot(p, s, in_flight, freed++, S);  // the group's rings are free
+          for (int i = 0; i < n; ++i) {
+            // A lane with no chunk still takes its peer's entry: both sides count one per
+            // operation and lane.
+            if (entered[i]) continue;
+            const transport::SignalOrder order = transport::mlx5::load_queue_pair(&p.lanes[rails[i].q]).signal_order;
+            wait_rail_entry(H, p.self, order, rails[i].q, rails[i].peer.rank, p.handshake_wait);
+          }
         });
   }
 

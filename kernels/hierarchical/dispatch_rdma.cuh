@@ -83,15 +83,17 @@ class RdmaSender {
     const auto wire_bytes = static_cast<uint32_t>(H_.wire_dispatch_row_bytes());
     // The ticket after each ring slot's last put, per lane of the group.
     uint64_t put_of_slot[kLanesAtOnce][layout::kMaxChunksInFlight] = {};
+    bool entered[kLanesAtOnce] = {};  // the rail peer's entry seen (before the first put, or at the end)
     for_each_dealt_chunk(
         H_, p_.rank, block, blocks,
         [&](const RailLane& rail) {
           return arch::ld_global(p_.handle.count_matrix + int64_t{p_.rank} * L.count_row_ints() +
                                  layout::count_to_domain(G, El, rail.peer.domain));
         },
-        [&](const RailLane& rail, int) {
+        [&](const RailLane& rail, int i) {
           transport::mlx5::Lane lane(transport::mlx5::load_queue_pair(&p_.lanes[rail.q]), p_.wait);
           post_rail_entry(H_, lane, rail.peer.rank, rail.peer_lane);
+          entered[i] = false;
         },
         [&](const RailLane& rail, int i, int64_t j, int64_t c, int rows) {
           // A lane's queue pair indices live in global memory (each submit and quiet
@@ -108,7 +110,8 @@ class RdmaSender {
                                          // completed, visible to the generic proxy)
           }
           __syncwarp();  // every lane's fields too
-          if (j == 0) wait_rail_entry(H_, p_.self, qp.signal_order, rail.q, rail.peer.rank, p_.handshake_wait);
+          if (!entered[i]) wait_rail_entry(H_, p_.self, qp.signal_order, rail.q, rail.peer.rank, p_.handshake_wait);
+          entered[i] = true;
           lane.put_signal({static_cast<uint64_t>(ring)},
                           {rail.peer.rank, static_cast<uint64_t>(H_.dispatch_recv_row_offset(rail.peer.at_peer, c * C))},
                           static_cast<uint32_t>(rows) * wire_bytes,
@@ -117,8 +120,12 @@ class RdmaSender {
           put_of_slot[i][slot] = lane.ticket();
         },
         [&](const RailLane* rails, int n) {
-          for (int i = 0; i < n; ++i) {  // the ring is free for the next group or operation
-            transport::mlx5::Lane(transport::mlx5::load_queue_pair(&p_.lanes[rails[i].q]), p_.wait).quiet();
+          for (int i = 0; i < n; ++i) {
+            const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p_.lanes[rails[i].q]);
+            // A lane with no chunk still takes its peer's entry: both sides count one per
+            // operation and lane.
+            if (!entered[i]) wait_rail_entry(H_, p_.self, qp.signal_order, rails[i].q, rails[i].peer.rank, p_.handshake_wait);
+            transport::mlx5::Lane(qp, p_.wait).quiet();  // the ring is free for the next group or operation
           }
         });
   }

@@ -107,6 +107,23 @@ inline std::vector<Case> group_matrix() {
   };
 }
 
+// Once every rank's operations are done, each rank has seen every rail entry its rail
+// peers posted to it, on every lane, a lane with no chunk to send too: an entry posted
+// and not waited for would leave the next operation's wait satisfied by this one's,
+// and the peer's receive area overwritten while its forwarders still read it.
+inline void expect_rail_entries_seen(Group& group) {
+  const HierarchicalLayout& L = group.layout();
+  for (int g = 0; g < group.num_ranks(); ++g) {
+    const uint8_t* self = group.fabric().buffer(g);
+    for (int q = 0; q < L.lanes(); ++q) {
+      uint64_t seen = 0, posted = 0;
+      std::memcpy(&seen, self + L.rail_entries_offset(q), 8);
+      std::memcpy(&posted, self + L.rail_entry_signal_offset(q), 8);
+      EXPECT_EQ(seen, posted) << "rank " << g << " lane " << q << ": rail entries seen vs posted to it";
+    }
+  }
+}
+
 // The NIC bytes of one dispatch (or combine) since sim::reset_traffic(): from each
 // rank g to each rail peer q, the rows packed between them, `row_bytes` each, one
 // 8-byte signal per chunk and a rail entry per lane; nothing to any other rank. The rows

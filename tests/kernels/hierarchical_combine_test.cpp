@@ -168,6 +168,7 @@ void run_case(const Case& c, uint64_t seed, const GroupSetup& setup, CombineInpu
                               where + " call " + std::to_string(call) + " rank " + std::to_string(g) + ": probs");
       }
     }
+  test::expect_rail_entries_seen(group);
   if (calls > 1 || ::testing::Test::HasFailure()) return;
   // NIC bytes of the combine: from each rank to each rail peer, one BF16 partial per row
   // the peer packed for this rank's domain at dispatch, a signal per chunk, its rail

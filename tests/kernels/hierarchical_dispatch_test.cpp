@@ -121,6 +121,7 @@ void run_case(const Case& c, uint64_t seed, const GroupSetup& setup, const Launc
     }
     if (::testing::Test::HasFailure()) return;
   }
+  test::expect_rail_entries_seen(group);
   if (calls > 1) return;
   // NIC bytes of the dispatch: its packed wire rows, a signal per chunk and the rail
   // entry from each rank to each rail peer, nothing else.
