@@ -68,28 +68,27 @@ struct Partials {
   }
 
   // Calls fn(dst, positions, chunk, begin, end) for each partial row this block sends,
-  // in the order the RDMA warp puts their chunks (for_each_dealt_chunk's), each chunk's
-  // rows in packed order. `positions`: the row's staged positions at this domain's
-  // ranks (forward_pos); `chunk`: the block's chunk it belongs to (k, counting from 0
-  // in that order); `begin`, `end`: whether it begins or ends that chunk.
+  // in the order the RDMA warp puts their chunks: lanes dealt to blocks round robin
+  // (HierarchicalLayout::dealt_lane), then the chunks of the rows the lane's rail peer
+  // forwarded that go on the lane (l, l + L, ...), in packed order. `positions`: the
+  // row's staged positions at this domain's ranks (forward_pos); `chunk`: the block's
+  // chunk it belongs to (k); `begin`, `end`: whether it begins or ends that chunk.
   template <class Fn>
   RAILYARD_DEVICE static void for_each_partial_row(const Params& p, const layout::HandleView& h, Fn&& fn) {
     const layout::HierarchicalLayout H(p.shape);
     const int R = p.shape.domain.ranks_per_domain, mine = p.rank / R, C = p.shape.chunk_tokens;
     const int M = p.shape.domain.max_tokens;
     uint32_t k = 0;  // the block's chunks so far
-    for_each_dealt_chunk(
-        H, p.rank, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
-        [&](const RailLane& rail) { return rows_from(p, H, h, rail.peer.domain, mine); },
-        [](const RailLane&, int) {},
-        [&](const RailLane& rail, int, int64_t j, int64_t c, int n) {
-          for (int i = 0; i < n; ++i) {
-            uint8_t* dst = p.self + H.combine_send_row_offset(rail.r, H.ring_slot(rail.l, j), i);
-            fn(dst, h.forward_pos + (int64_t{rail.peer.domain} * M + c * C + i) * R, k, i == 0, i == n - 1);
-          }
-          ++k;
-        },
-        [](const RailLane*, int) {});
+    for_each_dealt_lane(H, p.rank, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), [&](const RailLane& rail) {
+      const int32_t rows = rows_from(p, H, h, rail.peer.domain, mine);
+      for (int64_t j = 0, c = rail.l; c * C < rows; ++j, c += p.shape.lanes_per_peer, ++k) {
+        const int n = rows - c * C < C ? static_cast<int>(rows - c * C) : C;
+        for (int i = 0; i < n; ++i) {
+          uint8_t* dst = p.self + H.combine_send_row_offset(rail.r, H.ring_slot(rail.l, j), i);
+          fn(dst, h.forward_pos + (int64_t{rail.peer.domain} * M + c * C + i) * R, k, i == 0, i == n - 1);
+        }
+      }
+    });
   }
 
   // A partial row's probs (after its BF16 row).
@@ -100,10 +99,8 @@ struct Partials {
     return reinterpret_cast<const float*>(row + p.probs_offset);
   }
 
-  // The Load warp's lane 0 before the first row of chunk k (the put of the block's
-  // chunk k - S / L must have completed: puts complete in k order, as free_slot hands
-  // them back, and the last chunk of k's lane that used its ring slot is that one or an
-  // earlier one), and the store lane once the chunk's rows landed.
+  // The Load warp's lane 0 before the first row of chunk k (its slot's last put must
+  // have completed), and the store lane once the chunk's rows landed.
   RAILYARD_DEVICE static void ring_acquire(Storage& s, const Params& p, uint32_t k) {
     const auto S = static_cast<uint32_t>(p.shape.slots_per_lane());
     if (k < S) return;
@@ -117,62 +114,43 @@ struct Partials {
     (void)arch::mbarrier_arrive(&s.stored[k % static_cast<uint32_t>(p.shape.slots_per_lane())]);
   }
 
-  // The RDMA warp: the chunks of the lanes dealt to this block, in the order of
-  // for_each_dealt_chunk (a group's rail entries posted first, each waited for before
-  // its lane's first put), each once stored, put with a signal to the rail peer; up to
-  // S / L puts in flight, handed back in order once each completed.
+  // The RDMA warp: for every lane dealt to this block, the rail entry, then each of
+  // its chunks of partials once stored, put with a signal to the rail peer; up to S / L
+  // puts in flight, a slot handed back once its own put completed.
   RAILYARD_DEVICE static void send(const Params& p, const layout::HandleView& h, Storage& s) {
     const layout::HierarchicalLayout H(p.shape);
     const int R = p.shape.domain.ranks_per_domain, mine = p.rank / R, C = p.shape.chunk_tokens;
     const auto S = static_cast<uint32_t>(p.shape.slots_per_lane());
     const auto row_bytes = static_cast<uint32_t>(H.wire_combine_row_bytes());
     uint32_t k = 0, freed = 0;  // the block's chunks put, and handed back
-    // Per chunk in flight (k mod S): the ticket after its put, and its lane.
-    InFlight in_flight[layout::kMaxChunksInFlight] = {};
-    bool entered[kLanesAtOnce] = {};  // the rail peer's entry seen (before the first put, or at the end)
-    for_each_dealt_chunk(
-        H, p.rank, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
-        [&](const RailLane& rail) { return rows_from(p, H, h, rail.peer.domain, mine); },
-        [&](const RailLane& rail, int i) {
-          transport::mlx5::Lane lane(transport::mlx5::load_queue_pair(&p.lanes[rail.q]), p.wait);
-          post_rail_entry(H, lane, rail.peer.rank, rail.peer_lane);
-          entered[i] = false;
-        },
-        [&](const RailLane& rail, int i, int64_t j, int64_t c, int n) {
-          const uint32_t slot = k % S;
-          if (arch::lane_idx() == 0) {
-            pipeline::timeout_while(
-                [&] { return !arch::mbarrier_try_wait_parity(&s.stored[slot], (k / S) & 1u); },
-                {"combine RDMA send: partial rows of chunk (index) stored, block chunk (value)", c,
-                 static_cast<int64_t>(k)},
-                p.wait);
-          }
-          __syncwarp();  // lane 0's acquire of the rows, before its doorbell's release
-          // A lane's queue pair indices live in global memory (each submit and quiet
-          // saves them), so the warp takes the lane up again for each chunk.
-          const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p.lanes[rail.q]);
-          transport::mlx5::Lane lane(qp, p.wait);
-          if (!entered[i]) wait_rail_entry(H, p.self, qp.signal_order, rail.q, rail.peer.rank, p.handshake_wait);
-          entered[i] = true;
-          lane.put_signal({static_cast<uint64_t>(H.combine_send_row_offset(rail.r, H.ring_slot(rail.l, j), 0))},
-                          {rail.peer.rank, static_cast<uint64_t>(H.combine_recv_row_offset(rail.peer.at_peer, c * C))},
-                          static_cast<uint32_t>(n) * row_bytes,
-                          {rail.peer.rank, static_cast<uint64_t>(H.combine_signal_offset(rail.peer.at_peer, c))}, 1);
-          lane.submit();
-          in_flight[slot] = {lane.ticket(), rail.q};
-          ++k;
-          if (k - freed == S) free_slot(p, s, in_flight, freed++, S);
-        },
-        [&](const RailLane* rails, int n) {
-          while (freed < k) free_slot(p, s, in_flight, freed++, S);  // the group's rings are free
-          for (int i = 0; i < n; ++i) {
-            // A lane with no chunk still takes its peer's entry: both sides count one per
-            // operation and lane.
-            if (entered[i]) continue;
-            const transport::SignalOrder order = transport::mlx5::load_queue_pair(&p.lanes[rails[i].q]).signal_order;
-            wait_rail_entry(H, p.self, order, rails[i].q, rails[i].peer.rank, p.handshake_wait);
-          }
-        });
+    uint64_t put_of_slot[layout::kMaxChunksInFlight] = {};
+    for_each_dealt_lane(H, p.rank, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), [&](const RailLane& rail) {
+      const int peer = rail.peer.rank, at_peer = rail.peer.at_peer;
+      const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p.lanes[rail.q]);
+      transport::mlx5::Lane lane(qp, p.wait);
+      enter_rail(H, p.self, lane, qp.signal_order, rail.q, peer, rail.peer_lane, p.handshake_wait);
+      const int32_t rows = rows_from(p, H, h, rail.peer.domain, mine);
+      for (int64_t j = 0, c = rail.l; c * C < rows; ++j, c += p.shape.lanes_per_peer, ++k) {
+        const uint32_t slot = k % S;
+        if (arch::lane_idx() == 0) {
+          pipeline::timeout_while(
+              [&] { return !arch::mbarrier_try_wait_parity(&s.stored[slot], (k / S) & 1u); },
+              {"combine RDMA send: partial rows of chunk (index) stored, block chunk (value)", c,
+               static_cast<int64_t>(k)},
+              p.wait);
+        }
+        __syncwarp();  // lane 0's acquire of the rows, before its doorbell's release
+        const int n = rows - c * C < C ? static_cast<int>(rows - c * C) : C;
+        lane.put_signal({static_cast<uint64_t>(H.combine_send_row_offset(rail.r, H.ring_slot(rail.l, j), 0))},
+                        {peer, static_cast<uint64_t>(H.combine_recv_row_offset(at_peer, c * C))},
+                        static_cast<uint32_t>(n) * row_bytes,
+                        {peer, static_cast<uint64_t>(H.combine_signal_offset(at_peer, c))}, 1);
+        lane.submit();
+        put_of_slot[slot] = lane.ticket();
+        if (k + 1 - freed == S) free_slot(lane, s, put_of_slot, freed++, S);
+      }
+      while (freed < k) free_slot(lane, s, put_of_slot, freed++, S);  // before the lane changes
+    });
   }
 
   // Lane 0 of a gather job: the other domains' partials of this rank's tokens.
@@ -243,15 +221,10 @@ struct Partials {
   RAILYARD_DEVICE static uint64_t consumed(const Params& p, const layout::HierarchicalLayout& H, int r, int64_t chunk) {
     return arch::ld_global(reinterpret_cast<const uint64_t*>(p.self + H.combine_consumed_offset(r, chunk)));
   }
-  struct InFlight {
-    uint64_t ticket;
-    int q;
-  };
-  // Warp-collective: block chunk `k`'s put has completed; its slot goes back to the
-  // store lane.
-  RAILYARD_DEVICE static void free_slot(const Params& p, Storage& s, const InFlight* in_flight, uint32_t k, uint32_t S) {
-    transport::mlx5::Lane lane(transport::mlx5::load_queue_pair(&p.lanes[in_flight[k % S].q]), p.wait);
-    lane.quiet(in_flight[k % S].ticket);
+  // Warp-collective: chunk `k`'s put has completed; its slot goes back to the store lane.
+  RAILYARD_DEVICE static void free_slot(transport::mlx5::Lane& lane, Storage& s, const uint64_t* put_of_slot,
+                                        uint32_t k, uint32_t S) {
+    lane.quiet(put_of_slot[k % S]);
     if (arch::lane_idx() == 0) (void)arch::mbarrier_arrive(&s.sent[k % S]);
     __syncwarp();
   }

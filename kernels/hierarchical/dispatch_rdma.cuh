@@ -13,11 +13,10 @@
 // from the count row it got in the metadata (count_to_domain).
 //
 // One warp per block, lanes dealt to blocks round robin in HierarchicalLayout::dealt_lane
-// order (every domain's lane 0 first); a block sends its lanes' chunks in turn. Lane q =
-// r L + l carries remote domain r's chunks l, l + L, ... (L = lanes_per_peer), through
-// its own S / L of the domain's ring slots. Before its first put, the rail entry on the
-// lane: the peer has entered this dispatch too, so its receive area is free (it
-// finished the last one). Before a ring slot is packed again,
+// order (every domain's lane 0 first). Lane q = r L + l carries remote domain r's chunks l, l + L, ... (L =
+// lanes_per_peer), through its own S / L of the domain's ring slots. Before its first
+// put, the rail entry on the lane: the peer has entered this dispatch too, so its
+// receive area is free (it finished the last one). Before a ring slot is packed again,
 // quiet(ticket) waits for the put that read it, and for no later one. Lane 0 moves the row bytes with TMA (global -> shared -> send ring, pieces
 // streaming through four shared-memory slots); the other fields are plain stores of
 // the warp's lanes. Before a put the ring's bytes must be visible to lane 0, which
@@ -73,64 +72,46 @@ class RdmaSender {
   RAILYARD_DEVICE RdmaSender(const RdmaSendParams& p, RdmaSendStorage<SlotBytes>& s)
       : p_(p), s_(s), H_(p.shape), R_(p.shape.domain.ranks_per_domain) {}
 
-  // Warp-collective: the chunks of every lane dealt to `block` of `blocks`, in the
-  // order of for_each_dealt_chunk; a group's rail entries are posted before its first
-  // chunk is packed, and each is waited for before the lane's first put.
+  // Warp-collective: every lane dealt to `block` of `blocks`.
   RAILYARD_DEVICE void run(int block, int blocks) {
-    const layout::IntranodeLayout& L = H_.nvlink();
-    const int G = L.shape().ranks_per_domain, El = L.shape().num_local_experts;
-    const int C = p_.shape.chunk_tokens, slots = p_.shape.slots_per_lane();
-    const auto wire_bytes = static_cast<uint32_t>(H_.wire_dispatch_row_bytes());
-    // The ticket after each ring slot's last put, per lane of the group.
-    uint64_t put_of_slot[kLanesAtOnce][layout::kMaxChunksInFlight] = {};
-    bool entered[kLanesAtOnce] = {};  // the rail peer's entry seen (before the first put, or at the end)
-    for_each_dealt_chunk(
-        H_, p_.rank, block, blocks,
-        [&](const RailLane& rail) {
-          return arch::ld_global(p_.handle.count_matrix + int64_t{p_.rank} * L.count_row_ints() +
-                                 layout::count_to_domain(G, El, rail.peer.domain));
-        },
-        [&](const RailLane& rail, int i) {
-          transport::mlx5::Lane lane(transport::mlx5::load_queue_pair(&p_.lanes[rail.q]), p_.wait);
-          post_rail_entry(H_, lane, rail.peer.rank, rail.peer_lane);
-          entered[i] = false;
-        },
-        [&](const RailLane& rail, int i, int64_t j, int64_t c, int rows) {
-          // A lane's queue pair indices live in global memory (each submit and quiet
-          // saves them), so the warp takes the lane up again for each chunk.
-          const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p_.lanes[rail.q]);
-          transport::mlx5::Lane lane(qp, p_.wait);
-          const int slot = static_cast<int>(j % slots);
-          if (j >= slots) lane.quiet(put_of_slot[i][slot]);  // the put of the lane's chunk j - slots has read it
-          const int64_t ring = H_.dispatch_send_row_offset(rail.r, H_.ring_slot(rail.l, j), 0);
-          pack_chunk(rail.peer.domain, c * C, rows, p_.self + ring);
-          if (arch::lane_idx() == 0) {
-            drain();
-            arch::bulk_wait_group<0>();  // the row bytes are in the ring (and, the wait
-                                         // completed, visible to the generic proxy)
-          }
-          __syncwarp();  // every lane's fields too
-          if (!entered[i]) wait_rail_entry(H_, p_.self, qp.signal_order, rail.q, rail.peer.rank, p_.handshake_wait);
-          entered[i] = true;
-          lane.put_signal({static_cast<uint64_t>(ring)},
-                          {rail.peer.rank, static_cast<uint64_t>(H_.dispatch_recv_row_offset(rail.peer.at_peer, c * C))},
-                          static_cast<uint32_t>(rows) * wire_bytes,
-                          {rail.peer.rank, static_cast<uint64_t>(H_.dispatch_signal_offset(rail.peer.at_peer, c))}, 1);
-          lane.submit();
-          put_of_slot[i][slot] = lane.ticket();
-        },
-        [&](const RailLane* rails, int n) {
-          for (int i = 0; i < n; ++i) {
-            const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p_.lanes[rails[i].q]);
-            // A lane with no chunk still takes its peer's entry: both sides count one per
-            // operation and lane.
-            if (!entered[i]) wait_rail_entry(H_, p_.self, qp.signal_order, rails[i].q, rails[i].peer.rank, p_.handshake_wait);
-            transport::mlx5::Lane(qp, p_.wait).quiet();  // the ring is free for the next group or operation
-          }
-        });
+    for_each_dealt_lane(H_, p_.rank, block, blocks, [&](const RailLane& rail) { send_lane(rail); });
   }
 
  private:
+  RAILYARD_DEVICE void send_lane(const RailLane& rail) {
+    const layout::IntranodeLayout& L = H_.nvlink();
+    const int other = rail.peer.domain, peer = rail.peer.rank, at_peer = rail.peer.at_peer;
+    const int G = L.shape().ranks_per_domain, El = L.shape().num_local_experts;
+    const int32_t packed =
+        arch::ld_global(p_.handle.count_matrix + int64_t{p_.rank} * L.count_row_ints() + layout::count_to_domain(G, El, other));
+    const int C = p_.shape.chunk_tokens, lanes = p_.shape.lanes_per_peer, slots = p_.shape.slots_per_lane();
+    const auto wire_bytes = static_cast<uint32_t>(H_.wire_dispatch_row_bytes());
+    const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p_.lanes[rail.q]);
+    transport::mlx5::Lane lane(qp, p_.wait);
+    enter_rail(H_, p_.self, lane, qp.signal_order, rail.q, peer, rail.peer_lane, p_.handshake_wait);
+    uint64_t put_of_slot[layout::kMaxChunksInFlight] = {};  // the ticket after each slot's last put
+    // Chunk c = l + j L is the lane's j-th.
+    for (int64_t j = 0, c = rail.l; c * C < packed; ++j, c += lanes) {
+      const int slot = static_cast<int>(j % slots);
+      if (j >= slots) lane.quiet(put_of_slot[slot]);  // the put of the lane's chunk j - slots has read it
+      const int rows = packed - c * C < C ? static_cast<int>(packed - c * C) : C;
+      const int64_t ring = H_.dispatch_send_row_offset(rail.r, H_.ring_slot(rail.l, j), 0);
+      pack_chunk(other, c * C, rows, p_.self + ring);
+      if (arch::lane_idx() == 0) {
+        drain();
+        arch::bulk_wait_group<0>();  // the row bytes are in the ring (and, the wait
+                                     // completed, visible to the generic proxy)
+      }
+      __syncwarp();  // every lane's fields too
+      lane.put_signal({static_cast<uint64_t>(ring)},
+                      {peer, static_cast<uint64_t>(H_.dispatch_recv_row_offset(at_peer, c * C))}, rows * wire_bytes,
+                      {peer, static_cast<uint64_t>(H_.dispatch_signal_offset(at_peer, c))}, 1);
+      lane.submit();
+      put_of_slot[slot] = lane.ticket();
+    }
+    lane.quiet();  // the ring is free for the next operation
+  }
+
   // Warp-collective: packed rows [first, first + rows) for domain `other` as wire rows
   // from `ring` on, 32 at a time: each lane writes its row's fields (latency-bound
   // loads and stores, in parallel), then lane 0 streams the 32 rows' bytes.

@@ -38,40 +38,11 @@ RAILYARD_DEVICE RailLane rail_lane(const layout::HierarchicalLayout& H, int rank
   return {q, r, l, peer, peer.at_peer * L + l};
 }
 
-// The chunks of the lanes dealt to `block` of `blocks` (dealt lanes block, block +
-// blocks, ...: HierarchicalLayout::dealt_lane), in the order a block sends them: the
-// lanes in groups of up to kLanesAtOnce, and in a group the j-th chunk of each lane in
-// turn, then the (j + 1)-th, so that every remote domain's first chunks leave first
-// and no rail peer waits for the block to finish another lane. For each group:
-// open(rail, i) for each of its lanes (i: its index in the group), then chunk(rail, i,
-// j, c, n) for each chunk (c = l + j L: the chunk's index in its domain; n: its rows),
-// then close(rails, n) with the group's n lanes. rows(rail): the rows the lane's
-// chunks cover.
-inline constexpr int kLanesAtOnce = 4;
-template <class Rows, class Open, class Chunk, class Close>
-RAILYARD_DEVICE void for_each_dealt_chunk(const layout::HierarchicalLayout& H, int rank, int block, int blocks,
-                                          Rows&& rows, Open&& open, Chunk&& chunk, Close&& close) {
-  const int C = H.shape().chunk_tokens, L = H.shape().lanes_per_peer;
-  for (int first = block; first < H.lanes(); first += kLanesAtOnce * blocks) {
-    RailLane rail[kLanesAtOnce];
-    int32_t covered[kLanesAtOnce];
-    int n = 0;
-    for (int p = first; p < H.lanes() && n < kLanesAtOnce; p += blocks, ++n) {
-      rail[n] = rail_lane(H, rank, H.dealt_lane(p));
-      covered[n] = rows(rail[n]);
-      open(rail[n], n);
-    }
-    for (int64_t j = 0, more = 1; more != 0; ++j) {
-      more = 0;
-      for (int i = 0; i < n; ++i) {
-        const int64_t c = rail[i].l + j * L;
-        if (c * C >= covered[i]) continue;
-        more = 1;
-        chunk(rail[i], i, j, c, covered[i] - c * C < C ? static_cast<int>(covered[i] - c * C) : C);
-      }
-    }
-    close(rail, n);
-  }
+// Calls fn(rail) for each lane dealt to `block` of `blocks`: dealt lanes block, block +
+// blocks, ... (HierarchicalLayout::dealt_lane), in that order.
+template <class Fn>
+RAILYARD_DEVICE void for_each_dealt_lane(const layout::HierarchicalLayout& H, int rank, int block, int blocks, Fn&& fn) {
+  for (int p = block; p < H.lanes(); p += blocks) fn(rail_lane(H, rank, H.dealt_lane(p)));
 }
 
 // Warp-collective, on lane q towards its rail peer `peer` (whose index for the same
@@ -81,31 +52,22 @@ RAILYARD_DEVICE void for_each_dealt_chunk(const layout::HierarchicalLayout& H, i
 // (forwarders, a combine's home gather) are done: this rank may overwrite them.
 // Every dispatch, combine and barrier does it once per lane, so both sides count the
 // same entries; each counts those it has seen in its counters (only it touches them),
-// and the signal only grows. In two halves for a warp that drives several lanes:
-// post_rail_entry on each, then wait_rail_entry on each before its first put.
-RAILYARD_DEVICE void post_rail_entry(const layout::HierarchicalLayout& H, transport::mlx5::Lane& lane, int peer,
-                                     int peer_lane) {
+// and the signal only grows.
+RAILYARD_DEVICE void enter_rail(const layout::HierarchicalLayout& H, uint8_t* self, transport::mlx5::Lane& lane,
+                                transport::SignalOrder order, int q, int peer, int peer_lane,
+                                const pipeline::WaitPolicy& handshake_wait) {
+  auto* seen = reinterpret_cast<uint64_t*>(self + H.rail_entries_offset(q));
+  const uint64_t entries = arch::ld_global(seen);
   lane.signal({peer, static_cast<uint64_t>(H.rail_entry_signal_offset(peer_lane))}, 1);
   lane.submit();
-}
-RAILYARD_DEVICE void wait_rail_entry(const layout::HierarchicalLayout& H, uint8_t* self, transport::SignalOrder order,
-                                     int q, int peer, const pipeline::WaitPolicy& handshake_wait) {
   if (arch::lane_idx() == 0) {
-    auto* seen = reinterpret_cast<uint64_t*>(self + H.rail_entries_offset(q));
-    const uint64_t entries = arch::ld_global(seen);
     transport::wait_signal(reinterpret_cast<const uint64_t*>(self + H.rail_entry_signal_offset(q)), entries + 1, order,
                            {"rail entry: rail peer entering the operation (rank)", peer,
                             static_cast<int64_t>(entries + 1)},
                            handshake_wait);
     arch::st_global(seen, entries + 1);
   }
-  __syncwarp();  // what follows follows the wait
-}
-RAILYARD_DEVICE void enter_rail(const layout::HierarchicalLayout& H, uint8_t* self, transport::mlx5::Lane& lane,
-                                transport::SignalOrder order, int q, int peer, int peer_lane,
-                                const pipeline::WaitPolicy& handshake_wait) {
-  post_rail_entry(H, lane, peer, peer_lane);
-  wait_rail_entry(H, self, order, q, peer, handshake_wait);
+  __syncwarp();  // every lane read `seen`; what follows follows the wait
 }
 
 }  // namespace railyard::kernels::hierarchical

@@ -531,7 +531,7 @@ struct Combine {
   // (a lane per rank, waiting for each header as a gather job does), summed in fp32
   // and rounded once to BF16, into its send-ring row; with the probs combine, their
   // header entries' probs after it. Before a chunk's first row, its ring slot must be
-  // free (the put of the block's chunk S / L before it completed: Remote::ring_acquire): this warp writes the probs, and
+  // free (the put of the lane's chunk S / L before it completed): this warp writes the probs, and
   // every store into the slot follows its jobs.
   RAILYARD_DEVICE static void push_partials(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
                                             typename LoadPipeline::State& state, uint64_t seq) {
