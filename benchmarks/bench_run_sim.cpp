@@ -482,8 +482,7 @@ RunResult run(const Params& p) {
         }
         const Sample& after = *window_of(timed, i).second;
         s.bound = sim_bound(s.time_us, named(after.busy));
-        for (std::size_t w = 0; w < after.waits.size() && static_cast<int>(w) < p.sim_waits; ++w)
-          {
+        for (std::size_t w = 0; w < after.waits.size() && static_cast<int>(w) < p.sim_waits; ++w) {
           const sim::WaitTotal& t = after.waits[w];
           s.waits.push_back({t.what, t.where, t.waits, t.total_ns / 1e3, t.max_ns / 1e3, t.longest_device,
                              t.longest_index, t.longest_value});

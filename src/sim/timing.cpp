@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "engine.hpp"
 
@@ -84,16 +85,24 @@ void Timing::reset_busy() {
   waits_.clear();
 }
 
-void Timing::waited(const Waited& what, device::Loc loc, double ns) {
-  WaitTotal& w = waits_[{what.what, loc.file_name(), loc.line()}];
-  ++w.waits;
-  w.total_ns += ns;
-  if (ns > w.max_ns) {
-    w.max_ns = ns;
-    w.longest_device = what.device;
-    w.longest_index = what.index;
-    w.longest_value = what.value;
+namespace {
+// Adds the waits `w` to `t`, whose longest becomes w's if that is longer.
+void add_waits(WaitTotal& t, const WaitTotal& w) {
+  t.waits += w.waits;
+  t.total_ns += w.total_ns;
+  if (w.max_ns > t.max_ns) {
+    t.max_ns = w.max_ns;
+    t.longest_device = w.longest_device;
+    t.longest_index = w.longest_index;
+    t.longest_value = w.longest_value;
   }
+}
+}  // namespace
+
+void Timing::waited(const Waited& what, device::Loc loc, double ns) {
+  add_waits(waits_[{what.what, loc.file_name(), loc.line()}],
+            {.waits = 1, .total_ns = ns, .max_ns = ns, .longest_device = what.device,
+             .longest_index = what.index, .longest_value = what.value});
 }
 
 std::vector<WaitTotal> Timing::wait_profile() const {
@@ -104,17 +113,10 @@ std::vector<WaitTotal> Timing::wait_profile() const {
     WaitTotal& t = by_label[{what, where}];
     t.what = what;
     t.where = where;
-    t.waits += w.waits;
-    t.total_ns += w.total_ns;
-    if (w.max_ns > t.max_ns) {
-      t.max_ns = w.max_ns;
-      t.longest_device = w.longest_device;
-      t.longest_index = w.longest_index;
-      t.longest_value = w.longest_value;
-    }
+    add_waits(t, w);
   }
   std::vector<WaitTotal> out;
-  for (auto& [label, w] : by_label) out.push_back(w);
+  for (auto& [label, w] : by_label) out.push_back(std::move(w));
   std::stable_sort(out.begin(), out.end(), [](const WaitTotal& a, const WaitTotal& b) { return a.total_ns > b.total_ns; });
   return out;
 }

@@ -113,7 +113,8 @@ void bulk_wait_group(unsigned max_pending, bool read_only, Loc loc);
 uint64_t clock64();
 // sim::wait_profile: the calling thread enters a timeout_while (its clock, in ns; 0
 // outside the timed mode), and leaves the one it entered at `entered_ns`, which waited
-// on `what` (with the target's `index` and `value`). Neither counts as reading the clock (a clock64() that may time a wait).
+// on `what` (with the target's `index` and `value`). Neither counts as reading the
+// clock (a clock64() that may time a wait).
 double wait_entered();
 void waited(const char* what, int64_t index, int64_t value, double entered_ns, Loc loc);
 void nanosleep(unsigned ns, Loc loc);  // a scheduling point; idle if nothing else changed
