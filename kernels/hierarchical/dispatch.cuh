@@ -83,9 +83,11 @@ struct Forwarding {
   // Warp-collective, by forwarding role `role` (0 or 1): fn(rows, n, stride, forwarded)
   // for each chunk of received wire rows dealt to this block, once its signal has
   // counted this operation; `forwarded` is the chunk's first row in the handle's
-  // forward_pos (source domain x M + packed row). Chunks (remote domain r, chunk c) are dealt to blocks round robin in
-  // the order of r, then c; the count of rows comes from the rail peer's count row
-  // (count_to_domain of this domain), which the metadata relayed.
+  // forward_pos (source domain x M + packed row). Chunks are dealt to blocks round
+  // robin in the order the rail peers send them: lanes in HierarchicalLayout::dealt_lane
+  // order (every domain's lane 0 first), then lane l's chunks l, l + L, ... The count of
+  // rows comes from the rail peer's count row (count_to_domain of this domain), which
+  // the metadata relayed.
   template <class Fn>
   RAILYARD_DEVICE static void for_each_chunk(const Params& p, int role, Fn&& fn) {
     const RdmaSendParams& q = p.send;
@@ -93,13 +95,14 @@ struct Forwarding {
     const layout::IntranodeLayout& L = H.nvlink();
     const int R = q.shape.domain.ranks_per_domain, mine = q.rank / R, C = q.shape.chunk_tokens;
     const int G = L.shape().ranks_per_domain, El = L.shape().num_local_experts;
+    const int lanes = q.shape.lanes_per_peer;
     int64_t dealt = 0;
-    for (int r = 0; r < H.remote_domains(); ++r) {
-      const int other = r < mine ? r : r + 1, src = other * R + q.rank % R;
+    for (int d = 0; d < H.lanes(); ++d) {
+      const int lane = H.dealt_lane(d), r = lane / lanes, other = r < mine ? r : r + 1, src = other * R + q.rank % R;
       const int32_t rows = arch::ld_global(q.handle.count_matrix + int64_t{src} * L.count_row_ints() +
                                            layout::count_to_domain(G, El, mine));
-      const transport::SignalOrder order = transport::mlx5::load_queue_pair(&q.lanes[H.lane_index(r, 0)]).signal_order;
-      for (int64_t c = 0; c * C < rows; ++c, ++dealt) {
+      const transport::SignalOrder order = transport::mlx5::load_queue_pair(&q.lanes[lane]).signal_order;
+      for (int64_t c = lane % lanes; c * C < rows; c += lanes, ++dealt) {
         if (dealt % gridDim.x != blockIdx.x) continue;
         if (arch::lane_idx() == 0) {
           auto* consumed = reinterpret_cast<uint64_t*>(q.self + H.dispatch_consumed_offset(role, r, c));

@@ -13,11 +13,14 @@
 // from the count row it got in the metadata (count_to_domain).
 //
 // One warp per block, lanes dealt to blocks round robin in HierarchicalLayout::dealt_lane
-// order (every domain's lane 0 first). Lane q = r L + l carries remote domain r's chunks l, l + L, ... (L =
-// lanes_per_peer), through its own S / L of the domain's ring slots. Before its first
-// put, the rail entry on the lane: the peer has entered this dispatch too, so its
-// receive area is free (it finished the last one). Before a ring slot is packed again,
-// quiet(ticket) waits for the put that read it, and for no later one. Lane 0 moves the row bytes with TMA (global -> shared -> send ring, pieces
+// order (every domain's lane 0 first). Lane q = r L + l carries remote domain r's
+// chunks l, l + L, ... (L = lanes_per_peer), through its own S / L of the domain's ring
+// slots. The block posts the rail entries of all its lanes first, and waits for a
+// lane's peer entry before the lane's first put: the peer has entered this dispatch
+// too, so its receive area is free (it finished the last one). Before a ring slot is
+// packed again, quiet(ticket) waits for the put that read it, and for no later one; the
+// lanes' last puts are waited for only after every lane's chunks were posted, so one
+// lane's puts drain while the next is packed. Lane 0 moves the row bytes with TMA (global -> shared -> send ring, pieces
 // streaming through four shared-memory slots); the other fields are plain stores of
 // the warp's lanes. Before a put the ring's bytes must be visible to lane 0, which
 // rings the doorbell: its bulk writes are waited for (bulk_wait_group, whose completion
@@ -72,9 +75,20 @@ class RdmaSender {
   RAILYARD_DEVICE RdmaSender(const RdmaSendParams& p, RdmaSendStorage<SlotBytes>& s)
       : p_(p), s_(s), H_(p.shape), R_(p.shape.domain.ranks_per_domain) {}
 
-  // Warp-collective: every lane dealt to `block` of `blocks`.
+  // Warp-collective: every lane dealt to `block` of `blocks`. Their rail entries first,
+  // so that no rail peer waits at a lane's entry while this block sends the lanes
+  // before it; then each lane's chunks; then every lane's completions, so that a lane's
+  // puts drain while the next lane's chunks are packed.
   RAILYARD_DEVICE void run(int block, int blocks) {
+    for_each_dealt_lane(H_, p_.rank, block, blocks, [&](const RailLane& rail) {
+      transport::mlx5::Lane lane(transport::mlx5::load_queue_pair(&p_.lanes[rail.q]), p_.wait);
+      post_rail_entry(H_, lane, rail.peer.rank, rail.peer_lane);
+    });
     for_each_dealt_lane(H_, p_.rank, block, blocks, [&](const RailLane& rail) { send_lane(rail); });
+    // Every lane's puts complete: its ring is free for the next operation.
+    for_each_dealt_lane(H_, p_.rank, block, blocks, [&](const RailLane& rail) {
+      transport::mlx5::Lane(transport::mlx5::load_queue_pair(&p_.lanes[rail.q]), p_.wait).quiet();
+    });
   }
 
  private:
@@ -88,7 +102,6 @@ class RdmaSender {
     const auto wire_bytes = static_cast<uint32_t>(H_.wire_dispatch_row_bytes());
     const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p_.lanes[rail.q]);
     transport::mlx5::Lane lane(qp, p_.wait);
-    enter_rail(H_, p_.self, lane, qp.signal_order, rail.q, peer, rail.peer_lane, p_.handshake_wait);
     uint64_t put_of_slot[layout::kMaxChunksInFlight] = {};  // the ticket after each slot's last put
     // Chunk c = l + j L is the lane's j-th.
     for (int64_t j = 0, c = rail.l; c * C < packed; ++j, c += lanes) {
@@ -103,13 +116,17 @@ class RdmaSender {
                                      // completed, visible to the generic proxy)
       }
       __syncwarp();  // every lane's fields too
+      // The peer's receive area is free once it entered this dispatch: waited for
+      // before the lane's first put (packing read only this rank's memory).
+      if (j == 0) await_rail_entry(H_, p_.self, qp.signal_order, rail.q, peer, p_.handshake_wait);
       lane.put_signal({static_cast<uint64_t>(ring)},
                       {peer, static_cast<uint64_t>(H_.dispatch_recv_row_offset(at_peer, c * C))}, rows * wire_bytes,
                       {peer, static_cast<uint64_t>(H_.dispatch_signal_offset(at_peer, c))}, 1);
       lane.submit();
       put_of_slot[slot] = lane.ticket();
     }
-    lane.quiet();  // the ring is free for the next operation
+    // A lane with no chunk still counts the peer's entry (both sides count one per lane).
+    if (rail.l * int64_t{C} >= packed) await_rail_entry(H_, p_.self, qp.signal_order, rail.q, peer, p_.handshake_wait);
   }
 
   // Warp-collective: packed rows [first, first + rows) for domain `other` as wire rows

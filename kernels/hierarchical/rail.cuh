@@ -45,29 +45,39 @@ RAILYARD_DEVICE void for_each_dealt_lane(const layout::HierarchicalLayout& H, in
   for (int p = block; p < H.lanes(); p += blocks) fn(rail_lane(H, rank, H.dealt_lane(p)));
 }
 
-// Warp-collective, on lane q towards its rail peer `peer` (whose index for the same
-// lane is `peer_lane`): adds 1 to the peer's rail entry signal of the lane, then waits
-// for the peer's addition to this rank's. The peer has then entered the same
-// operation, so it has finished the one before, whose readers of its receive areas
-// (forwarders, a combine's home gather) are done: this rank may overwrite them.
-// Every dispatch, combine and barrier does it once per lane, so both sides count the
-// same entries; each counts those it has seen in its counters (only it touches them),
-// and the signal only grows.
-RAILYARD_DEVICE void enter_rail(const layout::HierarchicalLayout& H, uint8_t* self, transport::mlx5::Lane& lane,
-                                transport::SignalOrder order, int q, int peer, int peer_lane,
-                                const pipeline::WaitPolicy& handshake_wait) {
-  auto* seen = reinterpret_cast<uint64_t*>(self + H.rail_entries_offset(q));
-  const uint64_t entries = arch::ld_global(seen);
+// The rail entry, warp-collective, on lane q towards its rail peer `peer` (whose index
+// for the same lane is `peer_lane`): post_rail_entry adds 1 to the peer's rail entry
+// signal of the lane; await_rail_entry waits for the peer's addition to this rank's.
+// The peer has then entered the same operation, so it has finished the one before,
+// whose readers of its receive areas (forwarders, a combine's home gather) are done:
+// this rank may overwrite them. Every dispatch, combine and barrier does both once per
+// lane, so both sides count the same entries; each counts those it has seen in its
+// counters (only it touches them), and the signal only grows. A rank may post several
+// lanes' entries before awaiting them (the dispatch's sender does).
+RAILYARD_DEVICE void post_rail_entry(const layout::HierarchicalLayout& H, transport::mlx5::Lane& lane, int peer,
+                                     int peer_lane) {
   lane.signal({peer, static_cast<uint64_t>(H.rail_entry_signal_offset(peer_lane))}, 1);
   lane.submit();
+}
+RAILYARD_DEVICE void await_rail_entry(const layout::HierarchicalLayout& H, uint8_t* self,
+                                      transport::SignalOrder order, int q, int peer,
+                                      const pipeline::WaitPolicy& handshake_wait) {
   if (arch::lane_idx() == 0) {
+    auto* seen = reinterpret_cast<uint64_t*>(self + H.rail_entries_offset(q));
+    const uint64_t entries = arch::ld_global(seen);
     transport::wait_signal(reinterpret_cast<const uint64_t*>(self + H.rail_entry_signal_offset(q)), entries + 1, order,
                            {"rail entry: rail peer entering the operation (rank)", peer,
                             static_cast<int64_t>(entries + 1)},
                            handshake_wait);
     arch::st_global(seen, entries + 1);
   }
-  __syncwarp();  // every lane read `seen`; what follows follows the wait
+  __syncwarp();  // what follows follows the wait
+}
+RAILYARD_DEVICE void enter_rail(const layout::HierarchicalLayout& H, uint8_t* self, transport::mlx5::Lane& lane,
+                                transport::SignalOrder order, int q, int peer, int peer_lane,
+                                const pipeline::WaitPolicy& handshake_wait) {
+  post_rail_entry(H, lane, peer, peer_lane);
+  await_rail_entry(H, self, order, q, peer, handshake_wait);
 }
 
 }  // namespace railyard::kernels::hierarchical
