@@ -67,14 +67,15 @@ struct Partials {
     for (int32_t& chunk : s.landed) chunk = -1;
   }
 
-  // Calls fn(dst, positions, chunk, begin, end) for each partial row this block sends,
-  // in the order the RDMA warp puts their chunks: lanes dealt to blocks round robin
+  // Calls fn(dst, positions, rows, k) for each chunk of partial rows this block sends,
+  // in the order the RDMA warp puts them: lanes dealt to blocks round robin
   // (HierarchicalLayout::dealt_lane), then the chunks of the rows the lane's rail peer
-  // forwarded that go on the lane (l, l + L, ...), in packed order. `positions`: the
-  // row's staged positions at this domain's ranks (forward_pos); `chunk`: the block's
-  // chunk it belongs to (k); `begin`, `end`: whether it begins or ends that chunk.
+  // forwarded that go on the lane (l, l + L, ...). The chunk's row i (of `rows`, in
+  // packed order) goes to dst + i * partial_row_bytes(p); its staged positions at this
+  // domain's R ranks are positions[i R, i R + R) (forward_pos); `k` counts the block's
+  // chunks.
   template <class Fn>
-  RAILYARD_DEVICE static void for_each_partial_row(const Params& p, const layout::HandleView& h, Fn&& fn) {
+  RAILYARD_DEVICE static void for_each_partial_chunk(const Params& p, const layout::HandleView& h, Fn&& fn) {
     const layout::HierarchicalLayout H(p.shape);
     const int R = p.shape.domain.ranks_per_domain, mine = p.rank / R, C = p.shape.chunk_tokens;
     const int M = p.shape.domain.max_tokens;
@@ -83,12 +84,13 @@ struct Partials {
       const int32_t rows = rows_from(p, H, h, rail.peer.domain, mine);
       for (int64_t j = 0, c = rail.l; c * C < rows; ++j, c += p.shape.lanes_per_peer, ++k) {
         const int n = rows - c * C < C ? static_cast<int>(rows - c * C) : C;
-        for (int i = 0; i < n; ++i) {
-          uint8_t* dst = p.self + H.combine_send_row_offset(rail.r, H.ring_slot(rail.l, j), i);
-          fn(dst, h.forward_pos + (int64_t{rail.peer.domain} * M + c * C + i) * R, k, i == 0, i == n - 1);
-        }
+        fn(p.self + H.combine_send_row_offset(rail.r, H.ring_slot(rail.l, j), 0),
+           h.forward_pos + (int64_t{rail.peer.domain} * M + c * C) * R, n, k);
       }
     });
+  }
+  RAILYARD_DEVICE static int64_t partial_row_bytes(const Params& p) {
+    return layout::HierarchicalLayout(p.shape).wire_combine_row_bytes();
   }
 
   // A partial row's probs (after its BF16 row).

@@ -526,12 +526,13 @@ struct Combine {
   // ---- partials (Remote) ----------------------------------------------------------
 
   // Warp-collective: one partial job per row this block sends to another domain
-  // (Remote::for_each_partial_row: the tokens rail peers forwarded here at dispatch):
-  // its sources are the staged rows of this domain's ranks, in ascending rank order
-  // (a lane per rank, waiting for each header as a gather job does), summed in fp32
-  // and rounded once to BF16, into its send-ring row; with the probs combine, their
-  // header entries' probs after it. Before a chunk's first row, its ring slot must be
-  // free (the put of the lane's chunk S / L before it completed): this warp writes the probs, and
+  // (Remote::for_each_partial_chunk: the tokens rail peers forwarded here at dispatch):
+  // its sources are the staged rows of this domain's ranks, in ascending rank order,
+  // summed in fp32 and rounded once to BF16, into its send-ring row; with the probs
+  // combine, their header entries' probs after it. The warp waits for the headers of
+  // `batch` rows at once, a lane per (row, rank) pair, as gather jobs do, so that their
+  // round trips overlap. Before a chunk's first row, its ring slot must be free (the put
+  // of the lane's chunk S / L before it completed): this warp writes the probs, and
   // every store into the slot follows its jobs.
   RAILYARD_DEVICE static void push_partials(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
                                             typename LoadPipeline::State& state, uint64_t seq) {
@@ -541,53 +542,69 @@ struct Combine {
     const uint32_t lower_lanes = (1u << lane) - 1u;
     const int first = dom.nvlink_begin(), span = dom.nvlink_end() - first;
     const int El = dom.shape.num_local_experts;
-    Remote::for_each_partial_row(p.remote, p.handle, [&](uint8_t* dst, const int32_t* positions, uint32_t chunk,
-                                                         bool begin, bool end) {
+    const int64_t stride = Remote::partial_row_bytes(p.remote);
+    const int batch = span >= static_cast<int>(arch::kWarpSize) ? 1 : static_cast<int>(arch::kWarpSize) / span;
+    const bool with_probs = p.input_probs != nullptr;
+    Remote::for_each_partial_chunk(p.remote, p.handle, [&](uint8_t* dst, const int32_t* positions, int rows,
+                                                           uint32_t chunk) {
       __syncwarp();  // lane 0 is done with the previous job's sources
-      if (begin && lane == 0) Remote::ring_acquire(storage.remote, p.remote, chunk);
-      float* probs = p.input_probs != nullptr ? Remote::probs_of(p.remote, dst) : nullptr;
-      if (probs != nullptr) {
-        __syncwarp();  // the slot is free: zeros, then the kept entries' probs
-        for (int k = static_cast<int>(lane); k < span * El; k += 32) arch::st_global(probs + k, 0.0f);
-        __syncwarp();
-      }
-      int num_sources = 0;
-      for (int base = 0; base < span; base += 32) {
-        const int j = base + static_cast<int>(lane);
-        const uint8_t* row = nullptr;
-        if (j < span) {
-          const int32_t pos = arch::ld_global(positions + j);
-          if (pos >= 0) {
-            uint8_t* peer = dom.peers.base(first + j);
-            const layout::RowHeader* header = lay.header(peer, pos);
-            pipeline::wait_at_least_acquire(&header->seq, seq,
-                                            {"combine: staged row header seq of peer rank (index) at row (value)",
-                                             first + j, pos},
-                                            dom.wait());
-            const int32_t num_entries = arch::ld_global(&header->num_entries);
-            if (probs != nullptr) {
-              const layout::HeaderEntry* entries = lay.header_entries(peer, pos);
-              for (int k = 0; k < num_entries; ++k) {
-                arch::st_global(probs + j * El + arch::ld_global(&entries[k].local_expert),
-                                arch::ld_global(&entries[k].prob));
+      if (lane == 0) Remote::ring_acquire(storage.remote, p.remote, chunk);
+      __syncwarp();  // the slot is free before any lane writes probs into it
+      for (int i0 = 0; i0 < rows; i0 += batch) {
+        const int n = rows - i0 < batch ? rows - i0 : batch;
+        __syncwarp();  // lane 0 is done with the previous batch's sources
+        if (with_probs) {
+          // Zeros, then the kept entries' probs.
+          for (int k = static_cast<int>(lane); k < n * span * El; k += 32)
+            arch::st_global(Remote::probs_of(p.remote, dst + (i0 + k / (span * El)) * stride) + k % (span * El), 0.0f);
+          __syncwarp();
+        }
+        int running = 0;       // sources of the (one) row in earlier rounds
+        uint32_t holders = 0;  // the last round's pairs with a row
+        for (int base = 0; base < n * span; base += 32) {
+          const int q = base + static_cast<int>(lane), i = q / span, j = q % span;
+          const uint8_t* row = nullptr;
+          if (q < n * span) {
+            const int32_t pos = arch::ld_global(positions + int64_t{i0 + i} * span + j);
+            if (pos >= 0) {
+              uint8_t* peer = dom.peers.base(first + j);
+              const layout::RowHeader* header = lay.header(peer, pos);
+              pipeline::wait_at_least_acquire(&header->seq, seq,
+                                              {"combine: staged row header seq of peer rank (index) at row (value)",
+                                               first + j, pos},
+                                              dom.wait());
+              const int32_t num_entries = arch::ld_global(&header->num_entries);
+              if (with_probs) {
+                float* probs = Remote::probs_of(p.remote, dst + (i0 + i) * stride);
+                const layout::HeaderEntry* entries = lay.header_entries(peer, pos);
+                for (int k = 0; k < num_entries; ++k) {
+                  arch::st_global(probs + j * El + arch::ld_global(&entries[k].local_expert),
+                                  arch::ld_global(&entries[k].prob));
+                }
               }
+              if (num_entries > 0) row = lay.stage_row(peer, pos);
             }
-            if (num_entries > 0) row = lay.stage_row(peer, pos);
+          }
+          holders = __ballot_sync(arch::kFullWarpMask, row != nullptr);
+          if (row != nullptr) {
+            // Its place among its row's sources: the holders below it of the same row.
+            const int row_first_lane = i * span - base;
+            const uint32_t same_row = row_first_lane > 0 ? ~((1u << row_first_lane) - 1u) : ~0u;
+            const int idx = i * span + running + __popc(holders & lower_lanes & same_row);
+            storage.sources[idx].store(row);
+            storage.source_rank[idx].store(static_cast<int16_t>(first + j));
+          }
+          if (n == 1) running += __popc(holders);
+        }
+        __syncwarp();  // the holders' acquires, before lane 0's TMA loads of their rows
+        if (lane == 0) {
+          arch::fence_proxy_async_global();
+          for (int i = 0; i < n; ++i) {
+            const int num_sources = n == 1 ? running : __popc((holders >> (i * span)) & ((1u << span) - 1u));
+            push_job(p, storage, pipe, state, i * span, num_sources, dst + (i0 + i) * stride, -1, /*gather=*/false,
+                     i0 + i == rows - 1 ? static_cast<uint32_t>(kChunkEnd) : 0u);
           }
         }
-        const uint32_t holders = __ballot_sync(arch::kFullWarpMask, row != nullptr);
-        if (row != nullptr) {
-          const int idx = num_sources + __popc(holders & lower_lanes);
-          storage.sources[idx].store(row);
-          storage.source_rank[idx].store(static_cast<int16_t>(first + j));
-        }
-        num_sources += __popc(holders);
-      }
-      __syncwarp();  // the holders' acquires, before lane 0's TMA loads of their rows
-      if (lane == 0) {
-        arch::fence_proxy_async_global();
-        push_job(p, storage, pipe, state, 0, num_sources, dst, -1, /*gather=*/false,
-                 end ? static_cast<uint32_t>(kChunkEnd) : 0u);
       }
     });
   }
