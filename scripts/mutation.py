@@ -20,6 +20,12 @@ observable, as are deleted proxy fences (async-proxy tracking).
 
     python3 scripts/mutation.py --build build
     python3 scripts/mutation.py --build build --sites 'combine.cuh' --kinds bulk_wait,mbarrier_wait
+    python3 scripts/mutation.py --build build --suite hierarchical    # across domains
+
+Two suites: `intranode` (the default) mutates every site the intra-node kernel tests
+execute; `hierarchical` the sites of kernels/hierarchical/, under the hierarchical
+kernel tests (the intra-node sites they also execute are the intranode suite's).
+Each has its file of explained survivors.
 """
 
 import argparse
@@ -32,8 +38,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The kernel tests: every kernel and pipeline protocol, small shapes, many seeds.
-DEFAULT_TESTS = r"^(IntranodeEndToEnd|IntranodeDispatch|IntranodeCombine|IntranodeMetadata|Pipeline)\."
+# Per suite: the kernel tests (small shapes, many seeds) that must kill the mutants, the
+# sites mutated (all that the tests execute where empty) and the explained survivors.
+SUITES = {
+    "intranode": (r"^(IntranodeEndToEnd|IntranodeDispatch|IntranodeCombine|IntranodeMetadata|Pipeline)\.", "",
+                  "mutation_explained.txt"),
+    "hierarchical": (r"^(HierarchicalDispatchRdma|HierarchicalDispatch|HierarchicalCombine|HierarchicalMetadata)\.",
+                     r"^kernels/hierarchical/", "mutation_explained_hierarchical.txt"),
+}
 KINDS = ["release", "acquire", "fence", "proxy_fence", "bulk_wait", "bulk_wait_read", "mbarrier_wait", "bar_sync",
          "syncwarp"]
 # The tests run in the weak-memory mode, which observes every kind.
@@ -80,12 +92,17 @@ def load_explained(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=str(ROOT / "build"), help="a simulator-flavour build with the tests built")
-    ap.add_argument("--tests", default=DEFAULT_TESTS, help="ctest -R regex of the tests that must kill mutants")
+    ap.add_argument("--suite", default="intranode", choices=sorted(SUITES), help="which kernels' sites and tests")
+    ap.add_argument("--tests", default=None, help="ctest -R regex of the tests that must kill mutants (default: the suite's)")
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated kinds to run (default: all)")
-    ap.add_argument("--sites", default="", help="only sites whose 'file:line:kind' matches this regex")
+    ap.add_argument("--sites", default=None, help="only sites whose 'file:line:kind' matches this regex (default: the suite's)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per test before it counts as failing")
     ap.add_argument("--report", default=None, help="Markdown report (default: <build>/mutation/report.md)")
     args = ap.parse_args()
+    suite_tests, suite_sites, explained_file = SUITES[args.suite]
+    partial = args.sites is not None or args.tests is not None  # not the suite's whole run
+    args.tests = args.tests or suite_tests
+    args.sites = suite_sites if args.sites is None else args.sites
 
     build = Path(args.build).resolve()
     kinds = [k for k in args.kinds.split(",") if k]
@@ -93,7 +110,8 @@ def main():
         if k not in KINDS:
             sys.exit(f"mutation.py: --kinds has '{k}'; expected some of {', '.join(KINDS)}")
     report = Path(args.report) if args.report else build / "mutation" / "report.md"
-    explained = load_explained(ROOT / "tests" / "tools" / "mutation_explained.txt")
+    explained_path = ROOT / "tests" / "tools" / explained_file
+    explained = load_explained(explained_path)
 
     sites, baseline_secs = record_sites(build, args.tests, args.timeout)
     if not sites:
@@ -134,12 +152,12 @@ def main():
     print(f"mutation.py: {len(run)} mutants run, {killed} killed, {len(survivors)} survived "
           f"({len(unexplained)} unexplained); report {report}")
     # An explanation must name a surviving site: one for a site that is killed or no
-    # longer executed (lines move) is stale. Only a full run can tell.
+    # longer executed (lines move) is stale. Only a suite's whole run can tell.
     stale = []
-    if not args.sites and set(kinds) == set(KINDS):
+    if not partial and set(kinds) == set(KINDS):
         stale = sorted(s for s in explained if s not in survivors)
         for s in stale:
-            print(f"mutation.py: stale explanation in tests/tools/mutation_explained.txt: {s} "
+            print(f"mutation.py: stale explanation in {explained_path.relative_to(ROOT)}: {s} "
                   f"({'killed' if s in sites else 'not an executed site'})")
     return 1 if unexplained or stale else 0
 

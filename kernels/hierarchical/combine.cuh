@@ -141,7 +141,8 @@ struct Partials {
                static_cast<int64_t>(k)},
               p.wait);
         }
-        __syncwarp();  // lane 0's acquire of the rows, before its doorbell's release
+        // Lane 0 acquired the rows (the mbarrier wait) and rings the doorbell: its
+        // system-scope release covers them; no other lane takes part.
         const int n = rows - c * C < C ? static_cast<int>(rows - c * C) : C;
         lane.put_signal({static_cast<uint64_t>(H.combine_send_row_offset(rail.r, H.ring_slot(rail.l, j), 0))},
                         {peer, static_cast<uint64_t>(H.combine_recv_row_offset(at_peer, c * C))},
@@ -228,7 +229,6 @@ struct Partials {
                                         uint32_t k, uint32_t S) {
     lane.quiet(put_of_slot[k % S]);
     if (arch::lane_idx() == 0) (void)arch::mbarrier_arrive(&s.sent[k % S]);
-    __syncwarp();
   }
 };
 

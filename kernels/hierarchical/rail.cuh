@@ -71,7 +71,8 @@ RAILYARD_DEVICE void await_rail_entry(const layout::HierarchicalLayout& H, uint8
                            handshake_wait);
     arch::st_global(seen, entries + 1);
   }
-  __syncwarp();  // what follows follows the wait
+  // No warp barrier: only lane 0 reads and writes `seen`, and what the wait orders is
+  // lane 0's next doorbell, whose fence.acq_rel.sys follows it in lane 0's program.
 }
 RAILYARD_DEVICE void enter_rail(const layout::HierarchicalLayout& H, uint8_t* self, transport::mlx5::Lane& lane,
                                 transport::SignalOrder order, int q, int peer, int peer_lane,
