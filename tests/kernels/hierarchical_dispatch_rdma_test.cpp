@@ -217,8 +217,8 @@ TEST(HierarchicalDispatchRdma, WeakMemoryNicReorderingAndCallsBackToBack) {
 
 // SIMULATED (timed mode, H100 and ConnectX-7 model): one rank per domain, 4096 tokens
 // of 8192 BF16 elements each bound for the other domain (64 MiB of wire rows a
-// direction), one warp of one block on one lane with the default ring (64-token
-// chunks, 4 in flight). The NIC is the bound: it must be busy and the wire rows must
+// direction), one warp of one block on one lane with a ring of 64-token chunks, 4 in
+// flight. The NIC is the bound: it must be busy and the wire rows must
 // move at >= 85% of its 50 GB/s (about 90% today; with 2 chunks in flight 84%, and
 // with a quiet() of every put before a slot's reuse instead of the slot's own put's,
 // 44%; with the default two lanes, which one block drives one after the other with
