@@ -335,6 +335,31 @@ struct Combine {
     }
   }
 
+  // Warp-collective, one round of a batch of jobs whose sources the lanes find, a lane
+  // per (job, source) pair: pair base + lane is job (base + lane) / per_job's, and holds
+  // `row` (null: none) from rank `rank`. Each holder goes to the job's place in
+  // `sources` (job i's start at i * per_job), after the job's `running` sources of
+  // earlier rounds (a batch of one job may take several) and the holders of the same
+  // job below it. Returns the round's holders.
+  RAILYARD_DEVICE static uint32_t place_sources(SharedStorage& storage, int base, int per_job, int running,
+                                                const uint8_t* row, int rank) {
+    const auto lane = static_cast<int>(arch::lane_idx());
+    const uint32_t holders = __ballot_sync(arch::kFullWarpMask, row != nullptr);
+    if (row != nullptr) {
+      const int job = (base + lane) / per_job, job_first_lane = job * per_job - base;
+      const uint32_t same_job = job_first_lane > 0 ? ~((1u << job_first_lane) - 1u) : ~0u;
+      const int idx = job * per_job + running + __popc(holders & ((1u << lane) - 1u) & same_job);
+      storage.sources[idx].store(row);
+      storage.source_rank[idx].store(static_cast<int16_t>(rank));
+    }
+    return holders;
+  }
+  // After the rounds: job i's sources, of a batch of n (one job: `running`, counted
+  // over its rounds; several: the last round's holders of its lanes).
+  RAILYARD_DEVICE static int sources_of(int n, int running, uint32_t holders, int i, int per_job) {
+    return n == 1 ? running : __popc((holders >> (i * per_job)) & ((1u << per_job) - 1u));
+  }
+
   RAILYARD_DEVICE static void run_load(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
                                        uint64_t seq) {
     const DomainParams& dom = p.domain;
@@ -490,15 +515,7 @@ struct Combine {
             row = lay.stage_row(peer, pos);
           }
         }
-        holders = __ballot_sync(arch::kFullWarpMask, has_row);
-        if (has_row) {
-          // Its place among its token's sources: the holders below it of the same token.
-          const int token_first_lane = i * R - base;
-          const uint32_t same_token = token_first_lane > 0 ? ~((1u << token_first_lane) - 1u) : ~0u;
-          const int idx = i * R + running + __popc(holders & lower_lanes & same_token);
-          storage.sources[idx].store(row);
-          storage.source_rank[idx].store(static_cast<int16_t>(d));
-        }
+        holders = place_sources(storage, base, R, running, has_row ? row : nullptr, d);
         if (n == 1) running += __popc(holders);
       }
       // The lanes that acquired the headers synchronise with lane 0 here, before it
@@ -508,7 +525,7 @@ struct Combine {
       if (lane == 0) {
         arch::fence_proxy_async_global();
         for (int i = 0; i < n; ++i) {
-          int num_sources = n == 1 ? running : __popc((holders >> (i * R)) & ((1u << R) - 1u));
+          int num_sources = sources_of(n, running, holders, i, R);
           if constexpr (Remote::kPartials) {
             // The other domains' partials, in domain order around this domain's rows;
             // their signal waits are acquires, fenced again for the TMA loads.
@@ -539,7 +556,6 @@ struct Combine {
     const DomainParams& dom = p.domain;
     const layout::IntranodeLayout lay(dom.shape);
     const uint32_t lane = arch::lane_idx();
-    const uint32_t lower_lanes = (1u << lane) - 1u;
     const int first = dom.nvlink_begin(), span = dom.nvlink_end() - first;
     const int El = dom.shape.num_local_experts;
     const int64_t stride = Remote::partial_row_bytes(p.remote);
@@ -585,22 +601,14 @@ struct Combine {
               if (num_entries > 0) row = lay.stage_row(peer, pos);
             }
           }
-          holders = __ballot_sync(arch::kFullWarpMask, row != nullptr);
-          if (row != nullptr) {
-            // Its place among its row's sources: the holders below it of the same row.
-            const int row_first_lane = i * span - base;
-            const uint32_t same_row = row_first_lane > 0 ? ~((1u << row_first_lane) - 1u) : ~0u;
-            const int idx = i * span + running + __popc(holders & lower_lanes & same_row);
-            storage.sources[idx].store(row);
-            storage.source_rank[idx].store(static_cast<int16_t>(first + j));
-          }
+          holders = place_sources(storage, base, span, running, row, first + j);
           if (n == 1) running += __popc(holders);
         }
         __syncwarp();  // the holders' acquires, before lane 0's TMA loads of their rows
         if (lane == 0) {
           arch::fence_proxy_async_global();
           for (int i = 0; i < n; ++i) {
-            const int num_sources = n == 1 ? running : __popc((holders >> (i * span)) & ((1u << span) - 1u));
+            const int num_sources = sources_of(n, running, holders, i, span);
             push_job(p, storage, pipe, state, i * span, num_sources, dst + (i0 + i) * stride, -1, /*gather=*/false,
                      i0 + i == rows - 1 ? static_cast<uint32_t>(kChunkEnd) : 0u);
           }
