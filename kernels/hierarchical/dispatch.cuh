@@ -84,43 +84,67 @@ struct Forwarding {
   // for each chunk of received wire rows dealt to this block, once its signal has
   // counted this operation; `forwarded` is the chunk's first row in the handle's
   // forward_pos (source domain x M + packed row). Chunks are dealt to blocks round
-  // robin in the order the rail peers send them: lanes in HierarchicalLayout::dealt_lane
-  // order (every domain's lane 0 first), then lane l's chunks l, l + L, ... The count of
-  // rows comes from the rail peer's count row (count_to_domain of this domain), which
-  // the metadata relayed.
+  // robin in the order the rail peers send them: in rounds, round j the j-th chunk of
+  // every lane (chunk l + j L of lane l), lanes in HierarchicalLayout::dealt_lane order.
+  // The count of rows comes from the rail peer's count row (count_to_domain of this
+  // domain), which the metadata relayed.
   template <class Fn>
   RAILYARD_DEVICE static void for_each_chunk(const Params& p, int role, Fn&& fn) {
     const RdmaSendParams& q = p.send;
     const layout::HierarchicalLayout H(q.shape);
-    const layout::IntranodeLayout& L = H.nvlink();
-    const int R = q.shape.domain.ranks_per_domain, mine = q.rank / R, C = q.shape.chunk_tokens;
-    const int G = L.shape().ranks_per_domain, El = L.shape().num_local_experts;
-    const int lanes = q.shape.lanes_per_peer;
     int64_t dealt = 0;
-    for (int d = 0; d < H.lanes(); ++d) {
-      const int lane = H.dealt_lane(d), r = lane / lanes, other = r < mine ? r : r + 1, src = other * R + q.rank % R;
-      const int32_t rows = arch::ld_global(q.handle.count_matrix + int64_t{src} * L.count_row_ints() +
-                                           layout::count_to_domain(G, El, mine));
-      const transport::SignalOrder order = transport::mlx5::load_queue_pair(&q.lanes[lane]).signal_order;
-      for (int64_t c = lane % lanes; c * C < rows; c += lanes, ++dealt) {
-        if (dealt % gridDim.x != blockIdx.x) continue;
-        if (arch::lane_idx() == 0) {
-          auto* consumed = reinterpret_cast<uint64_t*>(q.self + H.dispatch_consumed_offset(role, r, c));
-          const uint64_t target = arch::ld_global(consumed) + 1;
-          transport::wait_signal(reinterpret_cast<const uint64_t*>(q.self + H.dispatch_signal_offset(r, c)), target,
-                                 order, {"dispatch forwarding: wire rows of chunk (index) from rank (value)", c, src},
-                                 q.handshake_wait);
-          arch::st_global(consumed, target);
-        }
-        // Lane 0's acquire, then the warp barrier: every lane reads the rows; the
-        // proxy fence orders them before the TMA loads of their bytes (SendLoad).
-        __syncwarp();
-        arch::fence_proxy_async_global();
-        const int n = rows - c * C < C ? static_cast<int>(rows - c * C) : C;
-        fn(q.self + H.dispatch_recv_row_offset(r, c * C), n, p.wire.row_bytes,
-           int64_t{other} * q.shape.domain.max_tokens + c * C);
+    for (int64_t j = 0, more = 1; more; ++j) {
+      more = 0;
+      for (int d = 0; d < H.lanes(); ++d) {
+        const ReceivedLane in = received_lane(q, H, H.dealt_lane(d));
+        const int64_t c = in.l + j * q.shape.lanes_per_peer;
+        if (c * q.shape.chunk_tokens >= in.rows) continue;
+        more = 1;
+        if (dealt++ % gridDim.x == blockIdx.x) forward_chunk(p, H, role, in, c, fn);
       }
     }
+  }
+
+ private:
+  // Lane q towards remote domain r = q / L (lane l = q % L) as the receiver sees it: the
+  // rail peer's domain and rank, and the rows it packed for this domain.
+  struct ReceivedLane {
+    int q, r, l, other, src;
+    int32_t rows;
+  };
+  RAILYARD_DEVICE static ReceivedLane received_lane(const RdmaSendParams& q, const layout::HierarchicalLayout& H,
+                                                    int lane) {
+    const layout::IntranodeLayout& L = H.nvlink();
+    const int R = q.shape.domain.ranks_per_domain, mine = q.rank / R, lanes = q.shape.lanes_per_peer;
+    const int r = lane / lanes, other = r < mine ? r : r + 1, src = other * R + q.rank % R;
+    const int32_t rows =
+        arch::ld_global(q.handle.count_matrix + int64_t{src} * L.count_row_ints() +
+                        layout::count_to_domain(L.shape().ranks_per_domain, L.shape().num_local_experts, mine));
+    return {lane, r, lane % lanes, other, src, rows};
+  }
+
+  // Chunk c of the lane: waited for, then fn on its rows.
+  template <class Fn>
+  RAILYARD_DEVICE static void forward_chunk(const Params& p, const layout::HierarchicalLayout& H, int role,
+                                            const ReceivedLane& in, int64_t c, Fn&& fn) {
+    const RdmaSendParams& q = p.send;
+    const int C = q.shape.chunk_tokens;
+    if (arch::lane_idx() == 0) {
+      const transport::SignalOrder order = transport::mlx5::load_queue_pair(&q.lanes[in.q]).signal_order;
+      auto* consumed = reinterpret_cast<uint64_t*>(q.self + H.dispatch_consumed_offset(role, in.r, c));
+      const uint64_t target = arch::ld_global(consumed) + 1;
+      transport::wait_signal(reinterpret_cast<const uint64_t*>(q.self + H.dispatch_signal_offset(in.r, c)), target,
+                             order, {"dispatch forwarding: wire rows of chunk (index) from rank (value)", c, in.src},
+                             q.handshake_wait);
+      arch::st_global(consumed, target);
+    }
+    // Lane 0's acquire, then the warp barrier: every lane reads the rows; the proxy
+    // fence orders them before the TMA loads of their bytes (SendLoad).
+    __syncwarp();
+    arch::fence_proxy_async_global();
+    const int n = in.rows - c * C < C ? static_cast<int>(in.rows - c * C) : C;
+    fn(q.self + H.dispatch_recv_row_offset(in.r, c * C), n, p.wire.row_bytes,
+       int64_t{in.other} * q.shape.domain.max_tokens + c * C);
   }
 };
 

@@ -15,17 +15,20 @@
 // One warp per block, lanes dealt to blocks round robin in HierarchicalLayout::dealt_lane
 // order (every domain's lane 0 first). Lane q = r L + l carries remote domain r's
 // chunks l, l + L, ... (L = lanes_per_peer), through its own S / L of the domain's ring
-// slots. The block posts the rail entries of all its lanes first, and waits for a
-// lane's peer entry before the lane's first put: the peer has entered this dispatch
-// too, so its receive area is free (it finished the last one). Before a ring slot is
-// packed again, quiet(ticket) waits for the put that read it, and for no later one; the
-// lanes' last puts are waited for only after every lane's chunks were posted, so one
-// lane's puts drain while the next is packed. Lane 0 moves the row bytes with TMA (global -> shared -> send ring, pieces
-// streaming through four shared-memory slots); the other fields are plain stores of
-// the warp's lanes. Before a put the ring's bytes must be visible to lane 0, which
-// rings the doorbell: its bulk writes are waited for (bulk_wait_group, whose completion
-// PTX follows with an implicit generic-async proxy fence), the other lanes' stores
-// ordered by a warp barrier; the lane's system-scope release then covers both.
+// slots. The block posts the rail entries of all its lanes first, then sends in
+// rounds: round j puts the j-th chunk of each of its lanes, so that every lane's chunks
+// progress together and land in rounds (the forwarders take them in that order). It
+// waits for a lane's peer entry before the lane's first put: the peer has entered this
+// dispatch too, so its receive area is free (it finished the last one). Before a ring
+// slot is packed again, quiet waits for the put that read it, and for no later one; the
+// lanes' last puts are waited for at the end. A lane's state (its queue indices) stays
+// in its queue pair between its turns, so the rounds keep no per-lane registers. Lane
+// 0 moves the row bytes with TMA (global -> shared -> send ring, pieces streaming
+// through four shared-memory slots); the other fields are plain stores of the warp's
+// lanes. Before a put the ring's bytes must be visible to lane 0, which rings the
+// doorbell: its bulk writes are waited for (bulk_wait_group, whose completion PTX
+// follows with an implicit generic-async proxy fence), the other lanes' stores ordered
+// by a warp barrier; the lane's system-scope release then covers both.
 #pragma once
 
 #include <cstdint>
@@ -77,14 +80,29 @@ class RdmaSender {
 
   // Warp-collective: every lane dealt to `block` of `blocks`. Their rail entries first,
   // so that no rail peer waits at a lane's entry while this block sends the lanes
-  // before it; then each lane's chunks; then every lane's completions, so that a lane's
-  // puts drain while the next lane's chunks are packed.
+  // before it; then the lanes' chunks in rounds; then every lane's completions.
   RAILYARD_DEVICE void run(int block, int blocks) {
     for_each_dealt_lane(H_, p_.rank, block, blocks, [&](const RailLane& rail) {
       transport::mlx5::Lane lane(transport::mlx5::load_queue_pair(&p_.lanes[rail.q]), p_.wait);
       post_rail_entry(H_, lane, rail.peer.rank, rail.peer_lane);
     });
-    for_each_dealt_lane(H_, p_.rank, block, blocks, [&](const RailLane& rail) { send_lane(rail); });
+    // Round j: the j-th chunk of every lane of the block, so that the lanes' chunks
+    // land in rounds too (the forwarders take them in that order).
+    for (int64_t j = 0, more = 1; more; ++j) {
+      more = 0;
+      for_each_dealt_lane(H_, p_.rank, block, blocks, [&](const RailLane& rail) {
+        const int64_t c = rail.l + j * p_.shape.lanes_per_peer;
+        if (c * p_.shape.chunk_tokens < packed_rows(rail)) {
+          send_chunk(rail, j, c);
+          more = 1;
+        } else if (j == 0) {
+          // A lane with no chunk still counts the peer's entry (both sides count one
+          // per lane).
+          await_rail_entry(H_, p_.self, transport::mlx5::load_queue_pair(&p_.lanes[rail.q]).signal_order, rail.q,
+                           rail.peer.rank, p_.handshake_wait);
+        }
+      });
+    }
     // Every lane's puts complete: its ring is free for the next operation.
     for_each_dealt_lane(H_, p_.rank, block, blocks, [&](const RailLane& rail) {
       transport::mlx5::Lane(transport::mlx5::load_queue_pair(&p_.lanes[rail.q]), p_.wait).quiet();
@@ -92,41 +110,41 @@ class RdmaSender {
   }
 
  private:
-  RAILYARD_DEVICE void send_lane(const RailLane& rail) {
+  // This rank's packed rows for the lane's remote domain (the metadata's count).
+  RAILYARD_DEVICE int32_t packed_rows(const RailLane& rail) const {
     const layout::IntranodeLayout& L = H_.nvlink();
-    const int other = rail.peer.domain, peer = rail.peer.rank, at_peer = rail.peer.at_peer;
-    const int G = L.shape().ranks_per_domain, El = L.shape().num_local_experts;
-    const int32_t packed =
-        arch::ld_global(p_.handle.count_matrix + int64_t{p_.rank} * L.count_row_ints() + layout::count_to_domain(G, El, other));
-    const int C = p_.shape.chunk_tokens, lanes = p_.shape.lanes_per_peer, slots = p_.shape.slots_per_lane();
-    const auto wire_bytes = static_cast<uint32_t>(H_.wire_dispatch_row_bytes());
+    return arch::ld_global(p_.handle.count_matrix + int64_t{p_.rank} * L.count_row_ints() +
+                           layout::count_to_domain(L.shape().ranks_per_domain, L.shape().num_local_experts,
+                                                   rail.peer.domain));
+  }
+
+  // The lane's j-th chunk, chunk c of its remote domain: packed into ring slot j mod
+  // S / L of the lane, put with its signal. The lane's state lives in its queue pair
+  // (the Lane stores it back), so the block's lanes take turns without keeping any.
+  RAILYARD_DEVICE void send_chunk(const RailLane& rail, int64_t j, int64_t c) {
+    const int packed = packed_rows(rail), C = p_.shape.chunk_tokens, slots = p_.shape.slots_per_lane();
     const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p_.lanes[rail.q]);
     transport::mlx5::Lane lane(qp, p_.wait);
-    uint64_t put_of_slot[layout::kMaxChunksInFlight] = {};  // the ticket after each slot's last put
-    // Chunk c = l + j L is the lane's j-th.
-    for (int64_t j = 0, c = rail.l; c * C < packed; ++j, c += lanes) {
-      const int slot = static_cast<int>(j % slots);
-      if (j >= slots) lane.quiet(put_of_slot[slot]);  // the put of the lane's chunk j - slots has read it
-      const int rows = packed - c * C < C ? static_cast<int>(packed - c * C) : C;
-      const int64_t ring = H_.dispatch_send_row_offset(rail.r, H_.ring_slot(rail.l, j), 0);
-      pack_chunk(other, c * C, rows, p_.self + ring);
-      if (arch::lane_idx() == 0) {
-        drain();
-        arch::bulk_wait_group<0>();  // the row bytes are in the ring (and, the wait
-                                     // completed, visible to the generic proxy)
-      }
-      __syncwarp();  // every lane's fields too
-      // The peer's receive area is free once it entered this dispatch: waited for
-      // before the lane's first put (packing read only this rank's memory).
-      if (j == 0) await_rail_entry(H_, p_.self, qp.signal_order, rail.q, peer, p_.handshake_wait);
-      lane.put_signal({static_cast<uint64_t>(ring)},
-                      {peer, static_cast<uint64_t>(H_.dispatch_recv_row_offset(at_peer, c * C))}, rows * wire_bytes,
-                      {peer, static_cast<uint64_t>(H_.dispatch_signal_offset(at_peer, c))}, 1);
-      lane.submit();
-      put_of_slot[slot] = lane.ticket();
+    // The slot's previous chunk (j - slots) was put before the last slots - 1 chunks,
+    // each a put_signal's WQEs: once those before them completed, its bytes were read.
+    if (j >= slots) lane.quiet(lane.ticket() - uint64_t{transport::mlx5::Lane::kPutSignalWqes} * (slots - 1));
+    const int rows = packed - c * C < C ? static_cast<int>(packed - c * C) : C;
+    const int64_t ring = H_.dispatch_send_row_offset(rail.r, H_.ring_slot(rail.l, j), 0);
+    pack_chunk(rail.peer.domain, c * C, rows, p_.self + ring);
+    if (arch::lane_idx() == 0) {
+      drain();
+      arch::bulk_wait_group<0>();  // the row bytes are in the ring (and, the wait
+                                   // completed, visible to the generic proxy)
     }
-    // A lane with no chunk still counts the peer's entry (both sides count one per lane).
-    if (rail.l * int64_t{C} >= packed) await_rail_entry(H_, p_.self, qp.signal_order, rail.q, peer, p_.handshake_wait);
+    __syncwarp();  // every lane's fields too
+    // The peer's receive area is free once it entered this dispatch: waited for
+    // before the lane's first put (packing read only this rank's memory).
+    if (j == 0) await_rail_entry(H_, p_.self, qp.signal_order, rail.q, rail.peer.rank, p_.handshake_wait);
+    lane.put_signal({static_cast<uint64_t>(ring)},
+                    {rail.peer.rank, static_cast<uint64_t>(H_.dispatch_recv_row_offset(rail.peer.at_peer, c * C))},
+                    rows * static_cast<uint32_t>(H_.wire_dispatch_row_bytes()),
+                    {rail.peer.rank, static_cast<uint64_t>(H_.dispatch_signal_offset(rail.peer.at_peer, c))}, 1);
+    lane.submit();
   }
 
   // Warp-collective: packed rows [first, first + rows) for domain `other` as wire rows

@@ -49,6 +49,8 @@ namespace railyard::transport::mlx5 {
 class Lane {
  public:
   static constexpr bool kOrderedSignals = true;
+  // The WQEs one put_signal posts (the write, then the fetch-and-add).
+  static constexpr uint32_t kPutSignalWqes = 2;
 
   // Warp-collective: lane 0 loads the indices the previous kernel left.
   RAILYARD_DEVICE Lane(const QueuePair& qp, const pipeline::WaitPolicy& policy RAILYARD_LOC_PARAM)
