@@ -231,6 +231,17 @@ TEST(HierarchicalCombine, WeakMemoryNicDelaysAndCallsBackToBack) {
 // slots and its own rail entry. 4-token chunks so that every lane has several and its
 // slots wrap; 1, 3 and 4 blocks (fewer blocks than lanes, and more); calls back to
 // back in the weak mode with NIC delays; both layouts.
+// One ring slot and a NIC that stalls most steps: every chunk of partials is written
+// into the slot the last one was put from, so handing the slot back before that put
+// completed (no quiet) rewrites bytes the NIC has yet to read, which the weak mode
+// reports.
+TEST(HierarchicalCombine, OneRingSlotIsReusedOnlyAfterItsPutCompleted) {
+  GroupSetup setup = test::weak_with_nic_delays(256);
+  setup.nic.stall_probability = 0.9;
+  run_case({2, 1, {40, 40}, 2, 2, false, test::Routing::Uniform, {}, 64, DType::BF16, 2, 1, 1}, 4, setup,
+           CombineInputLayout::Received, 1, 2);
+}
+
 TEST(HierarchicalCombine, ADomainsChunksSpreadOverLanes) {
   for (int lanes : {2, 4}) {
     for (int blocks : {1, 3, 4}) {
