@@ -92,8 +92,9 @@ class RdmaSender {
       more = 0;
       for_each_dealt_lane(H_, p_.rank, block, blocks, [&](const RailLane& rail) {
         const int64_t c = rail.l + j * p_.shape.lanes_per_peer;
-        if (c * p_.shape.chunk_tokens < packed_rows(rail)) {
-          send_chunk(rail, j, c);
+        const int32_t packed = packed_rows(rail);
+        if (c * p_.shape.chunk_tokens < packed) {
+          send_chunk(rail, j, c, packed);
           more = 1;
         } else if (j == 0) {
           // A lane with no chunk still counts the peer's entry (both sides count one
@@ -118,11 +119,12 @@ class RdmaSender {
                                                    rail.peer.domain));
   }
 
-  // The lane's j-th chunk, chunk c of its remote domain: packed into ring slot j mod
-  // S / L of the lane, put with its signal. The lane's state lives in its queue pair
-  // (the Lane stores it back), so the block's lanes take turns without keeping any.
-  RAILYARD_DEVICE void send_chunk(const RailLane& rail, int64_t j, int64_t c) {
-    const int packed = packed_rows(rail), C = p_.shape.chunk_tokens, slots = p_.shape.slots_per_lane();
+  // The lane's j-th chunk, chunk c of its remote domain (of `packed` rows): packed into
+  // ring slot j mod S / L of the lane, put with its signal. The lane's state lives in
+  // its queue pair (the Lane stores it back), so the block's lanes take turns without
+  // keeping any.
+  RAILYARD_DEVICE void send_chunk(const RailLane& rail, int64_t j, int64_t c, int32_t packed) {
+    const int C = p_.shape.chunk_tokens, slots = p_.shape.slots_per_lane();
     const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p_.lanes[rail.q]);
     transport::mlx5::Lane lane(qp, p_.wait);
     // The slot's previous chunk (j - slots) was put before the last slots - 1 chunks,

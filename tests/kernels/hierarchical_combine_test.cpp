@@ -226,11 +226,6 @@ TEST(HierarchicalCombine, WeakMemoryNicDelaysAndCallsBackToBack) {
            test::weak_with_nic_delays(64), CombineInputLayout::Permuted, 1, 3);
 }
 
-// Lanes: with L lanes per rail peer, a remote domain's chunks go on its L lanes (chunk
-// c on lane c mod L), each lane in the block it is dealt to, with its own S / L ring
-// slots and its own rail entry. 4-token chunks so that every lane has several and its
-// slots wrap; 1, 3 and 4 blocks (fewer blocks than lanes, and more); calls back to
-// back in the weak mode with NIC delays; both layouts.
 // One ring slot and a NIC that stalls most steps: every chunk of partials is written
 // into the slot the last one was put from, so handing the slot back before that put
 // completed (no quiet) rewrites bytes the NIC has yet to read, which the weak mode
@@ -242,6 +237,11 @@ TEST(HierarchicalCombine, OneRingSlotIsReusedOnlyAfterItsPutCompleted) {
            CombineInputLayout::Received, 1, 2);
 }
 
+// Lanes: with L lanes per rail peer, a remote domain's chunks go on its L lanes (chunk
+// c on lane c mod L), each lane in the block it is dealt to, with its own S / L ring
+// slots and its own rail entry. 4-token chunks so that every lane has several and its
+// slots wrap; 1, 3 and 4 blocks (fewer blocks than lanes, and more); calls back to
+// back in the weak mode with NIC delays; both layouts.
 TEST(HierarchicalCombine, ADomainsChunksSpreadOverLanes) {
   for (int lanes : {2, 4}) {
     for (int blocks : {1, 3, 4}) {

@@ -221,8 +221,8 @@ TEST(HierarchicalDispatchRdma, WeakMemoryNicReorderingAndCallsBackToBack) {
 // flight. The NIC is the bound: it must be busy and the wire rows must
 // move at >= 85% of its 50 GB/s (about 90% today; with 2 chunks in flight 84%, and
 // with a quiet() of every put before a slot's reuse instead of the slot's own put's,
-// 44%; with the default two lanes, which one block drives one after the other with
-// two ring slots each, 82%).
+// 44%; with the default two lanes and two ring slots each, driven by one block one
+// lane after the other, as the sender went before its rounds, 82%).
 TEST(HierarchicalDispatchRdmaTimed, OneWarpKeepsTheNicBusy) {
   GroupSetup setup;
   setup.timed = true;
