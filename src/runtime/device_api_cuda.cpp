@@ -259,9 +259,23 @@ DeviceProperties properties(int device) {
   out.cc_major = p.major;
   out.cc_minor = p.minor;
   std::memcpy(out.uuid.data(), p.uuid.bytes, out.uuid.size());
+  char bus_id[32] = {};
+  RAILYARD_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device));
+  out.pci_bus_id = bus_id;
   // Hook for multi-node NVLink: fill out.fabric from NVML's nvmlDeviceGetGpuFabricInfoV
   // (clusterUuid, cliqueId, when its state is COMPLETED). Until then fabric systems
   // set TopologyOptions::ranks_per_domain.
+  return out;
+}
+
+RdmaSupport rdma_support(int device) {
+  RdmaSupport out;
+  out.gpudirect_rdma = device_attribute(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, device,
+                                        "cuDeviceGetAttribute(GPU_DIRECT_RDMA_SUPPORTED)");
+  out.gpudirect_rdma_with_vmm = device_attribute(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, device,
+                                                 "cuDeviceGetAttribute(GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)");
+  out.dmabuf = device_attribute(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, device,
+                                "cuDeviceGetAttribute(DMA_BUF_SUPPORTED)");
   return out;
 }
 

@@ -132,6 +132,12 @@ void* malloc_device(std::size_t bytes, std::string_view label) {
 void free_device(void* ptr) {
   checked("free_device", [&] { sim::free(ptr); });
 }
+RdmaSupport rdma_support(int device) {
+  return checked("rdma_support", [&] {
+    (void)sim::device_props(device);  // the device exists
+    return RdmaSupport{.gpudirect_rdma = true, .gpudirect_rdma_with_vmm = true, .dmabuf = false};
+  });
+}
 UniqueFd export_dmabuf(void*, std::size_t) {
   throw DeviceError("railyard device API (simulator): export_dmabuf: the simulator has no dma-buf; its NIC "
                     "registers memory by pointer");

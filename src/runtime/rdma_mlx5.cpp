@@ -75,6 +75,7 @@ class Mlx5Device final : public RdmaDevice, public DevxFirmware {
     if (ctx_ == nullptr)
       fail(port_.nic, "mlx5dv_open_device (DEVX, which the queues in GPU memory need)", errno != 0 ? errno : EINVAL);
     try {
+      query_device();
       query_port();
       pd_ = checked(ibv_alloc_pd(ctx_), port_.nic, "ibv_alloc_pd");
       mlx5dv_pd dv_pd{};
@@ -100,6 +101,7 @@ class Mlx5Device final : public RdmaDevice, public DevxFirmware {
 
   // RdmaDevice
   const PortAttributes& port() const override { return port_; }
+  const NicAttributes& attributes() const override { return attributes_; }
   MemoryKeys register_memory(void* ptr, std::size_t bytes, int dmabuf_fd) override;
   void deregister_memory(const MemoryKeys& keys) override;
   CreatedQueuePair create_queue_pair(const QueuePairRequest& request) override { return qps_->create(request); }
@@ -126,11 +128,13 @@ class Mlx5Device final : public RdmaDevice, public DevxFirmware {
   };
 
   void query_port();
+  void query_device();
   [[noreturn]] void command_failed(const char* call, const char* command, int error, const prm::Mailbox& out) const;
   void release() noexcept;
 
   OpenOptions options_;
   PortAttributes port_;
+  NicAttributes attributes_;
   ibv_context* ctx_ = nullptr;
   ibv_pd* pd_ = nullptr;
   uint32_t pdn_ = 0;
@@ -291,6 +295,16 @@ prm::AddressPath Mlx5Device::path_to(const Endpoint& remote) {
   path.tclass = options_.traffic_class;
   path.udp_sport = static_cast<uint16_t>(0xc000u | (remote.qpn & 0x3fffu));
   return path;
+}
+
+void Mlx5Device::query_device() {
+  ibv_device_attr attr{};
+  checked_rc(ibv_query_device(ctx_, &attr), port_.nic, "ibv_query_device");
+  attributes_.firmware = attr.fw_ver;
+  attributes_.max_qp_wr = static_cast<uint32_t>(attr.max_qp_wr);
+  attributes_.max_cqe = static_cast<uint32_t>(attr.max_cqe);
+  attributes_.max_qp = static_cast<uint32_t>(attr.max_qp);
+  attributes_.atomics = attr.atomic_cap != IBV_ATOMIC_NONE;
 }
 
 void Mlx5Device::query_port() {

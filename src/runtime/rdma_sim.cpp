@@ -61,6 +61,10 @@ class SimNicDevice final : public RdmaDevice, public DevxFirmware {
     port_.lid = static_cast<uint16_t>(device);
     port_.mtu_bytes = config.mtu_bytes;
     port_.atomic_order = config.atomics_big_endian ? AtomicOrder::BigEndian : AtomicOrder::Native;
+    // The limits DevxQueuePairs accepts (2^15 WQEBBs, 2^22 CQEs); no limit of its own
+    // on queue pairs.
+    attributes_ = {.firmware = "simulated", .max_qp_wr = 1u << 15, .max_cqe = 1u << 22, .max_qp = 1u << 24,
+                   .atomics = true};
     qps_ = std::make_unique<DevxQueuePairs>(*this, port_, options);
   }
   // The queue pairs, then the doorbells they ring (after a reset, the simulator has
@@ -79,6 +83,7 @@ class SimNicDevice final : public RdmaDevice, public DevxFirmware {
 
   // RdmaDevice
   const PortAttributes& port() const override { return port_; }
+  const NicAttributes& attributes() const override { return attributes_; }
 
   // The simulator has no dma-buf: its NIC takes the pointer.
   MemoryKeys register_memory(void* ptr, std::size_t bytes, int /*dmabuf_fd*/) override {
@@ -313,6 +318,7 @@ class SimNicDevice final : public RdmaDevice, public DevxFirmware {
   Registration registration_;  // before nic_: released after it
   sim::Nic nic_;
   PortAttributes port_;
+  NicAttributes attributes_;
   std::vector<uint64_t*> uars_;
   std::vector<Umem> umems_;
   std::vector<Object> objects_;

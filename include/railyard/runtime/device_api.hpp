@@ -58,6 +58,16 @@ struct DeviceProperties {
   // Empty where the device is not in a fabric or the backend cannot tell yet (the
   // CUDA backend's hook: NVML nvmlDeviceGetGpuFabricInfoV, not linked yet).
   std::optional<FabricId> fabric;
+  // Where a NIC finds it: the PCI bus id ("0000:17:00.0"; empty in the simulator,
+  // which has no PCIe tree).
+  std::string pci_bus_id;
+};
+
+// What a NIC needs of a device to reach its memory (the RDMA transport, rdma.hpp).
+struct RdmaSupport {
+  bool gpudirect_rdma = false;           // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED
+  bool gpudirect_rdma_with_vmm = false;  // ... _WITH_CUDA_VMM_SUPPORTED: the registered buffer's memory
+  bool dmabuf = false;                   // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: ibv_reg_dmabuf_mr
 };
 
 enum class ShareableHandleType : uint8_t {
@@ -117,6 +127,9 @@ int count();
 int current();
 void set_current(int device);
 DeviceProperties properties(int device);
+// The simulator's devices support GPUDirect RDMA (its NIC registers memory by
+// pointer) and no dma-buf.
+RdmaSupport rdma_support(int device);
 
 // On the current device.
 void* malloc_device(std::size_t bytes, std::string_view label = {});

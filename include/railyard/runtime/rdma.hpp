@@ -46,6 +46,15 @@ struct PortAttributes {
   AtomicOrder atomic_order = AtomicOrder::Native;
 };
 
+// The NIC's limits and identity that a bring-up log needs (ibv_query_device).
+struct NicAttributes {
+  std::string firmware;      // firmware version, as the driver reports it
+  uint32_t max_qp_wr = 0;    // work requests per queue pair
+  uint32_t max_cqe = 0;      // entries per completion queue
+  uint32_t max_qp = 0;       // queue pairs
+  bool atomics = false;      // 8-byte fetch-and-add between hosts (IBV_ATOMIC_HCA or GLOB)
+};
+
 // Where a queue pair's send queue, completion queue and doorbell records live: in the
 // GPU's memory (the lane's WQE writes and CQE polls stay on the GPU; the NIC reads
 // them over PCIe), or in pinned host memory (the GPU writes and polls over PCIe). The
@@ -114,6 +123,7 @@ class RdmaDevice {
  public:
   virtual ~RdmaDevice() = default;
   virtual const PortAttributes& port() const = 0;
+  virtual const NicAttributes& attributes() const = 0;
   // Registers device memory [ptr, ptr + bytes) for local writes, remote writes and
   // remote atomics, until deregister_memory(keys) or the device's end: through
   // `dmabuf_fd`, a dma-buf starting at ptr (RegisteredRegion::dmabuf_fd), where it is

@@ -1,0 +1,131 @@
+// railyard-rdma-probe's stages on a simulated GPU and its simulated NIC (src/probe):
+//  - every stage passes, with its checks' findings in the log;
+//  - a NIC that adds atomics big-endian fails the loopback stage when the lanes are
+//    configured for native order, naming what it found and the option to set, and
+//    passes when they are configured for it;
+//  - a link that goes down fails the loopback stage with the NIC's error and stops
+//    there (no later stage runs);
+//  - the command line's refusals name the argument and what it expects.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "src/probe/probe.hpp"
+
+namespace railyard {
+namespace {
+
+struct ProbeRun {
+  int rc = -1;
+  std::string log;
+};
+
+ProbeRun run_probe(const probe::Options& options) {
+  std::FILE* f = std::tmpfile();
+  ProbeRun r;
+  r.rc = probe::run(options, f);
+  std::rewind(f);
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) r.log.append(buf, n);
+  std::fclose(f);
+  return r;
+}
+
+bool contains(const std::string& log, const std::string& text) { return log.find(text) != std::string::npos; }
+
+TEST(RdmaProbe, EveryStagePassesOnTheSimulatedNic) {
+  const ProbeRun r = run_probe(probe::default_options());
+  ASSERT_EQ(r.rc, probe::kOk) << r.log;
+  for (const char* stage : {"1/5 register: ok", "2/5 queues: ok", "3/5 loopback: ok", "4/5 bandwidth: ok",
+                            "5/5 bad key: ok"})
+    EXPECT_TRUE(contains(r.log, std::string("stage ") + stage)) << stage << "\n" << r.log;
+  EXPECT_TRUE(contains(r.log, "bytes checked; atomics add in native order")) << r.log;
+  EXPECT_TRUE(contains(r.log, "syndrome 19")) << r.log;  // 0x13: remote access
+  EXPECT_TRUE(contains(r.log, "SIMULATED GB/s")) << r.log;
+  EXPECT_TRUE(contains(r.log, "railyard-rdma-probe: OK")) << r.log;
+}
+
+TEST(RdmaProbe, AtomicByteOrderIsCheckedOnTheWire) {
+  probe::Options o = probe::default_options();
+  o.sim_nic.atomics_big_endian = true;
+  const ProbeRun wrong = run_probe(o);
+  EXPECT_EQ(wrong.rc, probe::kStageFailed + 3) << wrong.log;
+  EXPECT_TRUE(contains(wrong.log, "the NIC adds atomics in big-endian (signal 0x200000000000000)")) << wrong.log;
+  EXPECT_TRUE(contains(wrong.log, "rerun with --atomic-order big-endian")) << wrong.log;
+  EXPECT_TRUE(contains(wrong.log, "FAILED at stage 3 (loopback)")) << wrong.log;
+  EXPECT_FALSE(contains(wrong.log, "stage 4/5")) << wrong.log;
+
+  o.open.atomic_order = runtime::rdma::AtomicOrder::BigEndian;
+  const ProbeRun right = run_probe(o);
+  EXPECT_EQ(right.rc, probe::kOk) << right.log;
+  EXPECT_TRUE(contains(right.log, "atomics add in big-endian")) << right.log;
+}
+
+TEST(RdmaProbe, LinkDownFailsTheLoopbackStageWithTheNicsError) {
+  probe::Options o = probe::default_options();
+  o.sim_nic.link_down_after_packets = 0;
+  const ProbeRun r = run_probe(o);
+  EXPECT_EQ(r.rc, probe::kStageFailed + 3) << r.log;
+  EXPECT_TRUE(contains(r.log, "stage 3/5 loopback: FAILED at the loopback kernel")) << r.log;
+  EXPECT_TRUE(contains(r.log, "syndrome 21")) << r.log;  // 0x15: transport retries exceeded
+  EXPECT_FALSE(contains(r.log, "stage 4/5")) << r.log;
+}
+
+// The bad key stage passes only on the remote access error: a link that goes down
+// just before it (after the loopback's 4 packets and the sweep's 384 of 4 KiB) ends
+// its WRITE with another syndrome, and the stage says what it got instead.
+TEST(RdmaProbe, BadKeyStageWantsTheRemoteAccessError) {
+  probe::Options o = probe::default_options();
+  ASSERT_EQ(o.sizes, (std::vector<uint32_t>{4096, 65536}));
+  ASSERT_EQ(o.blocks, (std::vector<int>{1, 2}));
+  ASSERT_EQ(o.bytes_per_block, 256u << 10);
+  o.sim_nic.link_down_after_packets = 4 + 2 * (1 + 2) * (256 / 4);
+  const ProbeRun r = run_probe(o);
+  EXPECT_EQ(r.rc, probe::kStageFailed + 5) << r.log;
+  EXPECT_TRUE(contains(r.log, "stage 4/5 bandwidth: ok")) << r.log;
+  EXPECT_TRUE(contains(r.log, "expected the remote access error (syndrome 0x13)")) << r.log;
+  EXPECT_TRUE(contains(r.log, "syndrome 21")) << r.log;
+}
+
+TEST(RdmaProbe, CommandLineRefusalsNameTheArgument) {
+  struct Case {
+    std::vector<const char*> args;
+    const char* error;
+  };
+  const Case cases[] = {
+      {{"probe", "--gpu", "x"}, "--gpu is 'x'; expected a GPU index 0..1023"},
+      {{"probe", "--queues", "gpu"}, "--queues is 'gpu'; expected device or host"},
+      {{"probe", "--atomic-order", "little"}, "--atomic-order is 'little'; expected native or big-endian"},
+      {{"probe", "--sizes", "4096,"}, "--sizes is '4096,'; expected message sizes in bytes, 16..2^30"},
+      {{"probe", "--blocks", "0"}, "--blocks is '0'; expected block counts 1..8"},
+      {{"probe", "--nic"}, "--nic needs a value"},
+      {{"probe", "--frobnicate", "1"}, "unknown argument '--frobnicate'"},
+  };
+  for (const Case& c : cases) {
+    probe::Options o;
+    bool help = false;
+    std::string error;
+    EXPECT_FALSE(probe::parse_arguments(static_cast<int>(c.args.size()), c.args.data(), &o, &help, &error))
+        << c.error;
+    EXPECT_TRUE(contains(error, c.error)) << error;
+  }
+  const char* good[] = {"probe", "--sizes", "4096,1048576", "--blocks", "1,8", "--atomic-order", "big-endian",
+                        "--queues", "host", "--nic", "mlx5_3", "--bytes-per-block", "1048576"};
+  probe::Options o;
+  bool help = false;
+  std::string error;
+  ASSERT_TRUE(probe::parse_arguments(static_cast<int>(std::size(good)), good, &o, &help, &error)) << error;
+  EXPECT_EQ(o.sizes, (std::vector<uint32_t>{4096, 1048576}));
+  EXPECT_EQ(o.blocks, (std::vector<int>{1, 8}));
+  EXPECT_EQ(o.open.atomic_order, runtime::rdma::AtomicOrder::BigEndian);
+  EXPECT_EQ(o.open.queue_memory, runtime::rdma::QueueLocation::Host);
+  EXPECT_EQ(o.nic, "mlx5_3");
+  EXPECT_EQ(o.bytes_per_block, 1048576u);
+}
+
+}  // namespace
+}  // namespace railyard
