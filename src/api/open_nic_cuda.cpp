@@ -21,7 +21,9 @@ std::unique_ptr<runtime::rdma::RdmaDevice> open_own_nic(int device, int local_in
                                    ") failed: " + cudaGetErrorString(e));
   const runtime::NicChoice choice = runtime::choose_nic(runtime::pci_path_of(bus_id), local_index,
                                                         runtime::list_rdma_nics(), runtime::nic_mapping_from_env());
-  return runtime::rdma::open_mlx5(choice.nic);
+  runtime::rdma::OpenOptions options;
+  if (const auto order = runtime::atomic_order_from_env()) options.atomic_order = *order;
+  return runtime::rdma::open_mlx5(choice.nic, options);
 #else
   (void)device;
   (void)local_index;

@@ -457,7 +457,8 @@ void Probe::stage_loopback() {
                      std::string("the NIC adds atomics in ") + found + " (signal " + hex(raw) +
                          ") but the lanes are configured for " + (configured_big ? "big-endian" : "native order") +
                          "; rerun with --atomic-order " + (raw == big ? "big-endian" : "native") +
-                         " and set the same for the Buffer (rdma::OpenOptions::atomic_order)");
+                         " and set RAILYARD_NIC_ATOMIC_ORDER=" + (raw == big ? "big-endian" : "native") +
+                         " for the Buffer (or rdma::OpenOptions::atomic_order for a NIC you open)");
   std::fprintf(out_, "  %d WRITEs of %u bytes and %d fetch-and-adds completed; bytes checked; atomics add in %s\n",
                kLoopSignals, kLoopBytes, kLoopSignals, found);
 }
@@ -470,7 +471,8 @@ void Probe::stage_bandwidth() {
 #if RAILYARD_IS_SIM
   const char* what = "SIMULATED GB/s (the timed simulator's NIC model, not a measurement)";
 #else
-  const char* what = "GB/s measured (CUDA events; loopback: every byte crosses the port twice)";
+  const char* what = "GB/s measured (CUDA events; loopback on one port: the NIC reads and writes every byte over "
+                     "this GPU's PCIe link)";
 #endif
   std::fprintf(out_, "  WRITE bandwidth, %s, %s per block:\n  %10s", what, mib(options_.bytes_per_block).c_str(),
                "size");
@@ -554,6 +556,8 @@ int Probe::run() {
 // ---- options ----------------------------------------------------------------------------------
 Options default_options() {
   Options o;
+  // What a Buffer will use: RAILYARD_NIC_ATOMIC_ORDER, else native.
+  if (const auto order = runtime::atomic_order_from_env()) o.open.atomic_order = *order;
 #if RAILYARD_IS_SIM
   o.sizes = {4096, 65536};
   o.blocks = {1, 2};
@@ -630,7 +634,12 @@ bool parse_list(const std::string& s, long long lo, long long hi, std::vector<T>
 }  // namespace
 
 bool parse_arguments(int argc, const char* const* argv, Options* o, bool* help, std::string* error) {
-  *o = default_options();
+  try {
+    *o = default_options();
+  } catch (const std::invalid_argument& e) {
+    *error = e.what();
+    return false;
+  }
   *help = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];

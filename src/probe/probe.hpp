@@ -58,7 +58,9 @@ struct Options {
 #endif
 };
 
-// The defaults of the flavour: smaller sweeps in the simulator.
+// The defaults of the flavour (smaller sweeps in the simulator), the atomic order
+// from RAILYARD_NIC_ATOMIC_ORDER as a Buffer takes it (std::invalid_argument when
+// that is not a valid value).
 Options default_options();
 
 // Runs the probe, writing its log to `out`; returns one of the exit codes above.

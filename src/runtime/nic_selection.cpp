@@ -129,4 +129,13 @@ std::optional<std::vector<std::string>> nic_mapping_from_env() {
   return split(value, ',');
 }
 
+std::optional<rdma::AtomicOrder> atomic_order_from_env() {
+  const char* value = std::getenv("RAILYARD_NIC_ATOMIC_ORDER");
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  const std::string v = value;
+  if (v == "native") return rdma::AtomicOrder::Native;
+  if (v == "big-endian") return rdma::AtomicOrder::BigEndian;
+  throw std::invalid_argument("RAILYARD_NIC_ATOMIC_ORDER is '" + v + "'; expected native or big-endian");
+}
+
 }  // namespace railyard::runtime

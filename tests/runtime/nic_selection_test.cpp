@@ -155,5 +155,22 @@ TEST(NicMapping, ComesFromRailyardNics) {
   ::unsetenv("RAILYARD_NICS");
 }
 
+TEST(NicAtomicOrder, ComesFromRailyardNicAtomicOrder) {
+  ::unsetenv("RAILYARD_NIC_ATOMIC_ORDER");
+  EXPECT_FALSE(atomic_order_from_env());
+  ::setenv("RAILYARD_NIC_ATOMIC_ORDER", "big-endian", 1);
+  EXPECT_EQ(atomic_order_from_env(), rdma::AtomicOrder::BigEndian);
+  ::setenv("RAILYARD_NIC_ATOMIC_ORDER", "native", 1);
+  EXPECT_EQ(atomic_order_from_env(), rdma::AtomicOrder::Native);
+  ::setenv("RAILYARD_NIC_ATOMIC_ORDER", "little", 1);
+  try {
+    atomic_order_from_env();
+    ADD_FAILURE() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_HAS(e.what(), "RAILYARD_NIC_ATOMIC_ORDER is 'little'; expected native or big-endian");
+  }
+  ::unsetenv("RAILYARD_NIC_ATOMIC_ORDER");
+}
+
 }  // namespace
 }  // namespace railyard::runtime

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "railyard/runtime/rdma.hpp"
+
 namespace railyard::runtime {
 
 struct RdmaNic {
@@ -56,5 +58,11 @@ NicChoice choose_nic(const std::string& gpu_pci_path, int local_index, const std
 
 // RAILYARD_NICS split at commas, or nothing when unset or empty.
 std::optional<std::vector<std::string>> nic_mapping_from_env();
+
+// RAILYARD_NIC_ATOMIC_ORDER ("native" or "big-endian"): how the NICs a Buffer opens
+// itself add 8-byte atomics, which verbs cannot query (railyard-rdma-probe finds it on
+// the wire, docs/rdma-bringup.md). Nothing when unset or empty; std::invalid_argument
+// naming the variable and the values it takes otherwise.
+std::optional<rdma::AtomicOrder> atomic_order_from_env();
 
 }  // namespace railyard::runtime
