@@ -118,8 +118,9 @@ std::string hex(uint64_t v) {
 
 std::string mib(uint64_t bytes) {
   char s[32];
-  if (bytes >= (1u << 20)) std::snprintf(s, sizeof s, "%.0f MiB", bytes / 1048576.0);
-  else std::snprintf(s, sizeof s, "%.0f KiB", bytes / 1024.0);
+  if (bytes >= (1u << 20)) std::snprintf(s, sizeof s, "%.4g MiB", bytes / 1048576.0);
+  else if (bytes >= 1024) std::snprintf(s, sizeof s, "%.4g KiB", bytes / 1024.0);
+  else std::snprintf(s, sizeof s, "%" PRIu64 " B", bytes);
   return s;
 }
 
