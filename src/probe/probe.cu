@@ -24,7 +24,9 @@
 #include "railyard/runtime/device_api.hpp"
 #include "railyard/runtime/nic_selection.hpp"
 #include "railyard/runtime/rdma_rail.hpp"
+#include "railyard/runtime/rdma_rail_mlx5.hpp"
 #include "railyard/runtime/registered_buffer.hpp"
+#include "railyard/runtime/tcp_bootstrap.hpp"
 #include "railyard/runtime/topology.hpp"
 #include "railyard/transport/mlx5/lane.cuh"
 #if RAILYARD_IS_SIM
@@ -146,7 +148,14 @@ std::string failure_text(const pipeline::FailureRecord& r) {
 // What a probe keeps between stages; released in reverse order at the end.
 class Probe {
  public:
-  Probe(const Options& options, std::FILE* out) : options_(options), out_(out) {}
+  // Rank `bootstrap.rank()` of options.nodes (1: loopback on one NIC; 2: across two
+  // nodes, one GPU and NIC each, ranks connected by `bootstrap`).
+  using Connect = std::function<std::unique_ptr<runtime::Bootstrap>()>;
+  // Rank `rank` of options.nodes (1: loopback on one NIC; 2: across two nodes, a GPU
+  // and its NIC each), on GPU `gpu`; `connect` makes its bootstrap once its NIC is open.
+  Probe(const Options& options, std::FILE* out, int rank, int gpu, Connect connect)
+      : options_(options), out_(out), connect_(std::move(connect)), rank_(rank), gpu_(gpu),
+        peer_(options.nodes == 1 ? 0 : 1 - rank) {}
   ~Probe() { release(); }
   Probe(const Probe&) = delete;
   Probe& operator=(const Probe&) = delete;
@@ -157,7 +166,7 @@ class Probe {
   int describe_and_open();
   void stage_register();
   void stage_queues();
-  void stage_loopback();
+  void stage_exchange();
   void stage_bandwidth();
   void stage_bad_key();
 
@@ -175,6 +184,8 @@ class Probe {
   }
   // A connected loopback pair: queue pair a (what the kernel drives) towards b.
   mlx5::QueuePair loopback_pair(const rdma::QueuePairRequest& request, const mlx5::RemoteMemory* remotes);
+  // The lanes to the peer across nodes: connect_rail over the bootstrap.
+  void rail_lanes(int lanes, const rdma::QueuePairRequest& request);
   // Launches K on `blocks` blocks, waits; a kernel failure throws StageError with
   // the failure record's report.
   template <class K>
@@ -192,9 +203,12 @@ class Probe {
 
   const Options& options_;
   std::FILE* out_;
-  std::unique_ptr<rdma::RdmaDevice> nic_;
-  std::shared_ptr<runtime::InProcessGroup> group_;
+  Connect connect_;
   std::unique_ptr<runtime::Bootstrap> bootstrap_;
+  int rank_;
+  int gpu_;
+  int peer_;  // the rank the lanes write to (this rank on one NIC)
+  std::unique_ptr<rdma::RdmaDevice> nic_;
   std::shared_ptr<rdma::RdmaRegistrar> registrar_;
   std::unique_ptr<runtime::RegisteredBuffer> buffer_;
   rdma::RailRegion region_;
@@ -202,8 +216,9 @@ class Probe {
   bool stream_made_ = false;
   pipeline::FailureRecord* record_ = nullptr;
   std::vector<void*> device_allocations_;
-  mlx5::QueuePair loop_{};
-  mlx5::RemoteMemory* remotes_ = nullptr;  // the good table: this rank's region
+  // Lane 0 the exchange's, 1..B the sweep's, B + 1 the bad key's (its remote table's
+  // rkey wrong).
+  std::vector<mlx5::QueuePair> lanes_;
 };
 
 template <class T>
@@ -318,26 +333,26 @@ int Probe::describe_and_open() {
     std::fprintf(out_, "no usable GPU: %s\n", e.what());
     return kNoGpu;
   }
-  if (options_.gpu < 0 || options_.gpu >= gpus) {
-    std::fprintf(out_, "no usable GPU: --gpu is %d; this machine has %d GPU(s)\n", options_.gpu, gpus);
+  if (gpu_ < 0 || gpu_ >= gpus) {
+    std::fprintf(out_, "no usable GPU: --gpu is %d; this machine has %d GPU(s)\n", gpu_, gpus);
     return kNoGpu;
   }
 #endif
   try {
-    gpu::set_current(options_.gpu);
-    const runtime::DeviceProperties props = gpu::properties(options_.gpu);
-    const runtime::RdmaSupport support = gpu::rdma_support(options_.gpu);
-    std::fprintf(out_, "GPU %d: %s (sm_%d%d, %d SMs%s%s)\n", options_.gpu, props.name.c_str(), props.cc_major,
+    gpu::set_current(gpu_);
+    const runtime::DeviceProperties props = gpu::properties(gpu_);
+    const runtime::RdmaSupport support = gpu::rdma_support(gpu_);
+    std::fprintf(out_, "GPU %d: %s (sm_%d%d, %d SMs%s%s)\n", gpu_, props.name.c_str(), props.cc_major,
                  props.cc_minor, props.sm_count, props.pci_bus_id.empty() ? "" : ", PCI ", props.pci_bus_id.c_str());
-    std::fprintf(out_, "GPU %d: GPUDirect RDMA %s, with CUDA VMM memory %s, dma-buf %s\n", options_.gpu,
+    std::fprintf(out_, "GPU %d: GPUDirect RDMA %s, with CUDA VMM memory %s, dma-buf %s\n", gpu_,
                  support.gpudirect_rdma ? "yes" : "NO", support.gpudirect_rdma_with_vmm ? "yes" : "NO",
                  support.dmabuf ? "yes" : "no (registration goes through nvidia-peermem)");
 #if !RAILYARD_IS_SIM
     const std::string gpu_path = runtime::pci_path_of(props.pci_bus_id, options_.sysfs_root);
     const runtime::NicChoice choice = options_.nic.empty()
-                                          ? runtime::choose_nic(gpu_path, options_.gpu, nics, runtime::nic_mapping_from_env())
+                                          ? runtime::choose_nic(gpu_path, gpu_, nics, runtime::nic_mapping_from_env())
                                           : runtime::NicChoice{options_.nic, runtime::kUnrelated, "--nic"};
-    std::fprintf(out_, "NICs by PCIe distance from GPU %d (links up to the common bridge):\n", options_.gpu);
+    std::fprintf(out_, "NICs by PCIe distance from GPU %d (links up to the common bridge):\n", gpu_);
     for (const runtime::RdmaNic& n : nics) {
       const int d = runtime::pci_distance(gpu_path, n.pci_path);
       std::fprintf(out_, "  %-10s %-22s port %s%s\n", n.name.c_str(),
@@ -349,7 +364,8 @@ int Probe::describe_and_open() {
 #endif
     nic_ = step("rdma::open (" + nic_name + ")", [&] {
 #if RAILYARD_IS_SIM
-      return rdma::open_sim_nic(options_.gpu, options_.sim_nic, options_.open);
+      const bool faulty = options_.sim_nic_rank < 0 || options_.sim_nic_rank == rank_;
+      return rdma::open_sim_nic(gpu_, faulty ? options_.sim_nic : sim::NicConfig{}, options_.open);
 #else
       return rdma::open_mlx5(nic_name, options_.open);
 #endif
@@ -373,10 +389,11 @@ int Probe::describe_and_open() {
 }
 
 // ---- stages -----------------------------------------------------------------------------------
+int most_blocks(const Options& o) { return o.blocks.empty() ? 0 : *std::max_element(o.blocks.begin(), o.blocks.end()); }
+
 uint64_t buffer_bytes(const Options& o) {
   const uint32_t largest = o.sizes.empty() ? 0u : *std::max_element(o.sizes.begin(), o.sizes.end());
-  const int blocks = o.blocks.empty() ? 0 : *std::max_element(o.blocks.begin(), o.blocks.end());
-  return kSweepSrc + uint64_t{largest} * static_cast<uint64_t>(blocks + 1);
+  return kSweepSrc + uint64_t{largest} * static_cast<uint64_t>(most_blocks(o) + 1);
 }
 
 void Probe::stage_register() {
@@ -384,25 +401,18 @@ void Probe::stage_register() {
   stream_made_ = true;
   record_ = static_cast<pipeline::FailureRecord*>(
       step("gpu::malloc_host (failure record)", [] { return gpu::malloc_host(sizeof(pipeline::FailureRecord)); }));
-  group_ = step("bootstrap (one rank)", [] {
-#if RAILYARD_IS_SIM
-    return runtime::make_sim_group(1);
-#else
-    return runtime::InProcessGroup::create({});
-#endif
-  });
-  bootstrap_ = group_->bootstrap(0);
   registrar_ = std::make_shared<rdma::RdmaRegistrar>(*nic_);
+  // A group of `nodes` ranks, each alone in its NVLink domain.
   runtime::BufferConfig config;
   config.hidden = 256;
   config.max_tokens_per_rank = 1;
-  config.num_ranks = 1;
-  config.num_experts = 1;
+  config.num_ranks = options_.nodes;
+  config.num_experts = options_.nodes;
   config.experts_per_rank = 1;
   config.ranks_per_domain = 1;
   config.max_top_k = 1;
   runtime::RegisteredBufferOptions options;
-  options.topology = runtime::make_topology(1, 1);
+  options.topology = runtime::make_topology(options_.nodes, 1);
   options.registrars = {registrar_};
   const uint64_t bytes = buffer_bytes(options_);
   buffer_ = step("runtime::RegisteredBuffer (allocate, zero, register with the NIC)", [&] {
@@ -415,24 +425,63 @@ void Probe::stage_register() {
                hex(region_.keys.lkey).c_str(), hex(region_.keys.rkey).c_str());
 }
 
-void Probe::stage_queues() {
-  const mlx5::RemoteMemory good{reinterpret_cast<uint64_t>(region_.base), region_.keys.rkey};
-  remotes_ = step("gpu::malloc_device (remote table)", [&] { return device_copy(&good, 1); });
-  loop_ = loopback_pair({.log2_sq_wqebbs = 6, .log2_ncqe = 6}, remotes_);
-  std::fprintf(out_, "  queue pair %s: %u WQEBBs at %p, CQ of %u at %p, doorbell at %p\n", hex(loop_.qpn).c_str(),
-               loop_.sq_wqebbs(), static_cast<void*>(loop_.sq), loop_.ncqe(), static_cast<void*>(loop_.cq),
-               static_cast<void*>(loop_.uar));
+void Probe::rail_lanes(int lanes, const rdma::QueuePairRequest& request) {
+  const runtime::Topology topology = runtime::make_topology(options_.nodes, 1);
+  const rdma::RailConnections c = step("rdma::connect_rail (queue pairs, endpoints over the bootstrap, RTS)", [&] {
+    return rdma::connect_rail(*nic_, *bootstrap_, topology, region_, {.queues = request, .lanes_per_peer = lanes});
+  });
+  std::vector<mlx5::RemoteMemory> table = rdma::mlx5_remote_table(c);
+  std::vector<mlx5::LaneState> states(c.queues.size());
+  rdma::Mlx5LaneMemory memory;
+  memory.local_base = static_cast<uint8_t*>(region_.base);
+  memory.remotes = step("gpu::malloc_device (remote table)", [&] { return device_copy(table.data(), table.size()); });
+  memory.states = step("gpu::malloc_device (lane states)", [&] { return device_copy(states.data(), states.size()); });
+  memory.fetch_scratch = LocalRef{kFetchScratch};
+  memory.completion_interval = 8;
+  for (int lane = 0; lane < lanes; ++lane) lanes_.push_back(rdma::mlx5_queue_pair(c, 0, lane, memory));
+  // The bad key lane: the peer's rkey changed.
+  table[static_cast<std::size_t>(peer_)].rkey ^= 0x5500u;
+  lanes_.back().remotes = step("gpu::malloc_device (remote table)", [&] { return device_copy(table.data(), table.size()); });
 }
 
-void Probe::stage_loopback() {
+void Probe::stage_queues() {
+  const int lanes = 2 + most_blocks(options_);  // the exchange, the sweep's, the bad key's
+  const rdma::QueuePairRequest request{.log2_sq_wqebbs = 8, .log2_ncqe = 8};
+  if (options_.nodes == 1) {
+    const mlx5::RemoteMemory good{reinterpret_cast<uint64_t>(region_.base), region_.keys.rkey};
+    const mlx5::RemoteMemory wrong{good.base, good.rkey ^ 0x5500u};
+    const mlx5::RemoteMemory* table = step("gpu::malloc_device (remote table)", [&] { return device_copy(&good, 1); });
+    const mlx5::RemoteMemory* bad = step("gpu::malloc_device (remote table)", [&] { return device_copy(&wrong, 1); });
+    for (int lane = 0; lane < lanes; ++lane) lanes_.push_back(loopback_pair(request, lane + 1 < lanes ? table : bad));
+  } else {
+    rail_lanes(lanes, request);
+  }
+  for (const mlx5::QueuePair& qp : lanes_)
+    if (!mlx5::valid_queue_pair(qp))
+      throw StageError("transport::mlx5::valid_queue_pair",
+                       "the created queue pair is not one a lane can drive (qpn " + hex(qp.qpn) + ")");
+  const mlx5::QueuePair& q = lanes_.front();
+  std::fprintf(out_, "  %zu queue pairs towards rank %d; the first, %s: %u WQEBBs at %p, CQ of %u at %p, doorbell at %p\n",
+               lanes_.size(), peer_, hex(q.qpn).c_str(), q.sq_wqebbs(), static_cast<void*>(q.sq), q.ncqe(),
+               static_cast<void*>(q.cq), static_cast<void*>(q.uar));
+}
+
+// Rank r's exchange payload.
+uint8_t payload_byte(int rank, uint32_t i) { return static_cast<uint8_t>(i * 131u + 7u + 29u * static_cast<uint32_t>(rank)); }
+
+void Probe::stage_exchange() {
   std::vector<uint8_t> payload(kLoopBytes);
-  for (uint32_t i = 0; i < kLoopBytes; ++i) payload[i] = static_cast<uint8_t>(i * 131u + 7u);
+  for (uint32_t i = 0; i < kLoopBytes; ++i) payload[i] = payload_byte(rank_, i);
   uint8_t* base = static_cast<uint8_t*>(region_.base);
   step("gpu::memcpy_async (payload)", [&] {
     gpu::memcpy_async(base + kLoopSrc, payload.data(), kLoopBytes, stream_);
     gpu::stream_synchronize(stream_);
   });
-  launch<Loopback>({loop_, record_, options_.timeout_cycles}, 1, "the loopback kernel (put_signal x2, quiet, wait)");
+  launch<Loopback>({lanes_.front(), record_, options_.timeout_cycles}, 1,
+                   options_.nodes == 1 ? "the loopback kernel (put_signal x2, quiet, wait for the signal)"
+                                       : "the exchange kernel (put_signal x2, quiet, wait for the peer's signal)");
+  // Every rank's fetch-and-adds are complete once its kernel ended (quiet).
+  step("bootstrap barrier (every rank's kernel ended)", [&] { bootstrap_->barrier(); });
   std::vector<uint8_t> landed(kLoopBytes);
   uint64_t raw = 0;
   step("gpu::memcpy_async (read back)", [&] {
@@ -440,12 +489,11 @@ void Probe::stage_loopback() {
     gpu::memcpy_async(&raw, base + kSignal, sizeof raw, stream_);
     gpu::stream_synchronize(stream_);
   });
-  const auto bad = std::mismatch(landed.begin(), landed.end(), payload.begin());
-  if (bad.first != landed.end()) {
-    const auto at = bad.first - landed.begin();
-    throw StageError("check of the written bytes", "byte " + std::to_string(at) + " of the WRITE landed as " +
-                                                      hex(*bad.first) + ", sent " + hex(*bad.second));
-  }
+  for (uint32_t i = 0; i < kLoopBytes; ++i)
+    if (landed[i] != payload_byte(peer_, i))
+      throw StageError("check of the written bytes", "byte " + std::to_string(i) + " from rank " +
+                                                        std::to_string(peer_) + " landed as " + hex(landed[i]) +
+                                                        ", sent " + hex(payload_byte(peer_, i)));
   const bool configured_big = options_.open.atomic_order == rdma::AtomicOrder::BigEndian;
   const uint64_t native = kLoopSignals, big = byte_swapped(kLoopSignals);
   const char* found = raw == native ? "native order" : raw == big ? "big-endian" : nullptr;
@@ -460,34 +508,33 @@ void Probe::stage_loopback() {
                          "; rerun with --atomic-order " + (raw == big ? "big-endian" : "native") +
                          " and set RAILYARD_NIC_ATOMIC_ORDER=" + (raw == big ? "big-endian" : "native") +
                          " for the Buffer (or rdma::OpenOptions::atomic_order for a NIC you open)");
-  std::fprintf(out_, "  %d WRITEs of %u bytes and %d fetch-and-adds completed; bytes checked; atomics add in %s\n",
-               kLoopSignals, kLoopBytes, kLoopSignals, found);
+  std::fprintf(out_, "  %d WRITEs of %u bytes and %d fetch-and-adds each way completed; rank %d's bytes checked; "
+                     "atomics add in %s\n",
+               kLoopSignals, kLoopBytes, kLoopSignals, peer_, found);
 }
 
 void Probe::stage_bandwidth() {
-  int most = 0;
-  for (int b : options_.blocks) most = std::max(most, b);
-  std::vector<mlx5::QueuePair> qps;
-  for (int b = 0; b < most; ++b) qps.push_back(loopback_pair({.log2_sq_wqebbs = 8, .log2_ncqe = 8}, remotes_));
 #if RAILYARD_IS_SIM
   const char* what = "SIMULATED GB/s (the timed simulator's NIC model, not a measurement)";
 #else
-  const char* what = "GB/s measured (CUDA events; loopback on one port: the NIC reads and writes every byte over "
-                     "this GPU's PCIe link)";
+  const char* what = options_.nodes == 1 ? "GB/s measured (CUDA events; loopback on one port: the NIC reads and "
+                                           "writes every byte over this GPU's PCIe link)"
+                                         : "GB/s measured (CUDA events; both ranks write at once)";
 #endif
-  std::fprintf(out_, "  WRITE bandwidth, %s, %s per block:\n  %10s", what, mib(options_.bytes_per_block).c_str(),
-               "size");
+  std::fprintf(out_, "  WRITE bandwidth to rank %d, %s, %s per block:\n  %10s", peer_, what,
+               mib(options_.bytes_per_block).c_str(), "size");
   for (int b : options_.blocks) std::fprintf(out_, " %7d blk", b);
   std::fprintf(out_, "\n");
   for (uint32_t size : options_.sizes) {
     std::fprintf(out_, "  %10s", mib(size).c_str());
     for (int blocks : options_.blocks) {
       Sweep::Params p{};
-      for (int b = 0; b < blocks; ++b) p.qps[b] = qps[static_cast<std::size_t>(b)];
+      for (int b = 0; b < blocks; ++b) p.qps[b] = lanes_[static_cast<std::size_t>(b) + 1];
       p.bytes = size;
       p.count = static_cast<uint32_t>(std::max<uint64_t>(1, options_.bytes_per_block / size));
       p.record = record_;
       p.timeout_cycles = options_.timeout_cycles;
+      step("bootstrap barrier (before a measurement)", [&] { bootstrap_->barrier(); });
       const std::optional<double> ms = timed_launch_ms(p, static_cast<unsigned>(blocks));
       const double bytes = double(p.count) * size * blocks;
       if (ms && *ms > 0) std::fprintf(out_, " %11.2f", bytes / (*ms * 1e6));
@@ -498,9 +545,7 @@ void Probe::stage_bandwidth() {
 }
 
 void Probe::stage_bad_key() {
-  const mlx5::RemoteMemory wrong{reinterpret_cast<uint64_t>(region_.base), region_.keys.rkey ^ 0x5500u};
-  const mlx5::RemoteMemory* table = step("gpu::malloc_device (remote table)", [&] { return device_copy(&wrong, 1); });
-  const mlx5::QueuePair qp = loopback_pair({.log2_sq_wqebbs = 6, .log2_ncqe = 6}, table);
+  const mlx5::QueuePair& qp = lanes_.back();
   std::memset(record_, 0, sizeof *record_);
   const Status st = kernels::launch<Loopback>({qp, record_, options_.timeout_cycles}, dim3(1), dim3(32),
                                               Loopback::shared_memory_bytes(), stream_);
@@ -516,39 +561,60 @@ void Probe::stage_bad_key() {
                              static_cast<pipeline::AbortReason>(r.reason) == pipeline::AbortReason::TransportError &&
                              r.c == 0x13;
   if (!remote_access)
-    throw StageError("the bad key kernel",
-                     std::string("expected the remote access error (syndrome 0x13) for rkey ") + hex(wrong.rkey) +
-                         "; got: " + failure_text(r) + (trapped.empty() ? " (the kernel ended normally)" : ""));
-  std::fprintf(out_, "  rkey %s refused: %s\n", hex(wrong.rkey).c_str(), failure_text(r).c_str());
+    throw StageError("the bad key kernel", std::string("expected the remote access error (syndrome 0x13) for a wrong "
+                                                       "rkey of rank ") +
+                                               std::to_string(peer_) + "; got: " + failure_text(r) +
+                                               (trapped.empty() ? " (the kernel ended normally)" : ""));
+  std::fprintf(out_, "  a wrong rkey of rank %d refused: %s\n", peer_, failure_text(r).c_str());
 }
 
 int Probe::run() {
+  // Opening fails alone (no collective yet): the other rank's bootstrap then fails too.
   if (const int rc = describe_and_open(); rc != kOk) return rc;
+  try {
+    bootstrap_ = connect_();
+  } catch (const std::exception& e) {
+    std::fprintf(out_, "setup FAILED: the bootstrap between the ranks: %s\n", e.what());
+    return kSetupFailed;
+  }
   struct Stage {
     const char* name;
     void (Probe::*fn)();
   };
   const Stage stages[] = {{"register", &Probe::stage_register},
                           {"queues", &Probe::stage_queues},
-                          {"loopback", &Probe::stage_loopback},
+                          {options_.nodes == 1 ? "loopback" : "exchange", &Probe::stage_exchange},
                           {"bandwidth", &Probe::stage_bandwidth},
                           {"bad key", &Probe::stage_bad_key}};
   const int n = static_cast<int>(std::size(stages));
   for (int i = 0; i < n; ++i) {
     std::fprintf(out_, "stage %d/%d %s\n", i + 1, n, stages[i].name);
     std::fflush(out_);
+    std::string failure;
     try {
       (this->*stages[i].fn)();
     } catch (const StageError& e) {
-      std::fprintf(out_, "stage %d/%d %s: FAILED at %s: %s\n", i + 1, n, stages[i].name, e.call.c_str(), e.what());
-      std::fprintf(out_, "railyard-rdma-probe: FAILED at stage %d (%s)\n", i + 1, stages[i].name);
-      return kStageFailed + i + 1;
+      failure = "FAILED at " + e.call + ": " + e.what();
     } catch (const std::exception& e) {
-      std::fprintf(out_, "stage %d/%d %s: FAILED: %s\n", i + 1, n, stages[i].name, e.what());
-      std::fprintf(out_, "railyard-rdma-probe: FAILED at stage %d (%s)\n", i + 1, stages[i].name);
-      return kStageFailed + i + 1;
+      failure = std::string("FAILED: ") + e.what();
     }
-    std::fprintf(out_, "stage %d/%d %s: ok\n", i + 1, n, stages[i].name);
+    // Every rank learns which failed, so that none waits for the others in the next stage.
+    std::vector<runtime::RankFailure> failed;
+    try {
+      failed = runtime::gather_failures(*bootstrap_, failure.empty() ? 0 : i + 1, failure);
+    } catch (const std::exception& e) {
+      if (failure.empty()) failure = std::string("FAILED at the bootstrap after the stage: ") + e.what();
+      failed.push_back({rank_, i + 1, failure});
+    }
+    if (failed.empty()) {
+      std::fprintf(out_, "stage %d/%d %s: ok\n", i + 1, n, stages[i].name);
+      continue;
+    }
+    for (const runtime::RankFailure& f : failed)
+      std::fprintf(out_, "stage %d/%d %s: %s%s\n", i + 1, n, stages[i].name,
+                   options_.nodes == 1 ? "" : ("rank " + std::to_string(f.rank) + " ").c_str(), f.message.c_str());
+    std::fprintf(out_, "railyard-rdma-probe: FAILED at stage %d (%s)\n", i + 1, stages[i].name);
+    return kStageFailed + i + 1;
   }
   std::fprintf(out_, "railyard-rdma-probe: OK\n");
   return kOk;
@@ -573,22 +639,54 @@ Options default_options() {
 
 int run(const Options& options, std::FILE* out) {
   try {
-    int rc = kOk;
 #if RAILYARD_IS_SIM
-    // One simulated H100 in the timed mode (the sweep's figures are SIMULATED); the
-    // engine waits for host threads that take part, and the probe is one rank.
+    // Simulated H100s in the timed mode (the sweep's figures are SIMULATED), each in
+    // an NVLink domain of its own; the ranks are host threads that take part in the
+    // simulation, each logging apart, and the logs are printed in rank order.
     sim::reset({.timed = true});
-    sim::add_device(sim::h100_props());
-    sim::run_ranks(1, [&](int) {
-      Probe probe(options, out);
-      rc = probe.run();
+    for (int r = 0; r < options.nodes; ++r) {
+      sim::DeviceProps props = sim::h100_props();
+      props.nvlink_domain = r;
+      sim::add_device(props);
+    }
+    const std::shared_ptr<runtime::InProcessGroup> group = runtime::make_sim_group(options.nodes);
+    std::vector<int> rcs(static_cast<std::size_t>(options.nodes), kOk);
+    std::vector<std::string> logs(static_cast<std::size_t>(options.nodes));
+    sim::run_ranks(options.nodes, [&](int rank) {
+      char* text = nullptr;
+      std::size_t bytes = 0;
+      std::FILE* log = options.nodes == 1 ? out : open_memstream(&text, &bytes);
+      {
+        Probe probe(options, log, rank, options.nodes == 1 ? options.gpu : rank, [&] { return group->bootstrap(rank); });
+        rcs[static_cast<std::size_t>(rank)] = probe.run();
+      }
+      if (log != out) {
+        std::fclose(log);
+        logs[static_cast<std::size_t>(rank)] = std::string(text, bytes);
+        std::free(text);
+      }
     });
     sim::reset();
+    for (int r = 0; r < options.nodes && options.nodes > 1; ++r) {
+      std::size_t at = 0;
+      const std::string& log = logs[static_cast<std::size_t>(r)];
+      while (at < log.size()) {
+        const std::size_t end = log.find('\n', at);
+        std::fprintf(out, "[rank %d] %s\n", r, log.substr(at, end - at).c_str());
+        at = end == std::string::npos ? log.size() : end + 1;
+      }
+    }
+    for (int rc : rcs)
+      if (rc != kOk) return rc;
+    return kOk;
 #else
-    Probe probe(options, out);
-    rc = probe.run();
+    Probe probe(options, out, options.rank, options.gpu, [&]() -> std::unique_ptr<runtime::Bootstrap> {
+      if (options.nodes == 1) return runtime::InProcessGroup::create({})->bootstrap(0);
+      return std::make_unique<runtime::TcpBootstrap>(runtime::TcpBootstrapOptions{
+          .host = options.peer_host, .port = options.peer_port, .rank = options.rank, .size = 2});
+    });
+    return probe.run();
 #endif
-    return rc;
   } catch (const std::exception& e) {
     std::fprintf(out, "railyard-rdma-probe: FAILED: %s\n", e.what());
     return kSetupFailed;
@@ -596,13 +694,25 @@ int run(const Options& options, std::FILE* out) {
 }
 
 const char* usage() {
-  return "usage: railyard-rdma-probe [--gpu N] [--nic NAME] [--port N] [--gid-index N]\n"
+  return "usage: railyard-rdma-probe [--gpu N] [--port N] [--gid-index N]\n"
          "                           [--queues device|host] [--atomic-order native|big-endian]\n"
          "                           [--sizes B,B,...] [--blocks N,N,...] [--bytes-per-block B]\n"
-         "                           [--sysfs ROOT]\n"
+#if RAILYARD_IS_SIM
+         "                           [--nodes 1|2]\n"
+#else
+         "                           [--nic NAME] [--peer HOST:PORT --rank 0|1] [--sysfs ROOT]\n"
+#endif
          "Brings up the RDMA path on one GPU and its NIC in named stages (register, queues, loopback,\n"
-         "bandwidth, bad key) and stops at the first failure. Exit codes: 0 OK, 1 bad argument,\n"
-         "2 no RDMA NIC, 3 no usable GPU, 4 the NIC or GPU could not be opened, 10+N stage N failed.\n";
+         "bandwidth, bad key) and stops at the first failure."
+#if RAILYARD_IS_SIM
+         " Simulator flavour: simulated GPUs and NICs; --nodes 2\n"
+         "runs the stages between two simulated nodes."
+#else
+         " With --peer, between this node and\n"
+         "another one running the probe with the other rank (rank 0 listens on HOST:PORT)."
+#endif
+         "\nExit codes: 0 OK, 1 bad argument, 2 no RDMA NIC, 3 no usable GPU, 4 setup failed,\n"
+         "10+N stage N failed.\n";
 }
 
 namespace {
@@ -642,6 +752,7 @@ bool parse_arguments(int argc, const char* const* argv, Options* o, bool* help, 
     return false;
   }
   *help = false;
+  [[maybe_unused]] bool rank_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -649,7 +760,7 @@ bool parse_arguments(int argc, const char* const* argv, Options* o, bool* help, 
       return true;
     }
     if (i + 1 >= argc) {
-      *error = arg == "--gpu" || arg == "--nic" || arg == "--port" || arg == "--gid-index" || arg == "--queues" ||
+      *error = arg == "--gpu" || arg == "--nic" || arg == "--nodes" || arg == "--peer" || arg == "--rank" || arg == "--port" || arg == "--gid-index" || arg == "--queues" ||
                        arg == "--atomic-order" || arg == "--sizes" || arg == "--blocks" || arg == "--bytes-per-block" ||
                        arg == "--sysfs"
                    ? arg + " needs a value"
@@ -661,8 +772,6 @@ bool parse_arguments(int argc, const char* const* argv, Options* o, bool* help, 
     if (arg == "--gpu") {
       if (!parse_int(value, 0, 1023, &v)) return *error = "--gpu is '" + value + "'; expected a GPU index 0..1023", false;
       o->gpu = static_cast<int>(v);
-    } else if (arg == "--nic") {
-      o->nic = value;
     } else if (arg == "--port") {
       if (!parse_int(value, 1, 255, &v)) return *error = "--port is '" + value + "'; expected 1..255", false;
       o->open.port = static_cast<int>(v);
@@ -690,13 +799,36 @@ bool parse_arguments(int argc, const char* const* argv, Options* o, bool* help, 
       if (!parse_int(value, 16, 1ll << 40, &v))
         return *error = "--bytes-per-block is '" + value + "'; expected 16..2^40", false;
       o->bytes_per_block = static_cast<uint64_t>(v);
+#if RAILYARD_IS_SIM
+    } else if (arg == "--nodes") {
+      if (!parse_int(value, 1, 2, &v)) return *error = "--nodes is '" + value + "'; expected 1 or 2", false;
+      o->nodes = static_cast<int>(v);
+#else
+    } else if (arg == "--nic") {
+      o->nic = value;
     } else if (arg == "--sysfs") {
       o->sysfs_root = value;
+    } else if (arg == "--peer") {
+      const std::size_t colon = value.rfind(':');
+      if (colon == std::string::npos || colon == 0 || !parse_int(value.substr(colon + 1), 1, 65535, &v))
+        return *error = "--peer is '" + value + "'; expected HOST:PORT, rank 0's address and a port 1..65535", false;
+      o->peer_host = value.substr(0, colon);
+      o->peer_port = static_cast<int>(v);
+      o->nodes = 2;
+    } else if (arg == "--rank") {
+      if (!parse_int(value, 0, 1, &v)) return *error = "--rank is '" + value + "'; expected 0 or 1", false;
+      o->rank = static_cast<int>(v);
+      rank_given = true;
+#endif
     } else {
       *error = "unknown argument '" + arg + "'";
       return false;
     }
   }
+#if !RAILYARD_IS_SIM
+  if (rank_given && o->nodes == 1) return *error = "--rank needs --peer HOST:PORT (the probe across two nodes)", false;
+  if (o->nodes == 2 && !rank_given) return *error = "--peer needs --rank 0 or 1 (rank 0 listens on the port)", false;
+#endif
   return true;
 }
 

@@ -7,9 +7,10 @@
 // the error:
 //   1. register    the registered buffer, made as a Buffer makes it, registered with the NIC
 //   2. queues      two RC queue pairs with their queues in GPU memory, the doorbell mapped
-//   3. loopback    the two connected to each other on the one port; a kernel posts
-//                  WRITEs and fetch-and-adds, polls their completions and waits for the
-//                  signal; the host checks the bytes and the signal's byte order
+//   3. loopback    the two connected to each other on the one port (or, across two
+//      (exchange)  nodes, to the peer's); a kernel posts WRITEs and fetch-and-adds,
+//                  polls their completions and waits for the signal; the host checks
+//                  the bytes and the signal's byte order
 //   4. bandwidth   WRITEs over a queue pair per block, by message size and block count
 //   5. bad key     a WRITE with a wrong rkey must end in the remote access error (0x13)
 // The bad key stage is last: the lane's error ends the kernel with a trap, which on a
@@ -43,8 +44,18 @@ inline constexpr int kSetupFailed = 4;  // the chosen NIC or GPU could not be op
 inline constexpr int kStageFailed = 10;  // + the stage's number (1..5)
 
 struct Options {
+  // 1: the stages on one NIC, its queue pairs connected to each other (loopback); 2:
+  // between two nodes, a GPU and its NIC each, through `peer_host:peer_port` (rank 0
+  // listens there, rank 1 connects: runtime::TcpBootstrap). The simulator's probe runs
+  // both nodes in its one process.
+  int nodes = 1;
+  int rank = 0;
+  std::string peer_host;
+  int peer_port = 0;
   int gpu = 0;
-  std::string nic;  // empty: the NIC nearest the GPU on PCIe (or RAILYARD_NICS)
+  // CUDA flavour: the NIC (empty: the one nearest the GPU on PCIe, or RAILYARD_NICS)
+  // and where sysfs is. The simulator's GPU r has its NIC.
+  std::string nic;
   std::string sysfs_root = "/sys";
   runtime::rdma::OpenOptions open{};
   // Bandwidth: message sizes, block counts (a queue pair each) and the bytes each
@@ -54,7 +65,8 @@ struct Options {
   uint64_t bytes_per_block = 0;
   uint64_t timeout_cycles = uint64_t{1} << 32;  // every wait in the probe's kernels
 #if RAILYARD_IS_SIM
-  sim::NicConfig sim_nic{};  // the simulated NIC (fault injection)
+  sim::NicConfig sim_nic{};  // the simulated NICs (fault injection)
+  int sim_nic_rank = -1;     // >= 0: only that rank's NIC takes sim_nic
 #endif
 };
 

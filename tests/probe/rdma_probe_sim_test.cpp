@@ -91,6 +91,45 @@ TEST(RdmaProbe, BadKeyStageWantsTheRemoteAccessError) {
   EXPECT_TRUE(contains(r.log, "syndrome 21")) << r.log;
 }
 
+TEST(RdmaProbe, EveryStagePassesBetweenTwoSimulatedNodes) {
+  probe::Options o = probe::default_options();
+  o.nodes = 2;
+  const ProbeRun r = run_probe(o);
+  ASSERT_EQ(r.rc, probe::kOk) << r.log;
+  for (int rank : {0, 1}) {
+    const std::string me = "[rank " + std::to_string(rank) + "] ";
+    for (const char* stage : {"1/5 register: ok", "2/5 queues: ok", "3/5 exchange: ok", "4/5 bandwidth: ok",
+                              "5/5 bad key: ok"})
+      EXPECT_TRUE(contains(r.log, me + "stage " + stage)) << me << stage << "\n" << r.log;
+    EXPECT_TRUE(contains(r.log, me + "  2 WRITEs of 4096 bytes and 2 fetch-and-adds each way completed; rank " +
+                                    std::to_string(1 - rank) + "'s bytes checked"))
+        << r.log;
+    EXPECT_TRUE(contains(r.log, me + "  a wrong rkey of rank " + std::to_string(1 - rank) + " refused")) << r.log;
+    EXPECT_TRUE(contains(r.log, me + "railyard-rdma-probe: OK")) << r.log;
+  }
+}
+
+// One node's link goes down: its puts end with the NIC's error, the other node's
+// wait for them ends at its bound, and both nodes report both failures and stop.
+TEST(RdmaProbe, OneNodesFailureStopsBothNodesNamingIt) {
+  probe::Options o = probe::default_options();
+  o.nodes = 2;
+  o.sim_nic.link_down_after_packets = 0;
+  o.sim_nic_rank = 1;
+  o.timeout_cycles = uint64_t{1} << 24;
+  const ProbeRun r = run_probe(o);
+  EXPECT_EQ(r.rc, probe::kStageFailed + 3) << r.log;
+  for (int rank : {0, 1}) {
+    const std::string me = "[rank " + std::to_string(rank) + "] ";
+    EXPECT_TRUE(contains(r.log, me + "stage 3/5 exchange: rank 0 FAILED at the exchange kernel")) << r.log;
+    EXPECT_TRUE(contains(r.log, me + "stage 3/5 exchange: rank 1 FAILED at the exchange kernel")) << r.log;
+    EXPECT_TRUE(contains(r.log, me + "railyard-rdma-probe: FAILED at stage 3 (exchange)")) << r.log;
+    EXPECT_FALSE(contains(r.log, me + "stage 4/5")) << r.log;
+  }
+  EXPECT_TRUE(contains(r.log, "waiting for probe loopback signal")) << r.log;  // rank 0's bounded wait
+  EXPECT_TRUE(contains(r.log, "syndrome 21")) << r.log;                       // rank 1's NIC
+}
+
 TEST(RdmaProbe, CommandLineRefusalsNameTheArgument) {
   struct Case {
     std::vector<const char*> args;
@@ -102,8 +141,10 @@ TEST(RdmaProbe, CommandLineRefusalsNameTheArgument) {
       {{"probe", "--atomic-order", "little"}, "--atomic-order is 'little'; expected native or big-endian"},
       {{"probe", "--sizes", "4096,"}, "--sizes is '4096,'; expected message sizes in bytes, 16..2^30"},
       {{"probe", "--blocks", "0"}, "--blocks is '0'; expected block counts 1..8"},
-      {{"probe", "--nic"}, "--nic needs a value"},
+      {{"probe", "--nodes"}, "--nodes needs a value"},
+      {{"probe", "--nic", "mlx5_0"}, "unknown argument '--nic'"},  // the simulator's GPU has its own NIC
       {{"probe", "--frobnicate", "1"}, "unknown argument '--frobnicate'"},
+      {{"probe", "--nodes", "3"}, "--nodes is '3'; expected 1 or 2"},
   };
   for (const Case& c : cases) {
     probe::Options o;
@@ -114,7 +155,7 @@ TEST(RdmaProbe, CommandLineRefusalsNameTheArgument) {
     EXPECT_TRUE(contains(error, c.error)) << error;
   }
   const char* good[] = {"probe", "--sizes", "4096,1048576", "--blocks", "1,8", "--atomic-order", "big-endian",
-                        "--queues", "host", "--nic", "mlx5_3", "--bytes-per-block", "1048576"};
+                        "--queues", "host", "--nodes", "2", "--bytes-per-block", "1048576"};
   probe::Options o;
   bool help = false;
   std::string error;
@@ -123,7 +164,7 @@ TEST(RdmaProbe, CommandLineRefusalsNameTheArgument) {
   EXPECT_EQ(o.blocks, (std::vector<int>{1, 8}));
   EXPECT_EQ(o.open.atomic_order, runtime::rdma::AtomicOrder::BigEndian);
   EXPECT_EQ(o.open.queue_memory, runtime::rdma::QueueLocation::Host);
-  EXPECT_EQ(o.nic, "mlx5_3");
+  EXPECT_EQ(o.nodes, 2);
   EXPECT_EQ(o.bytes_per_block, 1048576u);
 }
 
