@@ -1,0 +1,155 @@
+// The GIN lane (transport/gin/lane.cuh) over QueuePairGin, the GIN-like backend over
+// mlx5 queue pairs, on the simulated NIC: ranks in separate NVLink domains.
+//  - many-to-many: every rank puts to every other with a signal per put (weak
+//    signals: each publishes its own put), the receiver waits through the backend;
+//    relaxed ordering (WRITEs placed in any order), NIC stalls, sequentially
+//    consistent and weak memory modes, seeds, two kernels (the lanes' indices carry
+//    over); every byte against the reference;
+//  - a signal offset outside the signal area, and a put naming another peer than the
+//    lane's, are errors naming them.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "railyard/arch/memory.cuh"
+#include "railyard/arch/thread.cuh"
+#include "railyard/transport/gin/lane.cuh"
+#include "railyard/transport/gin/queue_pair_backend.cuh"
+#include "tests/arch/sim_harness.hpp"
+#include "tests/transport/mlx5_fabric.hpp"
+
+namespace railyard {
+namespace {
+
+namespace gin = transport::gin;
+using test::Fabric;
+using test::FabricConfig;
+using transport::LocalRef;
+using transport::RemoteRef;
+using transport::SignalRef;
+
+static_assert(transport::Lane<gin::Lane<gin::QueuePairGin>>);
+
+constexpr uint64_t kScratch = 0;
+constexpr uint64_t kSignals = 64;  // the signal area: signal s at kSignals + 8 s
+constexpr uint32_t kSignalCount = 8;
+constexpr uint64_t kSend = 4096;
+constexpr uint64_t kRecv = 32768;
+constexpr int kPuts = 12;
+constexpr uint32_t kBytes = 192;  // three 64-byte pieces at the MTU below
+
+uint32_t word(int from, int to, int launch, uint32_t i) {
+  return static_cast<uint32_t>(from) * 0x01000193u ^ static_cast<uint32_t>(to * 16 + launch) * 0x9e3779b9u ^
+         (i * 2654435761u);
+}
+
+// The backend a block of `rank` uses towards `peer`: a context of its own (one queue
+// pair), as NCCL's exclusive contexts are.
+gin::QueuePairGin backend_for(Fabric& f, int rank, int peer) {
+  gin::QueuePairGin b;
+  b.qps[peer] = f.qp(rank, peer);
+  b.local_base = f.buffer(rank);
+  b.signals = {kSignals, kSignalCount};
+  b.signal_order = f.qp(rank, peer).signal_order;
+  return b;
+}
+
+// Block b of rank r: kPuts put_signals of kBytes into b's region kept for r, each
+// adding 1 to b's signal r; then waits for b's puts through its own signal b.
+std::function<void()> many_to_many_kernel(Fabric& f, int rank, int num_ranks, int launch) {
+  std::vector<gin::QueuePairGin> backends(static_cast<std::size_t>(num_ranks));
+  for (int p = 0; p < num_ranks; ++p)
+    if (p != rank) backends[static_cast<std::size_t>(p)] = backend_for(f, rank, p);
+  uint8_t* buf = f.buffer(rank);
+  return [=] {
+    const int peer = static_cast<int>(blockIdx.x);
+    if (peer == rank) return;
+    const gin::QueuePairGin& backend = backends[static_cast<std::size_t>(peer)];
+    const pipeline::WaitPolicy policy(uint64_t{1} << 30, nullptr, rank);
+    gin::Lane<gin::QueuePairGin> lane(backend, peer, policy);
+    const uint64_t source = kSend + static_cast<uint64_t>(peer) * kPuts * kBytes;
+    auto* w = reinterpret_cast<uint32_t*>(buf + source);
+    for (uint32_t i = arch::lane_idx(); i < kPuts * kBytes / 4; i += 32) arch::st_global(w + i, word(rank, peer, launch, i));
+    __syncwarp();
+    for (int j = 0; j < kPuts; ++j) {
+      const uint64_t at = static_cast<uint64_t>(j) * kBytes;
+      lane.put_signal(LocalRef{source + at}, RemoteRef{peer, kRecv + static_cast<uint64_t>(rank) * kPuts * kBytes + at},
+                      kBytes, SignalRef{peer, kSignals + 8 * static_cast<uint64_t>(rank)}, 1);
+      if (j == kPuts / 2) lane.quiet(lane.ticket() - 3);  // the sources of the first puts are reusable
+    }
+    lane.submit();
+    lane.quiet();
+    gin::wait_signal(backend, kSignals + 8 * static_cast<uint64_t>(peer), static_cast<uint64_t>(launch + 1) * kPuts,
+                     {"gin many-to-many signal (index: peer)", peer, (launch + 1) * kPuts}, policy);
+    // What the signals published: read it here, so the weak mode checks the ordering.
+    const auto* got = reinterpret_cast<const uint32_t*>(buf + kRecv + static_cast<uint64_t>(peer) * kPuts * kBytes);
+    for (uint32_t i = arch::lane_idx(); i < kPuts * kBytes / 4; i += 32)
+      if (arch::ld_global(got + i) != word(peer, rank, launch, i))
+        arch::trap_with("word %lld from rank %lld is wrong at rank %lld", i, peer, rank);
+    __syncwarp();
+  };
+}
+
+void run_many_to_many(uint64_t seed, sim::MemoryModel model) {
+  constexpr int kRanks = 4, kLaunches = 2;
+  FabricConfig config{.num_domains = kRanks, .seed = seed, .memory_model = model, .buffer_bytes = 64 << 10,
+                      .log2_sq_wqebbs = 3, .log2_ncqe = 3, .completion_interval = 5};
+  config.nic.mtu_bytes = 64;
+  config.nic.stall_probability = 0.3;
+  config.nic.relaxed_ordering = true;
+  config.fetch_scratch_offset = kScratch;
+  Fabric f(config);
+  for (int launch = 0; launch < kLaunches; ++launch)
+    test::run_kernels_or_throw(f, [&](int r) { return many_to_many_kernel(f, r, kRanks, launch); },
+                               [](int) { return unsigned{kRanks}; });
+  const sim::Traffic traffic = sim::traffic();
+  for (int dst = 0; dst < kRanks; ++dst)
+    for (int src = 0; src < kRanks; ++src) {
+      if (src == dst) continue;
+      const auto* got = reinterpret_cast<const uint32_t*>(f.buffer(dst) + kRecv + static_cast<uint64_t>(src) * kPuts * kBytes);
+      for (uint32_t i = 0; i < kPuts * kBytes / 4; ++i)
+        ASSERT_EQ(got[i], word(src, dst, kLaunches - 1, i)) << src << " -> " << dst << " word " << i;
+      const auto* signal = reinterpret_cast<const uint64_t*>(f.buffer(dst) + kSignals + 8 * static_cast<uint64_t>(src));
+      EXPECT_EQ(*signal, static_cast<uint64_t>(kLaunches) * kPuts) << src << " -> " << dst;
+      EXPECT_EQ(traffic.nic_sent(src, dst), static_cast<uint64_t>(kLaunches) * kPuts * (kBytes + 8)) << src << " -> " << dst;
+    }
+}
+
+TEST(GinLane, ManyToManyWithWeakSignalsRelaxedOrderingAndNicDelays) {
+  for (uint64_t seed : test::seeds(2)) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    run_many_to_many(seed, sim::MemoryModel::SequentiallyConsistent);
+    run_many_to_many(seed, sim::MemoryModel::Weak);
+  }
+}
+
+// A misused lane traps with a report naming what was wrong.
+std::string misuse(bool wrong_peer) {
+  FabricConfig config;
+  config.fetch_scratch_offset = kScratch;
+  Fabric f(config);
+  const gin::QueuePairGin backend = backend_for(f, 0, 1);
+  const std::vector<std::string> reports = test::run_kernels(f, [&](int r) -> std::function<void()> {
+    if (r != 0) return [] {};
+    return [=] {
+      gin::Lane<gin::QueuePairGin> lane(backend, 1, pipeline::WaitPolicy(uint64_t{1} << 20, nullptr, 0));
+      if (wrong_peer) lane.put(LocalRef{kSend}, RemoteRef{2, kRecv}, 64);
+      else lane.signal(SignalRef{1, kSignals + 8 * kSignalCount}, 1);  // one past the area
+      lane.quiet();
+    };
+  });
+  return reports[0];
+}
+
+TEST(GinLane, MisuseIsNamed) {
+  EXPECT_NE(misuse(false).find("gin lane: signal offset 128 is not a slot of the signal area at 64 (8 signals)"),
+            std::string::npos)
+      << misuse(false);
+  EXPECT_NE(misuse(true).find("gin lane: an operation names peer 2, but the lane reaches peer 1"), std::string::npos)
+      << misuse(true);
+}
+
+}  // namespace
+}  // namespace railyard
