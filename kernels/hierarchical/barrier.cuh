@@ -11,13 +11,18 @@
 
 namespace railyard::kernels::hierarchical {
 
+template <class T>
 struct Barrier {
   static constexpr const char* kName = "hierarchical::Barrier";
   static constexpr uint32_t kMaxThreadsPerBlock = 32;
   static constexpr uint32_t kMinBlocksPerSm = 1;
 
   using Arguments = BarrierArguments;
-  using Params = BarrierArguments;
+  struct Params {
+    intranode::DomainParams domain;
+    layout::HierarchicalShape shape;
+    const typename T::LaneDesc* lanes;
+  };
   struct SharedStorage {
     uint32_t unused;  // the barrier keeps nothing in shared memory
   };
@@ -30,9 +35,8 @@ struct Barrier {
     const layout::HierarchicalLayout H(p.shape);
     for (int q = 0; q < H.lanes(); ++q) {
       const RailLane rail = rail_lane(H, p.domain.rank, q);
-      const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p.lanes[q]);
-      transport::mlx5::Lane lane(qp, p.domain.wait());
-      enter_rail(H, p.domain.self(), lane, qp.signal_order, q, rail.peer.rank, rail.peer_lane, p.domain.handshake_wait());
+      typename T::Lane lane = T::lane(p.lanes, q, p.domain.wait());
+      enter_rail<T>(H, p.domain.self(), lane, p.lanes, q, rail.peer.rank, rail.peer_lane, p.domain.handshake_wait());
       lane.quiet();  // its completion in: a NIC error is reported here, by this rank
     }
     intranode::op_end(p.domain, seq);

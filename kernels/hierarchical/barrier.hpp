@@ -13,7 +13,7 @@
 #include "railyard/common/gpu_stream.hpp"
 #include "railyard/common/status.hpp"
 #include "railyard/layout/hierarchical_layout.cuh"
-#include "railyard/transport/mlx5/queue_pair.hpp"
+#include "kernels/hierarchical/rail_lanes.hpp"
 
 namespace railyard::kernels::hierarchical {
 
@@ -22,7 +22,7 @@ struct BarrierArguments {
   // lanes (lane l towards remote domain r at r L + l); the barrier enters each.
   intranode::DomainParams domain;
   layout::HierarchicalShape shape;
-  const transport::mlx5::QueuePair* lanes = nullptr;
+  RailLanes lanes;
 };
 
 // Checks the arguments, then enqueues the barrier (one block of one warp) on

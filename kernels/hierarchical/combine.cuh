@@ -29,10 +29,10 @@
 #include "railyard/layout/hierarchical_layout.cuh"
 #include "railyard/pipeline/wait.cuh"
 #include "railyard/transport/contract.cuh"
-#include "railyard/transport/mlx5/lane.cuh"
 
 namespace railyard::kernels::hierarchical {
 
+template <class T>
 struct Partials {
   static constexpr const char* kName = "hierarchical::Combine";
   static constexpr bool kPartials = true;
@@ -42,7 +42,7 @@ struct Partials {
     layout::HierarchicalShape shape;
     int rank = 0;             // in the group
     uint8_t* self = nullptr;  // this rank's registered buffer
-    const transport::mlx5::QueuePair* lanes = nullptr;  // [(D - 1) L], lane_index order
+    const typename T::LaneDesc* lanes = nullptr;  // [(D - 1) L], lane_index order
     pipeline::WaitPolicy wait;            // the ring hand-offs, the lanes' completions
     pipeline::WaitPolicy handshake_wait;  // rail entries, other domains' partials
     int64_t probs_offset = 0;             // HierarchicalLayout::wire_combine_probs_offset()
@@ -128,9 +128,8 @@ struct Partials {
     uint64_t put_of_slot[layout::kMaxChunksInFlight] = {};
     for_each_dealt_lane(H, p.rank, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), [&](const RailLane& rail) {
       const int peer = rail.peer.rank, at_peer = rail.peer.at_peer;
-      const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p.lanes[rail.q]);
-      transport::mlx5::Lane lane(qp, p.wait);
-      enter_rail(H, p.self, lane, qp.signal_order, rail.q, peer, rail.peer_lane, p.handshake_wait);
+      typename T::Lane lane = T::lane(p.lanes, rail.q, p.wait);
+      enter_rail<T>(H, p.self, lane, p.lanes, rail.q, peer, rail.peer_lane, p.handshake_wait);
       const int32_t rows = rows_from(p, H, h, rail.peer.domain, mine);
       for (int64_t j = 0, c = rail.l; c * C < rows; ++j, c += p.shape.lanes_per_peer, ++k) {
         const uint32_t slot = k % S;
@@ -174,11 +173,9 @@ struct Partials {
       const int r = layout::HierarchicalLayout::remote_index(mine_, n);
       const int32_t chunk = i / p_.shape.chunk_tokens;
       if (s_.landed[r] != chunk) {
-        const transport::SignalOrder order = transport::mlx5::load_queue_pair(&p_.lanes[H_.lane_index(r, 0)]).signal_order;
-        transport::wait_signal(reinterpret_cast<const uint64_t*>(p_.self + H_.combine_signal_offset(r, chunk)),
-                               consumed(p_, H_, r, chunk) + 1, order,
-                               {"combine: partials of chunk (value) from domain (index)", n, chunk},
-                               p_.handshake_wait);
+        T::wait_signal(p_.lanes, H_.lane_index(r, 0), p_.self, H_.combine_signal_offset(r, chunk),
+                       consumed(p_, H_, r, chunk) + 1,
+                       {"combine: partials of chunk (value) from domain (index)", n, chunk}, p_.handshake_wait);
         s_.landed[r] = chunk;
       }
       return p_.self + H_.combine_recv_row_offset(r, i);
@@ -225,13 +222,14 @@ struct Partials {
     return arch::ld_global(reinterpret_cast<const uint64_t*>(p.self + H.combine_consumed_offset(r, chunk)));
   }
   // Warp-collective: chunk `k`'s put has completed; its slot goes back to the store lane.
-  RAILYARD_DEVICE static void free_slot(transport::mlx5::Lane& lane, Storage& s, const uint64_t* put_of_slot,
+  RAILYARD_DEVICE static void free_slot(typename T::Lane& lane, Storage& s, const uint64_t* put_of_slot,
                                         uint32_t k, uint32_t S) {
     lane.quiet(put_of_slot[k % S]);
     if (arch::lane_idx() == 0) (void)arch::mbarrier_arrive(&s.sent[k % S]);
   }
 };
 
-using Combine = intranode::Combine<intranode::kCombineSlotBytes, intranode::kCombineStages, Partials>;
+template <class T>
+using Combine = intranode::Combine<intranode::kCombineSlotBytes, intranode::kCombineStages, Partials<T>>;
 
 }  // namespace railyard::kernels::hierarchical

@@ -7,7 +7,7 @@
 #include "railyard/common/gpu_stream.hpp"
 #include "railyard/common/status.hpp"
 #include "railyard/layout/hierarchical_layout.cuh"
-#include "railyard/transport/mlx5/queue_pair.hpp"
+#include "kernels/hierarchical/rail_lanes.hpp"
 
 namespace railyard::kernels::hierarchical {
 
@@ -21,7 +21,7 @@ struct CombineArguments {
   layout::HierarchicalShape shape;
   // As for the dispatch: (D - 1) L lanes, lane l towards remote domain r at r L + l;
   // block b drives the lanes dealt_lane(b), dealt_lane(b + num_blocks), ...
-  const transport::mlx5::QueuePair* lanes = nullptr;
+  RailLanes lanes;
 };
 
 // Checks the arguments (errors name the argument and the expected value) and the

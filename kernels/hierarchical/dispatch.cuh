@@ -29,10 +29,10 @@
 #include "railyard/arch/thread.cuh"
 #include "railyard/layout/hierarchical_layout.cuh"
 #include "railyard/transport/contract.cuh"
-#include "railyard/transport/mlx5/lane.cuh"
 
 namespace railyard::kernels::hierarchical {
 
+template <class T>
 struct Forwarding {
   static constexpr const char* kName = "hierarchical::Dispatch";
   static constexpr bool kForwards = true;
@@ -43,13 +43,13 @@ struct Forwarding {
     int64_t slots, recv_pos, scales, payload, row_bytes;
   };
   struct Params {
-    RdmaSendParams send;  // this rank, its buffer, handle, tokens, lanes and waits
+    RdmaSendParams<T> send;  // this rank, its buffer, handle, tokens, lanes and waits
     WireFormat wire;
   };
   template <uint32_t SlotBytes>
   using Storage = RdmaSendStorage<SlotBytes>;
 
-  static Params make(const RdmaSendParams& send) {
+  static Params make(const RdmaSendParams<T>& send) {
     const layout::HierarchicalLayout H(send.shape);
     return {send, {H.wire_slots_offset(), H.wire_recv_pos_offset(), H.wire_header_bytes(), H.wire_payload_offset(),
                    H.wire_dispatch_row_bytes()}};
@@ -62,7 +62,7 @@ struct Forwarding {
   // The RDMA send warp of this block.
   template <uint32_t SlotBytes>
   RAILYARD_DEVICE static void send(const Params& p, RdmaSendStorage<SlotBytes>& s) {
-    RdmaSender<SlotBytes>(p.send, s).run(static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+    RdmaSender<T, SlotBytes>(p.send, s).run(static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
   }
 
   // A wire row's parts.
@@ -90,7 +90,7 @@ struct Forwarding {
   // domain), which the metadata relayed.
   template <class Fn>
   RAILYARD_DEVICE static void for_each_chunk(const Params& p, int role, Fn&& fn) {
-    const RdmaSendParams& q = p.send;
+    const RdmaSendParams<T>& q = p.send;
     const layout::HierarchicalLayout H(q.shape);
     int64_t dealt = 0;
     for (int64_t j = 0, more = 1; more; ++j) {
@@ -112,7 +112,7 @@ struct Forwarding {
     int q, r, l, other, src;
     int32_t rows;
   };
-  RAILYARD_DEVICE static ReceivedLane received_lane(const RdmaSendParams& q, const layout::HierarchicalLayout& H,
+  RAILYARD_DEVICE static ReceivedLane received_lane(const RdmaSendParams<T>& q, const layout::HierarchicalLayout& H,
                                                     int lane) {
     const layout::IntranodeLayout& L = H.nvlink();
     const int R = q.shape.domain.ranks_per_domain, mine = q.rank / R, lanes = q.shape.lanes_per_peer;
@@ -127,15 +127,14 @@ struct Forwarding {
   template <class Fn>
   RAILYARD_DEVICE static void forward_chunk(const Params& p, const layout::HierarchicalLayout& H, int role,
                                             const ReceivedLane& in, int64_t c, Fn&& fn) {
-    const RdmaSendParams& q = p.send;
+    const RdmaSendParams<T>& q = p.send;
     const int C = q.shape.chunk_tokens;
     if (arch::lane_idx() == 0) {
-      const transport::SignalOrder order = transport::mlx5::load_queue_pair(&q.lanes[in.q]).signal_order;
       auto* consumed = reinterpret_cast<uint64_t*>(q.self + H.dispatch_consumed_offset(role, in.r, c));
       const uint64_t target = arch::ld_global(consumed) + 1;
-      transport::wait_signal(reinterpret_cast<const uint64_t*>(q.self + H.dispatch_signal_offset(in.r, c)), target,
-                             order, {"dispatch forwarding: wire rows of chunk (index) from rank (value)", c, in.src},
-                             q.handshake_wait);
+      T::wait_signal(q.lanes, in.q, q.self, H.dispatch_signal_offset(in.r, c), target,
+                     {"dispatch forwarding: wire rows of chunk (index) from rank (value)", c, in.src},
+                     q.handshake_wait);
       arch::st_global(consumed, target);
     }
     // Lane 0's acquire, then the warp barrier: every lane reads the rows; the proxy
@@ -148,6 +147,7 @@ struct Forwarding {
   }
 };
 
-using Dispatch = intranode::Dispatch<intranode::kDispatchSlotBytes, intranode::kDispatchStages, Forwarding>;
+template <class T>
+using Dispatch = intranode::Dispatch<intranode::kDispatchSlotBytes, intranode::kDispatchStages, Forwarding<T>>;
 
 }  // namespace railyard::kernels::hierarchical

@@ -7,7 +7,7 @@
 #include "railyard/common/gpu_stream.hpp"
 #include "railyard/common/status.hpp"
 #include "railyard/layout/hierarchical_layout.cuh"
-#include "railyard/transport/mlx5/queue_pair.hpp"
+#include "kernels/hierarchical/rail_lanes.hpp"
 
 namespace railyard::kernels::hierarchical {
 
@@ -23,7 +23,7 @@ struct DispatchArguments {
   // domain r (HierarchicalLayout::remote_index) at r L + l (lane_index). Block b
   // drives the lanes dealt_lane(b), dealt_lane(b + num_blocks), ... (every domain's lane
   // 0 first): a lane is driven by one warp of one block.
-  const transport::mlx5::QueuePair* lanes = nullptr;
+  RailLanes lanes;
 };
 
 // Checks the arguments (errors name the argument and the expected value) and the

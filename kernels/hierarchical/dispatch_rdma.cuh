@@ -41,10 +41,10 @@
 #include "railyard/arch/thread.cuh"
 #include "railyard/layout/hierarchical_layout.cuh"
 #include "railyard/pipeline/wait.cuh"
-#include "railyard/transport/mlx5/lane.cuh"
 
 namespace railyard::kernels::hierarchical {
 
+template <class T>
 struct RdmaSendParams {
   layout::HierarchicalShape shape;
   int rank = 0;             // in the group
@@ -52,7 +52,7 @@ struct RdmaSendParams {
   layout::HandleView handle;                             // the group's, filled by the metadata
   const uint8_t* hidden = nullptr;                       // [T][dispatch row bytes], 16-byte aligned
   const float* scales = nullptr;                         // [T][num_scales] (FP8)
-  const transport::mlx5::QueuePair* lanes = nullptr;     // [(D - 1) L], lane_index order
+  const typename T::LaneDesc* lanes = nullptr;           // [(D - 1) L], lane_index order
   pipeline::WaitPolicy wait;                             // the lanes' completions
   pipeline::WaitPolicy handshake_wait;                   // the rail peers' entries
 };
@@ -72,10 +72,10 @@ struct RdmaSendStorage {
   }
 };
 
-template <uint32_t SlotBytes>
+template <class T, uint32_t SlotBytes>
 class RdmaSender {
  public:
-  RAILYARD_DEVICE RdmaSender(const RdmaSendParams& p, RdmaSendStorage<SlotBytes>& s)
+  RAILYARD_DEVICE RdmaSender(const RdmaSendParams<T>& p, RdmaSendStorage<SlotBytes>& s)
       : p_(p), s_(s), H_(p.shape), R_(p.shape.domain.ranks_per_domain) {}
 
   // Warp-collective: every lane dealt to `block` of `blocks`. Their rail entries first,
@@ -83,7 +83,7 @@ class RdmaSender {
   // before it; then the lanes' chunks in rounds; then every lane's completions.
   RAILYARD_DEVICE void run(int block, int blocks) {
     for_each_dealt_lane(H_, p_.rank, block, blocks, [&](const RailLane& rail) {
-      transport::mlx5::Lane lane(transport::mlx5::load_queue_pair(&p_.lanes[rail.q]), p_.wait);
+      typename T::Lane lane = T::lane(p_.lanes, rail.q, p_.wait);
       post_rail_entry(H_, lane, rail.peer.rank, rail.peer_lane);
     });
     // Round j: the j-th chunk of every lane of the block, so that the lanes' chunks
@@ -99,14 +99,13 @@ class RdmaSender {
         } else if (j == 0) {
           // A lane with no chunk still counts the peer's entry (both sides count one
           // per lane).
-          await_rail_entry(H_, p_.self, transport::mlx5::load_queue_pair(&p_.lanes[rail.q]).signal_order, rail.q,
-                           rail.peer.rank, p_.handshake_wait);
+          await_rail_entry<T>(H_, p_.self, p_.lanes, rail.q, rail.peer.rank, p_.handshake_wait);
         }
       });
     }
     // Every lane's puts complete: its ring is free for the next operation.
     for_each_dealt_lane(H_, p_.rank, block, blocks, [&](const RailLane& rail) {
-      transport::mlx5::Lane(transport::mlx5::load_queue_pair(&p_.lanes[rail.q]), p_.wait).quiet();
+      T::lane(p_.lanes, rail.q, p_.wait).quiet();
     });
   }
 
@@ -125,11 +124,10 @@ class RdmaSender {
   // keeping any.
   RAILYARD_DEVICE void send_chunk(const RailLane& rail, int64_t j, int64_t c, int32_t packed) {
     const int C = p_.shape.chunk_tokens, slots = p_.shape.slots_per_lane();
-    const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&p_.lanes[rail.q]);
-    transport::mlx5::Lane lane(qp, p_.wait);
+    typename T::Lane lane = T::lane(p_.lanes, rail.q, p_.wait);
     // The slot's previous chunk (j - slots) was put before the last slots - 1 chunks,
-    // each a put_signal's WQEs: once those before them completed, its bytes were read.
-    if (j >= slots) lane.quiet(lane.ticket() - uint64_t{transport::mlx5::Lane::kPutSignalWqes} * (slots - 1));
+    // each a put_signal's tickets: once those before them completed, its bytes were read.
+    if (j >= slots) lane.quiet(lane.ticket() - T::kTicketsPerPutSignal * (slots - 1));
     const int rows = packed - c * C < C ? static_cast<int>(packed - c * C) : C;
     const int64_t ring = H_.dispatch_send_row_offset(rail.r, H_.ring_slot(rail.l, j), 0);
     pack_chunk(rail.peer.domain, c * C, rows, p_.self + ring);
@@ -141,7 +139,7 @@ class RdmaSender {
     __syncwarp();  // every lane's fields too
     // The peer's receive area is free once it entered this dispatch: waited for
     // before the lane's first put (packing read only this rank's memory).
-    if (j == 0) await_rail_entry(H_, p_.self, qp.signal_order, rail.q, rail.peer.rank, p_.handshake_wait);
+    if (j == 0) await_rail_entry<T>(H_, p_.self, p_.lanes, rail.q, rail.peer.rank, p_.handshake_wait);
     lane.put_signal({static_cast<uint64_t>(ring)},
                     {rail.peer.rank, static_cast<uint64_t>(H_.dispatch_recv_row_offset(rail.peer.at_peer, c * C))},
                     rows * static_cast<uint32_t>(H_.wire_dispatch_row_bytes()),
@@ -230,7 +228,7 @@ class RdmaSender {
     uint8_t* dst;
     uint32_t bytes;
   };
-  const RdmaSendParams& p_;
+  const RdmaSendParams<T>& p_;
   RdmaSendStorage<SlotBytes>& s_;
   layout::HierarchicalLayout H_;
   int R_;

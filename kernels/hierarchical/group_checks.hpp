@@ -10,13 +10,13 @@
 #include "kernels/intranode/domain_checks.hpp"
 #include "railyard/common/status.hpp"
 #include "railyard/layout/hierarchical_layout.cuh"
-#include "railyard/transport/mlx5/queue_pair.hpp"
+#include "kernels/hierarchical/rail_lanes.hpp"
 
 namespace railyard::kernels::hierarchical {
 
 // `who`: the kernel, `domain_arg`: how the caller spells the DomainParams argument.
 inline Status check_group(const std::string& who, const std::string& domain_arg, const layout::HierarchicalShape& h,
-                          const intranode::DomainParams& dom, const transport::mlx5::QueuePair* lanes) {
+                          const intranode::DomainParams& dom, const RailLanes& lanes) {
   const int R = h.domain.ranks_per_domain, D = h.num_domains;
   const std::string at = who + ": ";
   if (D < 2 || D > layout::kMaxDomains)
@@ -43,9 +43,9 @@ inline Status check_group(const std::string& who, const std::string& domain_arg,
                                     std::to_string(dom.nvlink_first) + ", " + std::to_string(dom.nvlink_ranks) +
                                     "; expected " + std::to_string(first) + ", " + std::to_string(R) +
                                     " (the NVLink domain of rank " + std::to_string(dom.rank) + ")");
-  if (!lanes)
+  if (!lanes.descs)
     return Status::invalid_argument(at + "lanes is null; expected " + std::to_string((D - 1) * h.lanes_per_peer) +
-                                    " queue pairs");
+                                    " lanes (" + to_string(lanes.transport) + ")");
   return Status::success();
 }
 

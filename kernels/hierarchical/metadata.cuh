@@ -31,16 +31,16 @@
 #include "railyard/arch/thread.cuh"
 #include "railyard/layout/hierarchical_layout.cuh"
 #include "railyard/transport/contract.cuh"
-#include "railyard/transport/mlx5/lane.cuh"
 #include "railyard/transport/nvlink.cuh"
 
 namespace railyard::kernels::hierarchical {
 
+template <class T>
 struct RailRelay {
   static constexpr const char* kName = "hierarchical::Metadata";
   struct Params {
     layout::HierarchicalShape shape;
-    const transport::mlx5::QueuePair* lanes;  // [(D - 1) L], HierarchicalLayout::lane_index order
+    const typename T::LaneDesc* lanes;  // [(D - 1) L], HierarchicalLayout::lane_index order
   };
 
   // Run by every thread of block 0 after phase 3 (this rank's row is in its NVLink
@@ -58,7 +58,7 @@ struct RailRelay {
     // ordered every thread's stores of it before this warp's doorbell release.
     for (int r = warp; r < H.remote_domains(); r += warps) {
       const RailPeer peer = rail_peer(dom.rank, R, r);
-      transport::mlx5::Lane lane(transport::mlx5::load_queue_pair(&rp.lanes[H.lane_index(r, 0)]), dom.handshake_wait());
+      typename T::Lane lane = T::lane(rp.lanes, H.lane_index(r, 0), dom.handshake_wait());
       lane.put_signal({own_row}, {peer.rank, static_cast<uint64_t>(H.count_row_offset(peer.at_peer, ops))}, row_bytes,
                       {peer.rank, static_cast<uint64_t>(H.metadata_signal_offset(peer.at_peer))}, 1);
       lane.submit();
@@ -67,16 +67,14 @@ struct RailRelay {
     // reported here, naming the queue pair and the WQE, rather than as a peer's row that
     // never came. (The source is rewritten by operation seq + 2.)
     for (int r = warp; r < H.remote_domains(); r += warps) {
-      transport::mlx5::Lane lane(transport::mlx5::load_queue_pair(&rp.lanes[H.lane_index(r, 0)]), dom.handshake_wait());
+      typename T::Lane lane = T::lane(rp.lanes, H.lane_index(r, 0), dom.handshake_wait());
       lane.quiet();
     }
     // (c) Each rail peer's row into this domain's tables, then its flag.
     for (int r = warp; r < H.remote_domains(); r += warps) {
       const int src = rail_peer(dom.rank, R, r).rank;
-      const transport::mlx5::QueuePair qp = transport::mlx5::load_queue_pair(&rp.lanes[H.lane_index(r, 0)]);
-      transport::wait_signal(reinterpret_cast<const uint64_t*>(dom.self() + H.metadata_signal_offset(r)), ops + 1,
-                             qp.signal_order, {"count row relayed by RDMA from rank", src, static_cast<int64_t>(seq)},
-                             dom.handshake_wait());
+      T::wait_signal(rp.lanes, H.lane_index(r, 0), dom.self(), H.metadata_signal_offset(r), ops + 1,
+                     {"count row relayed by RDMA from rank", src, static_cast<int64_t>(seq)}, dom.handshake_wait());
       const auto* row = reinterpret_cast<const int32_t*>(dom.self() + H.count_row_offset(r, ops));
       for (int i = static_cast<int>(arch::lane_idx()); i < lay.count_row_ints(); i += 32) {
         const int32_t value = arch::ld_global(&row[i]);
@@ -92,6 +90,7 @@ struct RailRelay {
   }
 };
 
-using Metadata = intranode::MetadataKernel<RailRelay>;
+template <class T>
+using Metadata = intranode::MetadataKernel<RailRelay<T>>;
 
 }  // namespace railyard::kernels::hierarchical

@@ -10,7 +10,7 @@
 #include "railyard/layout/hierarchical_layout.cuh"
 #include "railyard/pipeline/wait.cuh"
 #include "railyard/transport/contract.cuh"
-#include "railyard/transport/mlx5/lane.cuh"
+#include "kernels/hierarchical/rail_transport.cuh"
 
 namespace railyard::kernels::hierarchical {
 
@@ -53,32 +53,34 @@ RAILYARD_DEVICE void for_each_dealt_lane(const layout::HierarchicalLayout& H, in
 // this rank may overwrite them. Every dispatch, combine and barrier does both once per
 // lane, so both sides count the same entries; each counts those it has seen in its
 // counters (only it touches them), and the signal only grows. A rank may post several
-// lanes' entries before awaiting them (the dispatch's sender does).
-RAILYARD_DEVICE void post_rail_entry(const layout::HierarchicalLayout& H, transport::mlx5::Lane& lane, int peer,
-                                     int peer_lane) {
+// lanes' entries before awaiting them (the dispatch's sender does). T is the transport
+// (rail_transport.cuh), `lanes` this rank's lane descriptions.
+template <class Lane>
+RAILYARD_DEVICE void post_rail_entry(const layout::HierarchicalLayout& H, Lane& lane, int peer, int peer_lane) {
   lane.signal({peer, static_cast<uint64_t>(H.rail_entry_signal_offset(peer_lane))}, 1);
   lane.submit();
 }
+template <class T>
 RAILYARD_DEVICE void await_rail_entry(const layout::HierarchicalLayout& H, uint8_t* self,
-                                      transport::SignalOrder order, int q, int peer,
+                                      const typename T::LaneDesc* lanes, int q, int peer,
                                       const pipeline::WaitPolicy& handshake_wait) {
   if (arch::lane_idx() == 0) {
     auto* seen = reinterpret_cast<uint64_t*>(self + H.rail_entries_offset(q));
     const uint64_t entries = arch::ld_global(seen);
-    transport::wait_signal(reinterpret_cast<const uint64_t*>(self + H.rail_entry_signal_offset(q)), entries + 1, order,
-                           {"rail entry: rail peer entering the operation (rank)", peer,
-                            static_cast<int64_t>(entries + 1)},
-                           handshake_wait);
+    T::wait_signal(lanes, q, self, H.rail_entry_signal_offset(q), entries + 1,
+                   {"rail entry: rail peer entering the operation (rank)", peer, static_cast<int64_t>(entries + 1)},
+                   handshake_wait);
     arch::st_global(seen, entries + 1);
   }
   // No warp barrier: only lane 0 reads and writes `seen`, and what the wait orders is
   // lane 0's next doorbell, whose fence.acq_rel.sys follows it in lane 0's program.
 }
-RAILYARD_DEVICE void enter_rail(const layout::HierarchicalLayout& H, uint8_t* self, transport::mlx5::Lane& lane,
-                                transport::SignalOrder order, int q, int peer, int peer_lane,
+template <class T>
+RAILYARD_DEVICE void enter_rail(const layout::HierarchicalLayout& H, uint8_t* self, typename T::Lane& lane,
+                                const typename T::LaneDesc* lanes, int q, int peer, int peer_lane,
                                 const pipeline::WaitPolicy& handshake_wait) {
   post_rail_entry(H, lane, peer, peer_lane);
-  await_rail_entry(H, self, order, q, peer, handshake_wait);
+  await_rail_entry<T>(H, self, lanes, q, peer, handshake_wait);
 }
 
 }  // namespace railyard::kernels::hierarchical

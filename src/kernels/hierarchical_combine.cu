@@ -7,8 +7,34 @@
 #include "kernels/common/launch.hpp"
 #include "kernels/hierarchical/combine.hpp"
 #include "kernels/hierarchical/group_checks.hpp"
+#include "kernels/hierarchical/launch_transport.hpp"
 
 namespace railyard::kernels::hierarchical {
+
+namespace {
+
+// The combine over transport T, its arguments checked but for T's kernel.
+template <class T>
+Status launch_over(const CombineArguments& a, const intranode::CombineArguments& args, GpuStream stream) {
+  using Combine = hierarchical::Combine<T>;
+  if (Status st = Combine::can_implement(args); !st.ok()) return st;
+  if (Status st = check_all_blocks_resident("hierarchical combine", args.num_blocks, Combine::shared_memory_bytes(),
+                                            stream);
+      !st.ok())
+    return st;
+  typename Combine::Params p = Combine::to_params(args);
+  p.remote.shape = a.shape;
+  p.remote.rank = p.domain.rank;
+  p.remote.self = p.domain.self();
+  p.remote.lanes = static_cast<const typename T::LaneDesc*>(a.lanes.descs);
+  p.remote.wait = p.domain.wait();
+  p.remote.handshake_wait = p.domain.handshake_wait();
+  p.remote.probs_offset = layout::HierarchicalLayout(a.shape).wire_combine_probs_offset();
+  return kernels::launch<Combine>(p, dim3(static_cast<unsigned>(args.num_blocks)), dim3(Combine::kMaxThreadsPerBlock),
+                                  Combine::shared_memory_bytes(), stream);
+}
+
+}  // namespace
 
 Status launch_combine(const CombineArguments& a, GpuStream stream) {
   const std::string who = "hierarchical combine";
@@ -20,21 +46,7 @@ Status launch_combine(const CombineArguments& a, GpuStream stream) {
                                     "; expected 0 or " + std::to_string(R) +
                                     " (each NVLink domain's partial is rounded to BF16)");
   args.ranks_per_partial = R;
-  if (Status st = Combine::can_implement(args); !st.ok()) return st;
-  if (Status st = check_all_blocks_resident("hierarchical combine", args.num_blocks, Combine::shared_memory_bytes(),
-                                            stream);
-      !st.ok())
-    return st;
-  Combine::Params p = Combine::to_params(args);
-  p.remote.shape = a.shape;
-  p.remote.rank = p.domain.rank;
-  p.remote.self = p.domain.self();
-  p.remote.lanes = a.lanes;
-  p.remote.wait = p.domain.wait();
-  p.remote.handshake_wait = p.domain.handshake_wait();
-  p.remote.probs_offset = layout::HierarchicalLayout(a.shape).wire_combine_probs_offset();
-  return launch<Combine>(p, dim3(static_cast<unsigned>(args.num_blocks)), dim3(Combine::kMaxThreadsPerBlock),
-                         Combine::shared_memory_bytes(), stream);
+  return with_transport(who.c_str(), a.lanes, [&]<class T>(T) { return launch_over<T>(a, args, stream); });
 }
 
 }  // namespace railyard::kernels::hierarchical

@@ -6,6 +6,7 @@
 
 #include "kernels/common/launch.hpp"
 #include "kernels/hierarchical/group_checks.hpp"
+#include "kernels/hierarchical/launch_transport.hpp"
 
 namespace railyard::kernels::hierarchical {
 
@@ -14,8 +15,11 @@ Status launch_metadata(const MetadataArguments& a, GpuStream stream) {
     return st;
   intranode::MetadataGeometry g;
   if (Status st = intranode::check_metadata(a.metadata, stream, &g); !st.ok()) return st;
-  return kernels::launch<Metadata>(Metadata::to_params(a.metadata, {a.shape, a.lanes}), dim3(g.blocks),
-                                   dim3(32 * g.warps), Metadata::shared_memory_bytes(), stream);
+  return with_transport("hierarchical metadata", a.lanes, [&]<class T>(T) {
+    using K = Metadata<T>;
+    return kernels::launch<K>(K::to_params(a.metadata, {a.shape, static_cast<const typename T::LaneDesc*>(a.lanes.descs)}),
+                              dim3(g.blocks), dim3(32 * g.warps), K::shared_memory_bytes(), stream);
+  });
 }
 
 }  // namespace railyard::kernels::hierarchical

@@ -353,7 +353,7 @@ TEST(HierarchicalCombine, ArgumentErrorsNameTheArgument) {
     const char* expected;
   } refusals[] = {
       {[](Args& a) { a.shape.num_domains = 1; }, "hierarchical combine: shape.num_domains is 1; expected 2..64"},
-      {[](Args& a) { a.lanes = nullptr; }, "hierarchical combine: lanes is null; expected 2 queue pairs"},
+      {[](Args& a) { a.lanes = nullptr; }, "hierarchical combine: lanes is null; expected 2 lanes (mlx5)"},
       {[](Args& a) { a.combine.domain.nvlink_first = 0; },
        "combine.domain.nvlink_first, nvlink_ranks are 0, 2; expected 2, 2 (the NVLink domain of rank 2)"},
       {[](Args& a) { a.combine.ranks_per_partial = 1; },

@@ -12,7 +12,7 @@ struct RdmaSendCheck {
   static constexpr uint32_t kMinBlocksPerSm = 1;
   static constexpr uint32_t kSlotBytes = 8192;
   struct Params {
-    RdmaSendParams send;
+    RdmaSendParams<Mlx5Transport> send;
   };
   using SharedStorage = RdmaSendStorage<kSlotBytes>;
   RAILYARD_DEVICE void operator()(const Params& p, SharedStorage& s) const {
@@ -21,7 +21,7 @@ struct RdmaSendCheck {
       arch::fence_mbarrier_init_release_cluster();
     }
     __syncthreads();
-    RdmaSender<kSlotBytes>(p.send, s).run(static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+    RdmaSender<Mlx5Transport, kSlotBytes>(p.send, s).run(static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
   }
 };
 

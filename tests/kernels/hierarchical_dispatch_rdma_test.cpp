@@ -38,7 +38,7 @@ struct RdmaSendKernel {
   static constexpr uint32_t kMinBlocksPerSm = 1;
   static constexpr uint32_t kSlotBytes = SlotBytes;
   struct Params {
-    kernels::hierarchical::RdmaSendParams send;
+    kernels::hierarchical::RdmaSendParams<kernels::hierarchical::Mlx5Transport> send;
   };
   using SharedStorage = kernels::hierarchical::RdmaSendStorage<kSlotBytes>;
   static constexpr std::size_t shared_memory_bytes() { return sizeof(SharedStorage); }
@@ -48,7 +48,8 @@ struct RdmaSendKernel {
       arch::fence_mbarrier_init_release_cluster();
     }
     __syncthreads();
-    kernels::hierarchical::RdmaSender<kSlotBytes>(p.send, s).run(static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+    kernels::hierarchical::RdmaSender<kernels::hierarchical::Mlx5Transport, kSlotBytes>(p.send, s)
+        .run(static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
   }
 };
 
@@ -119,14 +120,14 @@ void run_case(const Case& c, uint64_t seed, const GroupSetup& setup, int blocks,
     }
     sim::reset_traffic();
     sim::run_ranks(G, [&](int g) {
-      kernels::hierarchical::RdmaSendParams p;
+      kernels::hierarchical::RdmaSendParams<kernels::hierarchical::Mlx5Transport> p;
       p.shape = shape;
       p.rank = g;
       p.self = group.fabric().buffer(g);
       p.handle = layout::HandleView::carve(L, meta.handles[g], L.stage_capacity_rows());
       p.hidden = hidden[g];
       p.scales = scales[g];
-      p.lanes = group.lanes(g);
+      p.lanes = group.queue_pairs(g);
       p.wait = group.domain(g).wait();
       p.handshake_wait = group.domain(g).handshake_wait();
       const sim::Event start = sim::record_event(sim::default_stream(g));

@@ -275,7 +275,7 @@ TEST(HierarchicalDispatch, ArgumentErrorsNameTheArgument) {
     const char* expected;
   } refusals[] = {
       {[](Args& a) { a.shape.num_domains = 1; }, "hierarchical dispatch: shape.num_domains is 1; expected 2..64"},
-      {[](Args& a) { a.lanes = nullptr; }, "hierarchical dispatch: lanes is null; expected 2 queue pairs"},
+      {[](Args& a) { a.lanes = nullptr; }, "hierarchical dispatch: lanes is null; expected 2 lanes (mlx5)"},
       {[](Args& a) { a.dispatch.domain.nvlink_ranks = 4; },
        "dispatch.domain.nvlink_first, nvlink_ranks are 2, 4; expected 2, 2 (the NVLink domain of rank 2)"},
       {[](Args& a) { a.dispatch.domain.shape.ranks_per_domain = 2; }, "dispatch.domain.shape is not the group's"},

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/hierarchical/launch_transport.hpp"
 #include "kernels/hierarchical/metadata.hpp"
 #include "tests/kernels/intranode_harness.hpp"
 #include "tests/transport/mlx5_fabric.hpp"
@@ -56,6 +57,8 @@ struct GroupSetup {
   sim::NicConfig nic{};
   uint64_t handshake_timeout_cycles = pipeline::kDefaultHandshakeTimeoutCycles;
   std::vector<sim::NicConfig> nic_per_rank;  // if not empty: each rank's NIC
+  // The lanes the kernels take: the queue pairs (mlx5), or GIN lanes over them.
+  kernels::hierarchical::RailTransport transport = kernels::hierarchical::RailTransport::Mlx5;
   bool timed = false;                         // sim::Config::timed (H100 model, NICs included)
 };
 
@@ -85,18 +88,38 @@ class Group {
           sim::malloc_device(g, sizeof(transport::mlx5::QueuePair) * lanes.size(), "lanes"));
       std::memcpy(device_lanes, lanes.data(), sizeof(transport::mlx5::QueuePair) * lanes.size());
       lanes_.push_back(device_lanes);
+      // GIN lanes over the same queue pairs, signals in the layout's signal area.
+      auto* gin = static_cast<GinDesc*>(sim::malloc_device(g, sizeof(GinDesc) * lanes.size(), "GIN lanes"));
+      for (std::size_t q = 0; q < lanes.size(); ++q) {
+        gin[q] = GinDesc{};
+        gin[q].backend.qp = lanes[q];
+        gin[q].backend.signals = {static_cast<uint64_t>(layout_.signals_offset()),
+                                  static_cast<uint32_t>(layout_.num_signals())};
+        gin[q].backend.signal_order = lanes[q].signal_order;
+        gin[q].peer = lanes[q].peer;
+      }
+      gin_lanes_.push_back(gin);
     }
   }
   ~Group() {
     for (void* p : allocations_) sim::free(p);
     for (void* p : lanes_) sim::free(p);
+    for (void* p : gin_lanes_) sim::free(p);
   }
 
   int R() const { return shape_.domain.ranks_per_domain; }
   int num_ranks() const { return shape_.num_domains * R(); }
   const HierarchicalLayout& layout() const { return layout_; }
   Fabric& fabric() { return fabric_; }
-  const transport::mlx5::QueuePair* lanes(int g) const { return lanes_[static_cast<std::size_t>(g)]; }
+  using GinDesc = kernels::hierarchical::FlavourGinTransport::LaneDesc;
+  // Rank g's lanes as setup.transport says.
+  kernels::hierarchical::RailLanes lanes(int g) const {
+    if (setup_.transport == kernels::hierarchical::RailTransport::Gin)
+      return kernels::hierarchical::RailLanes::gin(gin_lanes_[static_cast<std::size_t>(g)]);
+    return lanes_[static_cast<std::size_t>(g)];
+  }
+  const transport::mlx5::QueuePair* queue_pairs(int g) const { return lanes_[static_cast<std::size_t>(g)]; }
+  GinDesc* gin_lanes(int g) { return gin_lanes_[static_cast<std::size_t>(g)]; }
 
   kernels::intranode::DomainParams domain(int g) {
     kernels::intranode::DomainParams p;
@@ -152,6 +175,7 @@ class Group {
   Fabric fabric_;
   GroupSetup setup_;
   std::vector<transport::mlx5::QueuePair*> lanes_;
+  std::vector<GinDesc*> gin_lanes_;
   std::vector<void*> allocations_;
 };
 

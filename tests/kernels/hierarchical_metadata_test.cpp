@@ -146,6 +146,30 @@ TEST(HierarchicalMetadata, ALinkDownIsReportedByThePosterAndNamedByItsPeers) {
   EXPECT_NE(reports[0].find("syndrome 21"), std::string::npos) << reports[0];
 }
 
+// Over GIN lanes (transport/gin over the same queue pairs), in the weak memory model
+// with NIC stalls and relaxed ordering: the same counts. And the launcher runs the GIN
+// kernels for GIN lanes: a lane whose signal area holds no signal traps in the GIN
+// lane, naming the offset and the area.
+TEST(HierarchicalMetadata, OverGinLanes) {
+  GroupSetup setup = test::weak_with_nic_delays(64);
+  setup.transport = kernels::hierarchical::RailTransport::Gin;
+  for (uint64_t seed : {1, 2}) {
+    run_case({3, 2, {9, 70, 0, 33, 64, 1}, 4, 2}, seed, setup, 2);
+    if (HasFatalFailure()) return;
+  }
+  const Case c{2, 1, {4}, 2, 2};
+  const HierarchicalShape shape = shape_of(c, 4);
+  setup.handshake_timeout_cycles = uint64_t{1} << 22;
+  Group group(shape, 1, setup);
+  group.gin_lanes(0)[0].backend.signals.count = 0;
+  const std::vector<std::string> reports = run_reports(group, c, shape);
+  EXPECT_NE(reports[0].find("gin lane: signal offset " + std::to_string(group.layout().metadata_signal_offset(0)) +
+                            " is not a slot of the signal area at " + std::to_string(group.layout().signals_offset()) +
+                            " (0 signals)"),
+            std::string::npos)
+      << reports[0];
+}
+
 TEST(HierarchicalMetadata, ArgumentErrorsNameTheArgument) {
   const Case c{2, 2, {4}, 2, 2};
   const HierarchicalShape shape = shape_of(c, 4);
@@ -164,7 +188,7 @@ TEST(HierarchicalMetadata, ArgumentErrorsNameTheArgument) {
       {[](Args& a, int) { a.shape.lanes_per_peer = 0; }, "shape.lanes_per_peer is 0; expected a divisor"},
       {[](Args& a, int) { a.metadata.domain.shape.ranks_per_domain = 2; }, "metadata.domain.shape is not the group's"},
       {[](Args& a, int) { a.metadata.domain.nvlink_first = 0; }, "metadata.domain.nvlink_first, nvlink_ranks are 0, 2; expected 2, 2"},
-      {[](Args& a, int) { a.lanes = nullptr; }, "lanes is null; expected 2 queue pairs"},
+      {[](Args& a, int) { a.lanes = nullptr; }, "lanes is null; expected 2 lanes (mlx5)"},
       {[](Args& a, int) { a.metadata.num_tokens = 5; }, "num_tokens is 5; expected 0..4"},
   };
   for (const auto& refusal : refusals) {

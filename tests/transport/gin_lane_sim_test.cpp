@@ -49,8 +49,7 @@ uint32_t word(int from, int to, int launch, uint32_t i) {
 // pair), as NCCL's exclusive contexts are.
 gin::QueuePairGin backend_for(Fabric& f, int rank, int peer) {
   gin::QueuePairGin b;
-  b.qps[peer] = f.qp(rank, peer);
-  b.local_base = f.buffer(rank);
+  b.qp = f.qp(rank, peer);
   b.signals = {kSignals, kSignalCount};
   b.signal_order = f.qp(rank, peer).signal_order;
   return b;

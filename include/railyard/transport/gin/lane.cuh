@@ -68,7 +68,7 @@ class Lane {
 
   RAILYARD_DEVICE void put(LocalRef src, RemoteRef dst, uint32_t bytes RAILYARD_LOC_PARAM) {
     check_peer(dst.peer RAILYARD_LOC_ARG);
-    backend_.put(dst.peer, dst.offset, src.offset, bytes, policy_);
+    backend_.put(dst.peer, dst.offset, src.offset, bytes, policy_ RAILYARD_LOC_ARG);
     ++posted_;
   }
 
@@ -77,13 +77,13 @@ class Lane {
     check_peer(dst.peer RAILYARD_LOC_ARG);
     check_peer(signal.peer RAILYARD_LOC_ARG);
     backend_.put_signal(dst.peer, dst.offset, src.offset, bytes, signal_id(signal.offset RAILYARD_LOC_ARG), add,
-                        policy_);
+                        policy_ RAILYARD_LOC_ARG);
     ++posted_;
   }
 
   RAILYARD_DEVICE void signal(SignalRef signal, uint64_t add RAILYARD_LOC_PARAM) {
     check_peer(signal.peer RAILYARD_LOC_ARG);
-    backend_.signal(signal.peer, signal_id(signal.offset RAILYARD_LOC_ARG), add, policy_);
+    backend_.signal(signal.peer, signal_id(signal.offset RAILYARD_LOC_ARG), add, policy_ RAILYARD_LOC_ARG);
     ++posted_;
   }
 
@@ -91,7 +91,7 @@ class Lane {
   RAILYARD_DEVICE void submit(RAILYARD_LOC_ONLY_PARAM) {}
 
   RAILYARD_DEVICE void quiet(RAILYARD_LOC_ONLY_PARAM) {
-    if (flushed_ != posted_) backend_.flush(policy_);
+    if (flushed_ != posted_) backend_.flush(policy_ RAILYARD_LOC_ARG);
     flushed_ = posted_;
   }
   // The operations posted so far. A flush covers every earlier put, so quiet(ticket)
@@ -133,7 +133,8 @@ RAILYARD_DEVICE void wait_signal(const B& backend, uint64_t offset, uint64_t at_
     arch::trap_with("gin wait_signal: signal offset %lld is not a slot of the signal area at %lld (%lld signals)",
                     static_cast<long long>(offset), static_cast<long long>(space.base), space.count RAILYARD_LOC_ARG);
   const uint32_t id = space.id(offset);
-  pipeline::timeout_while([&] { return backend.read_signal(id) < at_least; }, target, policy RAILYARD_LOC_ARG);
+  pipeline::timeout_while([&] { return backend.read_signal(id RAILYARD_LOC_ARG) < at_least; }, target,
+                          policy RAILYARD_LOC_ARG);
 }
 
 }  // namespace railyard::transport::gin

@@ -1,0 +1,41 @@
+// Railyard hierarchical kernels: a launcher's choice of the kernel instantiation by the
+// lanes' transport (rail_lanes.hpp, rail_transport.cuh). The simulator flavour builds
+// both; the CUDA flavour builds mlx5's, and GIN's where NCCL's device API is compiled
+// in (not yet: the GIN lane is compiled and checked on its own, tests/transport).
+#pragma once
+
+#include <string>
+
+#include "kernels/hierarchical/rail_lanes.hpp"
+#include "kernels/hierarchical/rail_transport.cuh"
+#include "railyard/common/status.hpp"
+#if RAILYARD_IS_SIM
+#include "railyard/transport/gin/queue_pair_backend.cuh"
+#endif
+
+namespace railyard::kernels::hierarchical {
+
+#if RAILYARD_IS_SIM
+using FlavourGinTransport = GinTransport<transport::gin::QueuePairGin>;
+#endif
+
+// fn(Transport{}) with the transport type `lanes` names; Unsupported where the flavour
+// has no kernels for it.
+template <class Fn>
+Status with_transport(const char* who, const RailLanes& lanes, Fn&& fn) {
+  switch (lanes.transport) {
+    case RailTransport::Mlx5: return fn(Mlx5Transport{});
+    case RailTransport::Gin:
+#if RAILYARD_IS_SIM
+      return fn(FlavourGinTransport{});
+#else
+      return Status::unsupported(std::string(who) +
+                                 ": lanes.transport is gin; this build's kernels drive mlx5 lanes only (the GIN "
+                                 "kernels run in the simulator so far)");
+#endif
+  }
+  return Status::invalid_argument(std::string(who) + ": lanes.transport is " +
+                                  std::to_string(static_cast<int>(lanes.transport)) + "; expected mlx5 (0) or gin (1)");
+}
+
+}  // namespace railyard::kernels::hierarchical
