@@ -43,6 +43,16 @@ using runtime::BufferConfig;
 // device's SM count.
 inline constexpr int kDefaultSms = 8;
 
+// How the kernels drive the RDMA traffic between NVLink domains
+// (docs/design-internode.md, "Transports").
+enum class Transport : uint8_t {
+  Auto = 0,  // Mlx5 (the only transport GPUs run yet)
+  Mlx5 = 1,  // the NIC's queue pairs, driven by the GPU (IBGDA on ConnectX)
+  // The GIN lane (NCCL's GPU-Initiated Networking): in the simulator over the simulated
+  // NIC's queue pairs; on GPUs, NCCL's device API is not wired to the kernels yet.
+  Gin = 2,
+};
+
 struct BufferOptions {
   // Where handles and outputs come from; null: runtime::default_allocator(). Must
   // outlive the buffer and every handle and result it returns.
@@ -82,6 +92,8 @@ struct BufferOptions {
   // Every such queue pair's send queue (2^n 64-byte blocks) and completion queue; the
   // same on every rank (checked, like the config).
   runtime::rdma::QueuePairRequest rdma_queues{};
+  // How the kernels drive those queue pairs (Transport).
+  Transport transport = Transport::Auto;
 };
 
 // Rows a caller provides for a dispatch's outputs instead of the allocator's.

@@ -79,7 +79,7 @@ py::dict info(const BufferEntry& e) {
 py::dict create_buffer(PyBootstrap& bootstrap, int64_t hidden, int64_t max_tokens, int64_t experts_per_rank,
                        bool fp8, int64_t max_top_k, std::optional<int64_t> ranks_per_domain, int dispatch_sms,
                        int combine_sms, int dispatch_chunk_rows, int combine_chunk_rows, uint64_t timeout_cycles,
-                       uint64_t handshake_timeout_cycles, bool check_routing) {
+                       uint64_t handshake_timeout_cycles, bool check_routing, const std::string& transport) {
   if (!bootstrap.bootstrap) throw std::invalid_argument("railyard: this bootstrap was already used by a Buffer");
   auto entry = std::make_shared<BufferEntry>();
   entry->bootstrap = std::move(bootstrap.bootstrap);
@@ -102,6 +102,10 @@ py::dict create_buffer(PyBootstrap& bootstrap, int64_t hidden, int64_t max_token
   options.combine_chunk_rows = combine_chunk_rows;
   options.timeout_cycles = timeout_cycles;
   options.handshake_timeout_cycles = handshake_timeout_cycles;
+  if (transport == "mlx5") options.transport = Transport::Mlx5;
+  else if (transport == "gin") options.transport = Transport::Gin;
+  else if (transport != "auto")
+    throw std::invalid_argument("railyard.Buffer: transport is '" + transport + "'; expected 'auto', 'mlx5' or 'gin'");
   {
     py::gil_scoped_release nogil;
     entry->device = runtime::gpu::current();
@@ -265,7 +269,8 @@ PYBIND11_MODULE(RAILYARD_MODULE_NAME, m) {
   m.def("create_buffer", &create_buffer, py::arg("bootstrap"), py::arg("hidden"), py::arg("max_tokens"),
         py::arg("experts_per_rank"), py::arg("fp8"), py::arg("max_top_k"), py::arg("ranks_per_domain"),
         py::arg("dispatch_sms"), py::arg("combine_sms"), py::arg("dispatch_chunk_rows"), py::arg("combine_chunk_rows"),
-        py::arg("timeout_cycles"), py::arg("handshake_timeout_cycles"), py::arg("check_routing"));
+        py::arg("timeout_cycles"), py::arg("handshake_timeout_cycles"), py::arg("check_routing"),
+        py::arg("transport"));
   m.def("destroy_buffer", &destroy_buffer, py::arg("id"));
   m.def("synchronize_buffer", &synchronize_buffer, py::arg("id"));
   m.def("barrier_buffer", &barrier_buffer, py::arg("id"));

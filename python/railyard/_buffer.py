@@ -266,7 +266,8 @@ class Buffer:
                  num_sms_combine: Optional[int] = None, max_top_k: Optional[int] = None,
                  ranks_per_domain: Optional[int] = None, timeout_cycles: Optional[int] = None,
                  check_routing: Optional[bool] = None, dispatch_chunk_rows: Optional[int] = None,
-                 combine_chunk_rows: Optional[int] = None, handshake_timeout_cycles: Optional[int] = None):
+                 combine_chunk_rows: Optional[int] = None, handshake_timeout_cycles: Optional[int] = None,
+                 transport: str = "auto"):
         _positive("hidden_dim", hidden_dim)
         _positive("max_num_of_tokens_per_rank", max_num_of_tokens_per_rank)
         _positive("num_local_experts", num_local_experts)
@@ -288,6 +289,8 @@ class Buffer:
             _positive("timeout_cycles", timeout_cycles)
         if handshake_timeout_cycles is not None:
             _positive("handshake_timeout_cycles", handshake_timeout_cycles)
+        if transport not in ("auto", "mlx5", "gin"):
+            raise ValueError(f"railyard.Buffer: transport is {transport!r}; expected 'auto', 'mlx5' or 'gin'")
 
         module, bootstrap, device = self._bootstrap(group)
         if check_routing is None:
@@ -295,7 +298,7 @@ class Buffer:
         info = module.create_buffer(bootstrap, hidden_dim, max_num_of_tokens_per_rank, num_local_experts,
                                     bool(use_fp8), max_top_k, ranks_per_domain, self._dispatch_sms,
                                     self._combine_sms, *chunks, timeout_cycles or 0,
-                                    handshake_timeout_cycles or 0, bool(check_routing))
+                                    handshake_timeout_cycles or 0, bool(check_routing), transport)
         self._module = module
         self._id = info["id"]
         self.group = group

@@ -98,7 +98,8 @@ struct Buffer::State {
                               .timeout_cycles = options.timeout_cycles,
                               .handshake_timeout_cycles = options.handshake_timeout_cycles,
                               .failure_record = failure_record.record,
-                              .rdma_queues = options.rdma_queues});
+                              .rdma_queues = options.rdma_queues,
+                              .transport = options.transport});
   }
   State(const State&) = delete;
   State& operator=(const State&) = delete;
@@ -116,6 +117,17 @@ struct Buffer::State {
     check("combine_sms", options.combine_sms);
     check("dispatch_chunk_rows", options.dispatch_chunk_rows);
     check("combine_chunk_rows", options.combine_chunk_rows);
+    if (options.transport != Transport::Auto && options.transport != Transport::Mlx5 &&
+        options.transport != Transport::Gin)
+      throw std::invalid_argument("railyard Buffer: options.transport is " +
+                                  std::to_string(static_cast<int>(options.transport)) +
+                                  "; expected Transport::Auto, Mlx5 or Gin");
+#if !RAILYARD_IS_SIM
+    if (options.transport == Transport::Gin)
+      throw std::invalid_argument(
+          "railyard Buffer: options.transport is Transport::Gin; this build's kernels drive mlx5 queue pairs only "
+          "(the GIN lane runs in the simulator so far); expected Transport::Auto or Mlx5");
+#endif
     runtime::RegisteredBufferOptions r;
     r.topology = options.topology;
     r.topology_options = options.topology_options;

@@ -34,6 +34,7 @@ struct PathOptions {
   uint64_t handshake_timeout_cycles = 0;
   pipeline::FailureRecord* failure_record = nullptr;  // pinned host memory, or null
   runtime::rdma::QueuePairRequest rdma_queues{};       // several domains: every queue pair's
+  Transport transport = Transport::Auto;               // several domains: how the kernels drive them
 };
 
 // One collective kernel sequence per call, enqueued on `stream` after Buffer's checks

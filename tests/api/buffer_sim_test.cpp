@@ -12,7 +12,8 @@
 //  - EndToEndAcrossDomains: the same over groups of 2 and 3 NVLink domains (the
 //    hierarchical path through the simulated NICs), nothing leaks.
 //  - AcrossDomainsMatrix/DxR: 2-4 domains of 1-8 ranks, the other dimensions cycled,
-//    in the weak memory model with NIC stalls and relaxed ordering.
+//    in the weak memory model with NIC stalls and relaxed ordering; and
+//    AcrossDomainsMatrixOverGin the same through the GIN lane (Transport::Gin).
 //  - BufferAcrossDomains: the barrier crosses domains; queue sizes that differ, and a
 //    NIC that cannot be opened, fail every rank alike; a link down ends every rank's
 //    dispatch with a report.
@@ -133,6 +134,7 @@ struct Case {
   // The weak memory model, and (several domains) NICs that stall and place a put's
   // pieces in any order (relaxed ordering).
   bool weak = false;
+  Transport transport = Transport::Auto;  // several domains: BufferOptions::transport
 };
 
 int domain_size(const Case& c) {
@@ -148,7 +150,8 @@ std::string describe(const Case& c) {
        (c.max_rows ? ", bounded at " + std::to_string(*c.max_rows) : ", blocking") +
        (c.chunk_rows ? ", chunks of " + std::to_string(c.chunk_rows) + " rows" : "") +
        ", top-" + std::to_string(c.topk) + ", " + std::to_string(c.experts_per_rank) + " experts/rank" +
-       (c.weak ? ", weak memory, NIC stalls and relaxed ordering" : "");
+       (c.weak ? ", weak memory, NIC stalls and relaxed ordering" : "") +
+       (c.transport == Transport::Gin ? ", over the GIN lane" : "");
   return s;
 }
 
@@ -347,7 +350,7 @@ void run_case(const Case& c, uint64_t seed) {
                                                .relaxed_ordering = true});
     Buffer buffer(config, *boot,
                   {.dispatch_sms = 2, .combine_sms = 2, .dispatch_chunk_rows = c.chunk_rows,
-                   .combine_chunk_rows = c.chunk_rows, .nic = nic.get()});
+                   .combine_chunk_rows = c.chunk_rows, .nic = nic.get(), .transport = c.transport});
     const std::string at = "rank " + std::to_string(rank);
     const DeviceInputs in = to_device(inputs[rank]);
     const DeviceInputs in_other = to_device(other[rank]);
@@ -519,6 +522,27 @@ TEST_P(AcrossDomainsMatrix, EveryOutputMatchesTheReference) {
     if (HasFailure()) return;
   }
 }
+
+// The same cases through the GIN lane (transport/gin over the simulated NIC's queue
+// pairs): weak signals, each publishing its own put, read through the backend.
+class AcrossDomainsMatrixOverGin : public ::testing::TestWithParam<MatrixGroup> {};
+
+TEST_P(AcrossDomainsMatrixOverGin, EveryOutputMatchesTheReference) {
+  for (int i = 0; i < 2; ++i) {
+    Case c = matrix_case(GetParam(), i);
+    c.transport = Transport::Gin;
+    run_case(c, 2000 + 17 * static_cast<uint64_t>(i) + GetParam().domains);
+    if (HasFailure()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Groups, AcrossDomainsMatrixOverGin,
+                         ::testing::Values(MatrixGroup{2, 1}, MatrixGroup{2, 2}, MatrixGroup{2, 4}, MatrixGroup{2, 8},
+                                           MatrixGroup{3, 1}, MatrixGroup{3, 2}, MatrixGroup{3, 4}, MatrixGroup{3, 8},
+                                           MatrixGroup{4, 1}, MatrixGroup{4, 2}, MatrixGroup{4, 4}, MatrixGroup{4, 8}),
+                         [](const auto& info) {
+                           return std::to_string(info.param.domains) + "x" + std::to_string(info.param.ranks_per_domain);
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Groups, AcrossDomainsMatrix,
                          ::testing::Values(MatrixGroup{2, 1}, MatrixGroup{2, 2}, MatrixGroup{2, 4}, MatrixGroup{2, 8},

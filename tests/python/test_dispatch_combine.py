@@ -123,11 +123,12 @@ def test_dispatch_with_permute_and_combine_with_unpermute(railyard, world_size, 
         assert_bits(c2["hidden"], c1["hidden"], f"rank {d} second combine on the same handle")
 
 
-@pytest.mark.parametrize("world_size,ranks_per_domain", [(2, 1), (4, 2)])
+@pytest.mark.parametrize("world_size,ranks_per_domain,transport", [(2, 1, "auto"), (4, 2, "auto"), (4, 2, "gin")])
 @DTYPES
-def test_across_nvlink_domains(railyard, world_size, ranks_per_domain, fp8):
-    """Several NVLink domains (the hierarchical path through the simulated NICs): both
-    layouts, bit for bit; combine rounds each domain's partial to BF16 (semantics.md 7)."""
+def test_across_nvlink_domains(railyard, world_size, ranks_per_domain, transport, fp8):
+    """Several NVLink domains (the hierarchical path through the simulated NICs, the
+    queue pairs driven directly or through the GIN lane): both layouts, bit for bit;
+    combine rounds each domain's partial to BF16 (semantics.md 7)."""
     case = case_for(world_size, fp8, "topk" if fp8 else "map", seed=7, pad_multiple=4,
                     ranks_per_domain=ranks_per_domain)
     N = [rc.num_rows for rc in case.received]
@@ -137,7 +138,7 @@ def test_across_nvlink_domains(railyard, world_size, ranks_per_domain, fp8):
 
     def fn(group):
         d = group.rank()
-        buf = make_buffer(group, case, ranks_per_domain=ranks_per_domain)
+        buf = make_buffer(group, case, ranks_per_domain=ranks_per_domain, transport=transport)
         r = buf.dispatch(case.hidden[d], **case.dispatch_kwargs(d))
         got = snap_dispatch(r)
         c = snap_combine(buf.combine(ys[d], probs=qs[d], handle=r.handle))
@@ -245,3 +246,14 @@ def test_chunk_rows_do_not_change_results(railyard, chunk_rows):
 def test_negative_chunk_rows_are_refused(railyard):
     with pytest.raises(ValueError, match="dispatch_chunk_rows is -2"):
         run_ranks(1, lambda group: make_buffer(group, case_for(1, False, "map", 0), dispatch_chunk_rows=-2))
+
+
+def test_transport_is_checked(railyard):
+    """transport names one of the transports (docs/python-api.md), on every rank."""
+
+    def fn(group):
+        with pytest.raises(ValueError, match="transport is 'efa'; expected 'auto', 'mlx5' or 'gin'"):
+            railyard.Buffer(group, 64, 8, 1, transport="efa")
+        return True
+
+    assert all(run_ranks(2, fn))
