@@ -494,6 +494,12 @@ void PrintTo(const MatrixGroup& g, std::ostream* os) {
   *os << g.domains << " domains of " << g.ranks_per_domain << " ranks";
 }
 class AcrossDomainsMatrix : public ::testing::TestWithParam<MatrixGroup> {};
+// The groups both matrices run, named DxR.
+const MatrixGroup kMatrixGroups[] = {{2, 1}, {2, 2}, {2, 4}, {2, 8}, {3, 1}, {3, 2},
+                                     {3, 4}, {3, 8}, {4, 1}, {4, 2}, {4, 4}, {4, 8}};
+std::string matrix_group_name(const ::testing::TestParamInfo<MatrixGroup>& info) {
+  return std::to_string(info.param.domains) + "x" + std::to_string(info.param.ranks_per_domain);
+}
 
 Case matrix_case(const MatrixGroup& g, int i) {
   const int G = g.domains * g.ranks_per_domain;
@@ -536,21 +542,9 @@ TEST_P(AcrossDomainsMatrixOverGin, EveryOutputMatchesTheReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Groups, AcrossDomainsMatrixOverGin,
-                         ::testing::Values(MatrixGroup{2, 1}, MatrixGroup{2, 2}, MatrixGroup{2, 4}, MatrixGroup{2, 8},
-                                           MatrixGroup{3, 1}, MatrixGroup{3, 2}, MatrixGroup{3, 4}, MatrixGroup{3, 8},
-                                           MatrixGroup{4, 1}, MatrixGroup{4, 2}, MatrixGroup{4, 4}, MatrixGroup{4, 8}),
-                         [](const auto& info) {
-                           return std::to_string(info.param.domains) + "x" + std::to_string(info.param.ranks_per_domain);
-                         });
+INSTANTIATE_TEST_SUITE_P(Groups, AcrossDomainsMatrixOverGin, ::testing::ValuesIn(kMatrixGroups), matrix_group_name);
 
-INSTANTIATE_TEST_SUITE_P(Groups, AcrossDomainsMatrix,
-                         ::testing::Values(MatrixGroup{2, 1}, MatrixGroup{2, 2}, MatrixGroup{2, 4}, MatrixGroup{2, 8},
-                                           MatrixGroup{3, 1}, MatrixGroup{3, 2}, MatrixGroup{3, 4}, MatrixGroup{3, 8},
-                                           MatrixGroup{4, 1}, MatrixGroup{4, 2}, MatrixGroup{4, 4}, MatrixGroup{4, 8}),
-                         [](const auto& info) {
-                           return std::to_string(info.param.domains) + "x" + std::to_string(info.param.ranks_per_domain);
-                         });
+INSTANTIATE_TEST_SUITE_P(Groups, AcrossDomainsMatrix, ::testing::ValuesIn(kMatrixGroups), matrix_group_name);
 
 // ---- creation --------------------------------------------------------------------------------
 
