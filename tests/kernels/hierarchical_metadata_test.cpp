@@ -189,6 +189,8 @@ TEST(HierarchicalMetadata, ArgumentErrorsNameTheArgument) {
       {[](Args& a, int) { a.metadata.domain.shape.ranks_per_domain = 2; }, "metadata.domain.shape is not the group's"},
       {[](Args& a, int) { a.metadata.domain.nvlink_first = 0; }, "metadata.domain.nvlink_first, nvlink_ranks are 0, 2; expected 2, 2"},
       {[](Args& a, int) { a.lanes = nullptr; }, "lanes is null; expected 2 lanes (mlx5)"},
+      {[](Args& a, int) { a.lanes.transport = static_cast<kernels::hierarchical::RailTransport>(7); },
+       "lanes.transport is 7; expected mlx5 (0) or gin (1)"},
       {[](Args& a, int) { a.metadata.num_tokens = 5; }, "num_tokens is 5; expected 0..4"},
   };
   for (const auto& refusal : refusals) {

@@ -1,7 +1,10 @@
 // The GIN lane (transport/gin/lane.cuh) over QueuePairGin, the GIN-like backend over
 // mlx5 queue pairs, on the simulated NIC: ranks in separate NVLink domains.
-//  - many-to-many: every rank puts to every other with a signal per put (weak
-//    signals: each publishes its own put), the receiver waits through the backend;
+//  - many-to-many: every rank puts to every other, the first puts plain, the rest each
+//    with a signal (weak signals: a signal publishes its own put only), the receiver
+//    waits through the backend and reads the signalled puts' bytes; the plain puts'
+//    bytes are checked by the host once every rank is done (a GIN flush promises only
+//    that the sources may be reused, so no later signal publishes them);
 //    relaxed ordering (WRITEs placed in any order), NIC stalls, sequentially
 //    consistent and weak memory modes, seeds, two kernels (the lanes' indices carry
 //    over); every byte against the reference;
@@ -38,6 +41,8 @@ constexpr uint32_t kSignalCount = 8;
 constexpr uint64_t kSend = 4096;
 constexpr uint64_t kRecv = 32768;
 constexpr int kPuts = 12;
+constexpr int kPlainPuts = 3;
+constexpr int kSignalled = kPuts - kPlainPuts;
 constexpr uint32_t kBytes = 192;  // three 64-byte pieces at the MTU below
 
 uint32_t word(int from, int to, int launch, uint32_t i) {
@@ -55,8 +60,9 @@ gin::QueuePairGin backend_for(Fabric& f, int rank, int peer) {
   return b;
 }
 
-// Block b of rank r: kPuts put_signals of kBytes into b's region kept for r, each
-// adding 1 to b's signal r; then waits for b's puts through its own signal b.
+// Block b of rank r: kPlainPuts puts of kBytes into b's region kept for r, then
+// kPuts - kPlainPuts put_signals, each adding 1 to b's signal r; then waits for b's
+// signalled puts through its own signal b and reads them.
 std::function<void()> many_to_many_kernel(Fabric& f, int rank, int num_ranks, int launch) {
   std::vector<gin::QueuePairGin> backends(static_cast<std::size_t>(num_ranks));
   for (int p = 0; p < num_ranks; ++p)
@@ -74,17 +80,23 @@ std::function<void()> many_to_many_kernel(Fabric& f, int rank, int num_ranks, in
     __syncwarp();
     for (int j = 0; j < kPuts; ++j) {
       const uint64_t at = static_cast<uint64_t>(j) * kBytes;
-      lane.put_signal(LocalRef{source + at}, RemoteRef{peer, kRecv + static_cast<uint64_t>(rank) * kPuts * kBytes + at},
-                      kBytes, SignalRef{peer, kSignals + 8 * static_cast<uint64_t>(rank)}, 1);
+      const RemoteRef dst{peer, kRecv + static_cast<uint64_t>(rank) * kPuts * kBytes + at};
+      if (j < kPlainPuts) {
+        lane.put(LocalRef{source + at}, dst, kBytes);
+        continue;
+      }
+      lane.put_signal(LocalRef{source + at}, dst, kBytes, SignalRef{peer, kSignals + 8 * static_cast<uint64_t>(rank)},
+                      1);
       if (j == kPuts / 2) lane.quiet(lane.ticket() - 3);  // the sources of the first puts are reusable
     }
     lane.submit();
     lane.quiet();
-    gin::wait_signal(backend, kSignals + 8 * static_cast<uint64_t>(peer), static_cast<uint64_t>(launch + 1) * kPuts,
-                     {"gin many-to-many signal (index: peer)", peer, (launch + 1) * kPuts}, policy);
+    gin::wait_signal(backend, kSignals + 8 * static_cast<uint64_t>(peer),
+                     static_cast<uint64_t>(launch + 1) * kSignalled,
+                     {"gin many-to-many signal (index: peer)", peer, (launch + 1) * kSignalled}, policy);
     // What the signals published: read it here, so the weak mode checks the ordering.
     const auto* got = reinterpret_cast<const uint32_t*>(buf + kRecv + static_cast<uint64_t>(peer) * kPuts * kBytes);
-    for (uint32_t i = arch::lane_idx(); i < kPuts * kBytes / 4; i += 32)
+    for (uint32_t i = kPlainPuts * kBytes / 4 + arch::lane_idx(); i < kPuts * kBytes / 4; i += 32)
       if (arch::ld_global(got + i) != word(peer, rank, launch, i))
         arch::trap_with("word %lld from rank %lld is wrong at rank %lld", i, peer, rank);
     __syncwarp();
@@ -111,8 +123,9 @@ void run_many_to_many(uint64_t seed, sim::MemoryModel model) {
       for (uint32_t i = 0; i < kPuts * kBytes / 4; ++i)
         ASSERT_EQ(got[i], word(src, dst, kLaunches - 1, i)) << src << " -> " << dst << " word " << i;
       const auto* signal = reinterpret_cast<const uint64_t*>(f.buffer(dst) + kSignals + 8 * static_cast<uint64_t>(src));
-      EXPECT_EQ(*signal, static_cast<uint64_t>(kLaunches) * kPuts) << src << " -> " << dst;
-      EXPECT_EQ(traffic.nic_sent(src, dst), static_cast<uint64_t>(kLaunches) * kPuts * (kBytes + 8)) << src << " -> " << dst;
+      EXPECT_EQ(*signal, static_cast<uint64_t>(kLaunches) * kSignalled) << src << " -> " << dst;
+      EXPECT_EQ(traffic.nic_sent(src, dst), static_cast<uint64_t>(kLaunches) * (kPuts * kBytes + kSignalled * 8))
+          << src << " -> " << dst;
     }
 }
 
@@ -125,7 +138,8 @@ TEST(GinLane, ManyToManyWithWeakSignalsRelaxedOrderingAndNicDelays) {
 }
 
 // A misused lane traps with a report naming what was wrong.
-std::string misuse(bool wrong_peer) {
+enum class Misuse { SignalOutsideTheArea, WrongPeer, WaitOutsideTheArea };
+std::string misuse(Misuse what) {
   FabricConfig config;
   config.fetch_scratch_offset = kScratch;
   Fabric f(config);
@@ -133,9 +147,11 @@ std::string misuse(bool wrong_peer) {
   const std::vector<std::string> reports = test::run_kernels(f, [&](int r) -> std::function<void()> {
     if (r != 0) return [] {};
     return [=] {
-      gin::Lane<gin::QueuePairGin> lane(backend, 1, pipeline::WaitPolicy(uint64_t{1} << 20, nullptr, 0));
-      if (wrong_peer) lane.put(LocalRef{kSend}, RemoteRef{2, kRecv}, 64);
-      else lane.signal(SignalRef{1, kSignals + 8 * kSignalCount}, 1);  // one past the area
+      const pipeline::WaitPolicy policy(uint64_t{1} << 20, nullptr, 0);
+      gin::Lane<gin::QueuePairGin> lane(backend, 1, policy);
+      if (what == Misuse::WrongPeer) lane.put(LocalRef{kSend}, RemoteRef{2, kRecv}, 64);
+      if (what == Misuse::SignalOutsideTheArea) lane.signal(SignalRef{1, kSignals + 8 * kSignalCount}, 1);
+      if (what == Misuse::WaitOutsideTheArea) gin::wait_signal(backend, kSignals + 4, 1, {"misuse", 0, 1}, policy);
       lane.quiet();
     };
   });
@@ -143,11 +159,17 @@ std::string misuse(bool wrong_peer) {
 }
 
 TEST(GinLane, MisuseIsNamed) {
-  EXPECT_NE(misuse(false).find("gin lane: signal offset 128 is not a slot of the signal area at 64 (8 signals)"),
+  const std::string outside = misuse(Misuse::SignalOutsideTheArea);
+  EXPECT_NE(outside.find("gin lane: signal offset 128 is not a slot of the signal area at 64 (8 signals)"),
             std::string::npos)
-      << misuse(false);
-  EXPECT_NE(misuse(true).find("gin lane: an operation names peer 2, but the lane reaches peer 1"), std::string::npos)
-      << misuse(true);
+      << outside;
+  const std::string wrong_peer = misuse(Misuse::WrongPeer);
+  EXPECT_NE(wrong_peer.find("gin lane: an operation names peer 2, but the lane reaches peer 1"), std::string::npos)
+      << wrong_peer;
+  const std::string wait = misuse(Misuse::WaitOutsideTheArea);  // between two slots
+  EXPECT_NE(wait.find("gin wait_signal: signal offset 68 is not a slot of the signal area at 64 (8 signals)"),
+            std::string::npos)
+      << wait;
 }
 
 }  // namespace

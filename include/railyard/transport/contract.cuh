@@ -13,8 +13,11 @@
 //   put(src, dst, bytes)              copy `bytes` from this rank's registered buffer at
 //                                     src to dst. Becomes visible to the peer only
 //                                     through a later put_signal's signal on a
-//                                     transport that orders them (kOrderedSignals), or
-//                                     after quiet() and a later signal.
+//                                     transport that orders them (kOrderedSignals), or,
+//                                     where quiet() waits for the remote end (mlx5),
+//                                     after quiet() and a later signal; on GIN, whose
+//                                     flush frees the sources only, through nothing:
+//                                     the kernels send every row with put_signal.
 //   put_signal(src, dst, bytes, s, n) the same copy, then adds n to the signal s: the
 //                                     peer that observes the signal grown by n (an
 //                                     acquire, wait_signal below) sees this put's
