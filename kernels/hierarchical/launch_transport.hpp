@@ -9,6 +9,7 @@
 #include "kernels/hierarchical/rail_lanes.hpp"
 #include "kernels/hierarchical/rail_transport.cuh"
 #include "railyard/common/status.hpp"
+#include "railyard/layout/hierarchical_layout.cuh"
 #if RAILYARD_IS_SIM
 #include "railyard/transport/gin/queue_pair_backend.cuh"
 #endif
@@ -17,6 +18,17 @@ namespace railyard::kernels::hierarchical {
 
 #if RAILYARD_IS_SIM
 using FlavourGinTransport = GinTransport<transport::gin::QueuePairGin>;
+
+// The simulator's GIN lane over queue pair `qp` (a lane of the rail): its signals are
+// the layout's signal area.
+inline FlavourGinTransport::LaneDesc gin_lane_over(const transport::mlx5::QueuePair& qp,
+                                                   const layout::HierarchicalLayout& H) {
+  FlavourGinTransport::LaneDesc d;
+  d.backend.qp = qp;
+  d.backend.signals = {static_cast<uint64_t>(H.signals_offset()), static_cast<uint32_t>(H.num_signals())};
+  d.peer = qp.peer;
+  return d;
+}
 #endif
 
 // fn(Transport{}) with the transport type `lanes` names; Unsupported where the flavour

@@ -72,14 +72,8 @@ class DeviceLanes {
     if (!gin_) {
       using Desc = kh::FlavourGinTransport::LaneDesc;
       const layout::HierarchicalLayout H(shape);
-      const std::vector<mlx5::QueuePair>& qps = queue_pairs_;
-      std::vector<Desc> descs(qps.size());
-      for (std::size_t q = 0; q < qps.size(); ++q) {
-        descs[q].backend.qp = qps[q];
-        descs[q].backend.signals = {static_cast<uint64_t>(H.signals_offset()), static_cast<uint32_t>(H.num_signals())};
-        descs[q].backend.signal_order = qps[q].signal_order;
-        descs[q].peer = qps[q].peer;
-      }
+      std::vector<Desc> descs;
+      for (const mlx5::QueuePair& qp : queue_pairs_) descs.push_back(kh::gin_lane_over(qp, H));
       gin_ = runtime::gpu::malloc_device(descs.size() * sizeof(Desc), "GIN lanes");
       copy_to_device(gin_, descs.data(), descs.size() * sizeof(Desc));
     }

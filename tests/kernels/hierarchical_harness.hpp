@@ -90,14 +90,7 @@ class Group {
       lanes_.push_back(device_lanes);
       // GIN lanes over the same queue pairs, signals in the layout's signal area.
       auto* gin = static_cast<GinDesc*>(sim::malloc_device(g, sizeof(GinDesc) * lanes.size(), "GIN lanes"));
-      for (std::size_t q = 0; q < lanes.size(); ++q) {
-        gin[q] = GinDesc{};
-        gin[q].backend.qp = lanes[q];
-        gin[q].backend.signals = {static_cast<uint64_t>(layout_.signals_offset()),
-                                  static_cast<uint32_t>(layout_.num_signals())};
-        gin[q].backend.signal_order = lanes[q].signal_order;
-        gin[q].peer = lanes[q].peer;
-      }
+      for (std::size_t q = 0; q < lanes.size(); ++q) gin[q] = kernels::hierarchical::gin_lane_over(lanes[q], layout_);
       gin_lanes_.push_back(gin);
     }
   }

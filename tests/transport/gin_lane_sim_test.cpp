@@ -56,7 +56,6 @@ gin::QueuePairGin backend_for(Fabric& f, int rank, int peer) {
   gin::QueuePairGin b;
   b.qp = f.qp(rank, peer);
   b.signals = {kSignals, kSignalCount};
-  b.signal_order = f.qp(rank, peer).signal_order;
   return b;
 }
 

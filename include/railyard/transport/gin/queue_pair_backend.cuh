@@ -23,9 +23,8 @@
 namespace railyard::transport::gin {
 
 struct QueuePairGin {
-  mlx5::QueuePair qp;             // to the only peer the backend reaches (qp.peer)
+  mlx5::QueuePair qp;  // to the only peer the backend reaches (qp.peer); qp.signal_order: how its NIC adds
   SignalSpace signals{};
-  SignalOrder signal_order = SignalOrder::Native;  // how the NIC adds (mlx5 atomic mode)
 
   RAILYARD_DEVICE void put(int32_t peer, uint64_t dst, uint64_t src, uint32_t bytes,
                            const pipeline::WaitPolicy& policy RAILYARD_LOC_PARAM) const {
@@ -50,7 +49,7 @@ struct QueuePairGin {
   }
   RAILYARD_DEVICE uint64_t read_signal(uint32_t id RAILYARD_LOC_PARAM) const {
     const auto* counter = reinterpret_cast<const uint64_t*>(qp.local_base + slot(id));
-    return signal_value(arch::ld_acquire_sys(counter RAILYARD_LOC_ARG), signal_order);
+    return signal_value(arch::ld_acquire_sys(counter RAILYARD_LOC_ARG), qp.signal_order);
   }
   RAILYARD_HOST_DEVICE SignalSpace signal_space() const { return signals; }
 
