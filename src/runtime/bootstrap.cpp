@@ -58,6 +58,12 @@ std::vector<RankFailure> gather_failures(Bootstrap& bootstrap, int32_t code, con
   return failures;
 }
 
+void Bootstrap::barrier_by_allgather() {
+  const std::byte token{1};
+  std::vector<std::byte> all(static_cast<std::size_t>(size()));
+  allgather_same_size(std::span<const std::byte>(&token, 1), all);
+}
+
 std::vector<std::byte> Bootstrap::allgather(std::span<const std::byte> mine) {
   const int n = size();
   // Round 1: the byte counts, a fixed 8 bytes per rank, so it cannot itself mismatch.

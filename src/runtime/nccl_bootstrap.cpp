@@ -47,11 +47,6 @@ void NcclBootstrap::allgather_same_size(std::span<const std::byte> mine, std::sp
   gpu::stream_synchronize(options_.stream);
 }
 
-void NcclBootstrap::barrier() {
-  // An allgather of one byte: NCCL has no barrier, and every rank must take part.
-  const std::byte token{1};
-  std::vector<std::byte> all(static_cast<std::size_t>(size_));
-  allgather_same_size(std::span<const std::byte>(&token, 1), all);
-}
+void NcclBootstrap::barrier() { barrier_by_allgather(); }  // NCCL has no barrier
 
 }  // namespace railyard::runtime

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -175,9 +176,6 @@ void TcpBootstrap::allgather_same_size(std::span<const std::byte> mine, std::spa
   }
 }
 
-void TcpBootstrap::barrier() {
-  const std::byte one{1};
-  (void)allgather(std::span<const std::byte>(&one, 1));
-}
+void TcpBootstrap::barrier() { barrier_by_allgather(); }
 
 }  // namespace railyard::runtime

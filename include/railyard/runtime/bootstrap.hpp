@@ -49,6 +49,8 @@ class Bootstrap {
   // The transport's allgather, called only once every rank is known to pass
   // mine.size() bytes; `all` has size() * mine.size() bytes.
   virtual void allgather_same_size(std::span<const std::byte> mine, std::span<std::byte> all) = 0;
+  // A barrier for transports that have none of their own: an allgather of one byte.
+  void barrier_by_allgather();
 };
 
 // Allgathers one trivially copyable value per rank.
