@@ -35,7 +35,7 @@ set(_railyard_exported railyard_headers railyard_runtime railyard_reference)
 set(RAILYARD_PACKAGE_HAS_SIM OFF)
 set(RAILYARD_PACKAGE_HAS_CUDA OFF)
 if(TARGET railyard_sim_api)
-  list(APPEND _railyard_exported railyard_sim railyard_sim_nic railyard_runtime_sim railyard_rdma_simnic
+  list(APPEND _railyard_exported railyard_sim railyard_nic_model railyard_sim_nic railyard_runtime_sim railyard_rdma_simnic
        railyard_kernels_sim railyard_sim_api)
   set(RAILYARD_PACKAGE_HAS_SIM ON)
 endif()

@@ -97,7 +97,7 @@ TEST(NicWeakMemory, PayloadReadAfterOnlyARelaxedPollOfTheSignalIsAReportedRace) 
     const std::vector<std::string> bad = receive_after(Poll::RelaxedOnly, seed);
     EXPECT_EQ(bad[0], "");
     EXPECT_NE(bad[1].find("data race"), std::string::npos) << bad[1];
-    EXPECT_NE(bad[1].find("the simulated NIC of device 0 wrote with an RDMA WRITE at src/sim/nic_execute.cpp"),
+    EXPECT_NE(bad[1].find("the simulated NIC of device 0 wrote with an RDMA WRITE at src/nic_model/nic_execute.cpp"),
               std::string::npos)
         << bad[1];
     EXPECT_NE(bad[1].find("mlx5_weak_sim_test.cpp"), std::string::npos) << bad[1];
@@ -106,7 +106,7 @@ TEST(NicWeakMemory, PayloadReadAfterOnlyARelaxedPollOfTheSignalIsAReportedRace) 
 
 TEST(NicWeakMemory, SignalAcquiredAtGpuScopeIsAReportedScopeFault) {
   const std::vector<std::string> bad = receive_after(Poll::AcquireGpu, 1);
-  EXPECT_NE(bad[1].find("scope: an RDMA atomic at src/sim/nic_execute.cpp"), std::string::npos) << bad[1];
+  EXPECT_NE(bad[1].find("scope: an RDMA atomic at src/nic_model/nic_execute.cpp"), std::string::npos) << bad[1];
   EXPECT_NE(bad[1].find("by the simulated NIC of device 0 is read by ld.acquire.gpu"), std::string::npos) << bad[1];
   EXPECT_NE(bad[1].find("a .gpu operation does not order anything for a thread of another device"),
             std::string::npos)
@@ -139,7 +139,7 @@ TEST(NicWeakMemory, CqeReadPastItsOwnerWordWithoutAFenceIsAReportedRace) {
   EXPECT_EQ(read_cqe(true), "");
   const std::string bad = read_cqe(false);
   EXPECT_NE(bad.find("data race"), std::string::npos) << bad;
-  EXPECT_NE(bad.find("the simulated NIC of device 0 wrote with a CQE at src/sim/nic_execute.cpp"), std::string::npos)
+  EXPECT_NE(bad.find("the simulated NIC of device 0 wrote with a CQE at src/nic_model/nic_execute.cpp"), std::string::npos)
       << bad;
 }
 

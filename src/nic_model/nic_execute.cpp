@@ -1,25 +1,25 @@
-// Railyard simulator: the simulated NIC's execution of fetched WQEs and its
-// completions (include/railyard/sim/nic.hpp; fetching and doorbells are in nic.cpp).
+// Railyard: the mlx5 NIC model's execution of fetched WQEs and its completions
+// (include/railyard/sim/nic_model.hpp; fetching and doorbells are in nic_model.cpp).
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <memory>
 #include <sstream>
 
-#include "railyard/sim/nic.hpp"
+#include "railyard/sim/nic_model.hpp"
 
 namespace railyard::sim {
 
 namespace mlx5 = transport::mlx5;
 
 // RC: the remote QP must be connected to this one, as this one is to it.
-bool Nic::connected_back(const Qp& q) const {
+bool NicModel::connected_back(const Qp& q) const {
   if (q.peer == nullptr) return false;
   const auto it = q.peer->qps_.find(q.peer_qpn);
   return it != q.peer->qps_.end() && it->second.peer == this && it->second.peer_qpn == q.queues.qpn;
 }
 
-bool Nic::in_region(const Nic& nic, uint32_t key, uint64_t addr, uint64_t length) const {
+bool NicModel::in_region(const NicModel& nic, uint32_t key, uint64_t addr, uint64_t length) const {
   auto it = nic.regions_.find(key);
   if (it == nic.regions_.end()) return false;
   const Region& r = it->second;
@@ -29,7 +29,7 @@ bool Nic::in_region(const Nic& nic, uint32_t key, uint64_t addr, uint64_t length
 // Keys and bounds, the way the NIC finds them: the local key against this NIC's table
 // (local protection error), the remote key against the peer's (remote access error,
 // reported back to the requester as a NAK would be).
-mlx5::Syndrome Nic::check_access(const Qp& q, const Request& r, uint64_t length) const {
+mlx5::Syndrome NicModel::check_access(const Qp& q, const Request& r, uint64_t length) const {
   const mlx5::ParsedWqe& w = r.wqe;
   const bool local_needed = w.ctrl.opcode != mlx5::Opcode::Nop && !w.is_inline;
   const uint64_t local_length = w.ctrl.opcode == mlx5::Opcode::RdmaWrite ? length : sizeof(uint64_t);
@@ -56,7 +56,7 @@ uint64_t request_length(const mlx5::ParsedWqe& w) {
 // and its execution (the real NIC reads the ring lazily) is a send queue overrun, a
 // fault; a bad key or bound is an error completion, the QP then in error. False when
 // the request must not run.
-bool Nic::start(Qp& q, Request& r) {
+bool NicModel::start(Qp& q, Request& r) {
   if (r.checked) return true;
   const std::vector<uint8_t> now = gather_wqe(q, r.index);
   if (now.size() < r.bytes.size() || std::memcmp(now.data(), r.bytes.data(), r.bytes.size()) != 0) {
@@ -86,7 +86,7 @@ bool Nic::start(Qp& q, Request& r) {
 
 // The request the next packet belongs to: the oldest, or with relaxed ordering any
 // WRITE of the leading run of WRITEs with bytes left to place.
-Nic::Request& Nic::pick(Qp& q) {
+NicModel::Request& NicModel::pick(Qp& q) {
   if (!config_.relaxed_ordering) return q.pending.front();
   std::vector<Request*> open;
   for (Request& r : q.pending) {
@@ -98,7 +98,7 @@ Nic::Request& Nic::pick(Qp& q) {
 }
 
 // Completions in order: every fully placed WRITE at the front of the queue.
-void Nic::retire_placed_writes(Qp& q) {
+void NicModel::retire_placed_writes(Qp& q) {
   while (!q.pending.empty() && is_write(q.pending.front().wqe) && q.pending.front().checked &&
          q.pending.front().done_bytes == request_length(q.pending.front().wqe)) {
     complete(q, q.pending.front(), mlx5::Syndrome{}, false);
@@ -108,7 +108,7 @@ void Nic::retire_placed_writes(Qp& q) {
 
 // One packet of one request of the QP: a flush in the error state, one MTU of a WRITE,
 // or a whole atomic or NOP (which run only as the oldest request).
-void Nic::execute_packet(Qp& q) {
+void NicModel::execute_packet(Qp& q) {
   Request& front = q.pending.front();
   if (q.state == QpState::Error) {
     complete(q, front, mlx5::Syndrome::WrFlush, true);
@@ -142,7 +142,7 @@ void Nic::execute_packet(Qp& q) {
 }
 
 // One MTU-sized piece: the next one, or with relaxed ordering any piece not placed yet.
-void Nic::execute_write(Qp& q, Request& r) {
+void NicModel::execute_write(Qp& q, Request& r) {
   const uint32_t length = static_cast<uint32_t>(request_length(r.wqe));
   uint32_t offset = r.done_bytes;
   if (config_.relaxed_ordering && length > config_.mtu_bytes) {
@@ -162,36 +162,41 @@ void Nic::execute_write(Qp& q, Request& r) {
   // untimed); its ACK comes back a wire latency later.
   const double lands = timed_ ? transmit(q, piece, !r.wqe.is_inline) : 0;
   r.acked_ns = lands + model_.nic_wire_ns;
-  if (piece > 0)
-    at(lands, [this, dst, payload = std::vector<uint8_t>(src, src + piece)] {
-      std::memcpy(dst, payload.data(), payload.size());
-      agent_write(name_, dst, payload.size(), AgentOrder::Plain, "an RDMA WRITE");
+  if (piece > 0) {
+    std::vector<uint8_t> payload(piece);
+    if (r.wqe.is_inline) {
+      std::memcpy(payload.data(), src, piece);
+    } else {
+      world_.read(payload.data(), src, piece);
+    }
+    at(lands, [this, dst, payload = std::move(payload)] {
+      world_.write(dst, payload.data(), payload.size(), AgentOrder::Plain, "an RDMA WRITE");
     });
+  }
   r.done_bytes += piece;
-  agent_count_bytes(device_, q.peer->device_, piece);
+  world_.count_bytes(q.peer->device_, piece);
 }
 
 // 8-byte fetch-and-add or compare-and-swap at the responder (nic_atomic_ns after it
 // arrives); the old value comes back with the response and lands at the local address
 // as the target's bytes were, before the CQE.
-void Nic::execute_atomic(Qp& q, Request& r) {
+void NicModel::execute_atomic(Qp& q, Request& r) {
   const double executes = timed_ ? transmit(q, sizeof(uint64_t), false) + model_.nic_atomic_ns : 0;
   r.acked_ns = executes + model_.nic_wire_ns;
   auto old = std::make_shared<uint64_t>();
   at(executes, [this, w = r.wqe, old] { *old = apply_atomic(w); });
   at(r.acked_ns, [this, local = reinterpret_cast<void*>(r.wqe.local.addr), old] {
-    std::memcpy(local, old.get(), sizeof(uint64_t));
-    agent_write(name_, local, sizeof(uint64_t), AgentOrder::Plain, "an RDMA atomic's old value");
+    world_.write(local, old.get(), sizeof(uint64_t), AgentOrder::Plain, "an RDMA atomic's old value");
   });
-  agent_count_bytes(device_, q.peer->device_, sizeof(uint64_t));
+  world_.count_bytes(q.peer->device_, sizeof(uint64_t));
   complete(q, r, mlx5::Syndrome{}, false);
 }
 
 // The atomic in the NIC's atomic byte order; returns the target's bytes as they were.
-uint64_t Nic::apply_atomic(const mlx5::ParsedWqe& w) {
+uint64_t NicModel::apply_atomic(const mlx5::ParsedWqe& w) {
   auto* target = reinterpret_cast<uint8_t*>(w.remote.raddr);
   uint64_t raw;
-  std::memcpy(&raw, target, sizeof(raw));
+  world_.read(&raw, target, sizeof(raw));
   const uint64_t old = config_.atomics_big_endian ? mlx5::from_be64(raw) : raw;
   uint64_t next = old;
   if (w.ctrl.opcode == mlx5::Opcode::AtomicFa) {
@@ -200,15 +205,14 @@ uint64_t Nic::apply_atomic(const mlx5::ParsedWqe& w) {
     next = w.atomic.swap_add;
   }
   const uint64_t out = config_.atomics_big_endian ? mlx5::to_be64(next) : next;
-  std::memcpy(target, &out, sizeof(out));
   // The atomic follows every earlier WRITE of its QP: it publishes them.
-  agent_write(name_, target, sizeof(out), AgentOrder::Release, "an RDMA atomic");
+  world_.write(target, &out, sizeof(out), AgentOrder::Release, "an RDMA atomic");
   return raw;
 }
 
 // A CQE for a signalled WQE, and for every error (errors and flushes always complete,
 // whatever the WQE asked for).
-void Nic::complete(Qp& q, const Request& r, mlx5::Syndrome syndrome, bool error) {
+void NicModel::complete(Qp& q, const Request& r, mlx5::Syndrome syndrome, bool error) {
   q.completed = r.index + mlx5::wqebb_count(r.wqe.ctrl.ds);
   if (!error && (r.wqe.ctrl.fm_ce_se & mlx5::kCtrlCqUpdate) == 0) return;
   const uint32_t length = r.wqe.is_inline ? r.wqe.inline_bytes : r.wqe.local.byte_count;
@@ -227,9 +231,11 @@ void Nic::complete(Qp& q, const Request& r, mlx5::Syndrome syndrome, bool error)
 // the NIC's side). The consumer's record says how far software has read: writing a lap
 // ahead of it would overwrite an unread CQE (a CQ overrun, an error on a real NIC).
 // Flushes after an error are dropped rather than overrun: software stops at the error.
-void Nic::write_cqe(Qp& q, const mlx5::CqeFields& fields) {
+void NicModel::write_cqe(Qp& q, const mlx5::CqeFields& fields) {
   const uint32_t ncqe = 1u << q.queues.log2_ncqe;
-  const uint32_t consumed = mlx5::from_be32(q.queues.cq_dbr[mlx5::kCqDbrConsumerWord]) & 0xffffffu;
+  uint32_t consumer_record;
+  world_.read(&consumer_record, q.queues.cq_dbr + mlx5::kCqDbrConsumerWord, sizeof(consumer_record));
+  const uint32_t consumed = mlx5::from_be32(consumer_record) & 0xffffffu;
   if (((q.cqes_written - consumed) & 0xffffffu) >= ncqe) {
     if (fields.opcode == mlx5::CqeOpcode::ReqErr) return;
     return fail(q, "CQ overrun: CQE " + std::to_string(q.cqes_written) + " while software has consumed " +
@@ -239,20 +245,20 @@ void Nic::write_cqe(Qp& q, const mlx5::CqeFields& fields) {
   f.owner = mlx5::cqe_owner_for(q.cqes_written, ncqe);
   const mlx5::Cqe cqe = mlx5::encode_cqe(f);
   auto* slot = reinterpret_cast<uint8_t*>(&q.queues.cq[q.cqes_written & (ncqe - 1)]);
-  // op_own last, as the NIC makes a CQE valid only once it is whole.
-  std::memcpy(slot, &cqe, sizeof(cqe) - 1);
-  slot[sizeof(cqe) - 1] = cqe.op_own;
-  // Software reads the rest of a CQE only after its owner word and a fence (rdma-core's
-  // get_sw_cqe, then udma_from_device_barrier): the owner word publishes the rest.
-  agent_write(name_, slot, kCqeOwnerWordOffset, AgentOrder::Plain, "a CQE");
-  agent_write(name_, slot + kCqeOwnerWordOffset, sizeof(cqe) - kCqeOwnerWordOffset, AgentOrder::Release,
-              "a CQE's owner word (bytes 56-63)");
+  const auto* bytes = reinterpret_cast<const uint8_t*>(&cqe);
+  // The owner word (op_own in it) last, as the NIC makes a CQE valid only once it is
+  // whole. Software reads the rest of a CQE only after its owner word and a fence
+  // (rdma-core's get_sw_cqe, then udma_from_device_barrier): the owner word publishes
+  // the rest.
+  world_.write(slot, bytes, kCqeOwnerWordOffset, AgentOrder::Plain, "a CQE");
+  world_.write(slot + kCqeOwnerWordOffset, bytes + kCqeOwnerWordOffset, sizeof(cqe) - kCqeOwnerWordOffset,
+               AgentOrder::Release, "a CQE's owner word (bytes 56-63)");
   ++q.cqes_written;
 }
 
-std::string Nic::describe() const {
+std::string NicModel::describe() const {
   std::ostringstream os;
-  os << "simulated NIC of device " << device_ << ":";
+  os << name_ << ":";
   for (const auto& [qpn, q] : qps_) {
     os << "\n  QP 0x" << std::hex << qpn << std::dec << " -> "
        << (q.peer ? "device " + std::to_string(q.peer->device_) : std::string("unconnected")) << ", "
