@@ -12,48 +12,15 @@
 #include <vector>
 
 #include "kernels/examples/row_gather.hpp"
+#include "tests/gpu/gpu_test_device.hpp"
 
 namespace railyard::examples {
 namespace {
 
-#define RAILYARD_ASSERT_CUDA(expr)                                                     \
-  do {                                                                                 \
-    const cudaError_t railyard_err_ = (expr);                                          \
-    ASSERT_EQ(railyard_err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(railyard_err_); \
-  } while (0)
-
-// Whether one entry of CMAKE_CUDA_ARCHITECTURES ("90a", "100a-real", "90") gives code
-// a device of compute capability `cc` (major*10 + minor) can run: arch-specific ("a")
-// code runs only on its own arch; plain code on its arch and, through PTX, later ones.
-bool arch_runs_on(std::string arch, int cc) {
-  for (const char* suffix : {"-real", "-virtual"}) {
-    if (const auto pos = arch.find(suffix); pos != std::string::npos) arch.erase(pos);
-  }
-  const bool specific = !arch.empty() && (arch.back() == 'a' || arch.back() == 'f');
-  const int number = std::stoi(arch);
-  return specific ? number == cc : number <= cc;
-}
-
 class RowGatherGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-      GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount returned " << count << " ("
-                   << cudaGetErrorName(err) << ": " << cudaGetErrorString(err) << ")";
-    }
-    cudaDeviceProp props{};
-    RAILYARD_ASSERT_CUDA(cudaGetDeviceProperties(&props, 0));
-    const int cc = props.major * 10 + props.minor;
-    bool runnable = false;
-    std::stringstream archs(RAILYARD_CUDA_ARCHITECTURES);
-    for (std::string arch; std::getline(archs, arch, ',');) runnable |= arch_runs_on(arch, cc);
-    if (!runnable) {
-      GTEST_SKIP() << "device 0 (" << props.name << ", sm_" << cc
-                   << ") has no code in this build (CMAKE_CUDA_ARCHITECTURES="
-                   << RAILYARD_CUDA_ARCHITECTURES << ")";
-    }
+    if (const std::string reason = gpu_test::unusable_device(); !reason.empty()) GTEST_SKIP() << reason;
     RAILYARD_ASSERT_CUDA(cudaSetDevice(0));
     RAILYARD_ASSERT_CUDA(cudaStreamCreate(&stream_));
   }
