@@ -1,7 +1,7 @@
 // Railyard hierarchical kernels: a launcher's choice of the kernel instantiation by the
-// lanes' transport (rail_lanes.hpp, rail_transport.cuh). The simulator flavour builds
-// both; the CUDA flavour builds mlx5's, and GIN's where NCCL's device API is compiled
-// in (not yet: the GIN lane is compiled and checked on its own, tests/transport).
+// lanes' transport (rail_lanes.hpp, rail_transport.cuh). Both flavours build mlx5's;
+// GIN's is GinTransport<QueuePairGin> in the simulator and GinTransport<NcclGin> in the
+// CUDA flavour where NCCL's device API is found (RAILYARD_HAVE_NCCL).
 #pragma once
 
 #include <string>
@@ -12,6 +12,12 @@
 #include "railyard/layout/hierarchical_layout.cuh"
 #if RAILYARD_IS_SIM
 #include "railyard/transport/gin/queue_pair_backend.cuh"
+#elif defined(RAILYARD_HAVE_NCCL) && RAILYARD_HAVE_NCCL
+#include "railyard/transport/gin/nccl_backend.cuh"
+#define RAILYARD_GIN_KERNELS 1
+#endif
+#if RAILYARD_IS_SIM
+#define RAILYARD_GIN_KERNELS 1
 #endif
 
 namespace railyard::kernels::hierarchical {
@@ -40,10 +46,12 @@ Status with_transport(const char* who, const RailLanes& lanes, Fn&& fn) {
     case RailTransport::Gin:
 #if RAILYARD_IS_SIM
       return fn(FlavourGinTransport{});
+#elif RAILYARD_GIN_KERNELS
+      return fn(GinTransport<transport::gin::NcclGin>{});
 #else
       return Status::unsupported(std::string(who) +
-                                 ": lanes.transport is gin; this build's kernels drive mlx5 lanes only (the GIN "
-                                 "kernels run in the simulator so far)");
+                                 ": lanes.transport is gin; this build has no GIN kernels (NCCL's device API, "
+                                 "nccl_device.h, was not found)");
 #endif
   }
   return Status::invalid_argument(std::string(who) + ": lanes.transport is " +

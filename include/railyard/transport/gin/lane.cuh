@@ -14,6 +14,12 @@
 //    other kind): kOrderedSignals is false, as the contract allows.
 //  - A put is posted at once (the backend rings its own doorbell): submit() has
 //    nothing to do; quiet() and quiet(ticket) flush every earlier put.
+//  - Any lane of the warp may post a backend operation (NCCL's ncclCoopWarp does not
+//    say which), while the kernels' rows may have been acquired by one lane only (the
+//    combine's sender: lane 0 acquires a partial's readiness). So every operation that
+//    posts starts with __syncwarp, which orders what any lane observed before it
+//    before every lane's accesses after it (bar.warp.sync; PTX ISA, memory
+//    consistency model, "Causality order": a barrier is a synchronizing operation).
 //
 // Backends: NcclGin (gin/nccl_backend.cuh, CUDA flavour with NCCL's device API) and
 // QueuePairGin (gin/queue_pair_backend.cuh), the same shape over mlx5 queue pairs,
@@ -68,6 +74,7 @@ class Lane {
 
   RAILYARD_DEVICE void put(LocalRef src, RemoteRef dst, uint32_t bytes RAILYARD_LOC_PARAM) {
     check_peer(dst.peer RAILYARD_LOC_ARG);
+    __syncwarp();
     backend_.put(dst.peer, dst.offset, src.offset, bytes, policy_ RAILYARD_LOC_ARG);
     ++posted_;
   }
@@ -76,6 +83,7 @@ class Lane {
                                   uint64_t add RAILYARD_LOC_PARAM) {
     check_peer(dst.peer RAILYARD_LOC_ARG);
     check_peer(signal.peer RAILYARD_LOC_ARG);
+    __syncwarp();
     backend_.put_signal(dst.peer, dst.offset, src.offset, bytes, signal_id(signal.offset RAILYARD_LOC_ARG), add,
                         policy_ RAILYARD_LOC_ARG);
     ++posted_;
@@ -83,6 +91,7 @@ class Lane {
 
   RAILYARD_DEVICE void signal(SignalRef signal, uint64_t add RAILYARD_LOC_PARAM) {
     check_peer(signal.peer RAILYARD_LOC_ARG);
+    __syncwarp();
     backend_.signal(signal.peer, signal_id(signal.offset RAILYARD_LOC_ARG), add, policy_ RAILYARD_LOC_ARG);
     ++posted_;
   }
