@@ -46,10 +46,15 @@ inline constexpr int kDefaultSms = 8;
 // How the kernels drive the RDMA traffic between NVLink domains
 // (docs/design-internode.md, "Transports").
 enum class Transport : uint8_t {
-  Auto = 0,  // Mlx5 (the only transport GPUs run yet)
+  // Mlx5 where this rank's NIC is one the GPU drives itself
+  // (runtime::rdma::NicAttributes::gpu_initiated), else Gin where it is available (on
+  // GPUs: BufferOptions::nccl_comm given). Every rank must come to the same choice;
+  // Buffer::transport() says which.
+  Auto = 0,
   Mlx5 = 1,  // the NIC's queue pairs, driven by the GPU (IBGDA on ConnectX)
-  // The GIN lane (NCCL's GPU-Initiated Networking): in the simulator over the simulated
-  // NIC's queue pairs; on GPUs, NCCL's device API is not wired to the kernels yet.
+  // The GIN lane (NCCL's GPU-Initiated Networking): on GPUs over NCCL's device API
+  // (BufferOptions::nccl_comm; NCCL picks the network backend, EFA's included); in
+  // the simulator over the simulated NIC's queue pairs (transport/gin's stand-in).
   Gin = 2,
 };
 
@@ -92,8 +97,14 @@ struct BufferOptions {
   // Every such queue pair's send queue (2^n 64-byte blocks) and completion queue; the
   // same on every rank (checked, like the config).
   runtime::rdma::QueuePairRequest rdma_queues{};
-  // How the kernels drive those queue pairs (Transport).
+  // How the kernels drive the traffic between domains (Transport).
   Transport transport = Transport::Auto;
+  // Transport::Gin on GPUs: the group's NCCL communicator (an ncclComm_t whose rank r
+  // is this group's rank r), from which the buffer makes its device communicator and
+  // registers its registered buffer as a window; the caller keeps it until the buffer
+  // is destroyed. In Python, the process group's (railyard.Buffer finds it). With it,
+  // Transport::Gin opens no NIC of its own. Ignored in the simulator.
+  void* nccl_comm = nullptr;
 };
 
 // Rows a caller provides for a dispatch's outputs instead of the allocator's.
@@ -272,6 +283,8 @@ class Buffer {
   std::optional<KernelFailure> failure() const;
 
   const BufferConfig& config() const;
+  // The transport between NVLink domains (Auto resolved); Auto for a group of one domain.
+  Transport transport() const;
   int rank() const;
   int device() const;
   const runtime::RegisteredBuffer& registered_buffer() const;

@@ -72,6 +72,8 @@ py::dict info(const BufferEntry& e) {
   d["device"] = e.device;
   d["required_bytes"] = Buffer::required_bytes(e.buffer->config());
   d["ranks_per_domain"] = e.buffer->config().ranks_per_domain;
+  const Transport t = e.buffer->transport();
+  d["transport"] = t == Transport::Mlx5 ? "mlx5" : t == Transport::Gin ? "gin" : "auto";
   return d;
 }
 
@@ -79,7 +81,8 @@ py::dict info(const BufferEntry& e) {
 py::dict create_buffer(PyBootstrap& bootstrap, int64_t hidden, int64_t max_tokens, int64_t experts_per_rank,
                        bool fp8, int64_t max_top_k, std::optional<int64_t> ranks_per_domain, int dispatch_sms,
                        int combine_sms, int dispatch_chunk_rows, int combine_chunk_rows, uint64_t timeout_cycles,
-                       uint64_t handshake_timeout_cycles, bool check_routing, const std::string& transport) {
+                       uint64_t handshake_timeout_cycles, bool check_routing, const std::string& transport,
+                       uint64_t nccl_comm) {
   if (!bootstrap.bootstrap) throw std::invalid_argument("railyard: this bootstrap was already used by a Buffer");
   auto entry = std::make_shared<BufferEntry>();
   entry->bootstrap = std::move(bootstrap.bootstrap);
@@ -106,6 +109,7 @@ py::dict create_buffer(PyBootstrap& bootstrap, int64_t hidden, int64_t max_token
   else if (transport == "gin") options.transport = Transport::Gin;
   else if (transport != "auto")
     throw std::invalid_argument("railyard.Buffer: transport is '" + transport + "'; expected 'auto', 'mlx5' or 'gin'");
+  options.nccl_comm = reinterpret_cast<void*>(static_cast<uintptr_t>(nccl_comm));  // an ncclComm_t, or 0
   {
     py::gil_scoped_release nogil;
     entry->device = runtime::gpu::current();
@@ -270,7 +274,7 @@ PYBIND11_MODULE(RAILYARD_MODULE_NAME, m) {
         py::arg("experts_per_rank"), py::arg("fp8"), py::arg("max_top_k"), py::arg("ranks_per_domain"),
         py::arg("dispatch_sms"), py::arg("combine_sms"), py::arg("dispatch_chunk_rows"), py::arg("combine_chunk_rows"),
         py::arg("timeout_cycles"), py::arg("handshake_timeout_cycles"), py::arg("check_routing"),
-        py::arg("transport"));
+        py::arg("transport"), py::arg("nccl_comm") = 0);
   m.def("destroy_buffer", &destroy_buffer, py::arg("id"));
   m.def("synchronize_buffer", &synchronize_buffer, py::arg("id"));
   m.def("barrier_buffer", &barrier_buffer, py::arg("id"));

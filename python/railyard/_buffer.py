@@ -267,7 +267,7 @@ class Buffer:
                  ranks_per_domain: Optional[int] = None, timeout_cycles: Optional[int] = None,
                  check_routing: Optional[bool] = None, dispatch_chunk_rows: Optional[int] = None,
                  combine_chunk_rows: Optional[int] = None, handshake_timeout_cycles: Optional[int] = None,
-                 transport: str = "auto"):
+                 transport: str = "auto", nccl_comm: Optional[int] = None):
         _positive("hidden_dim", hidden_dim)
         _positive("max_num_of_tokens_per_rank", max_num_of_tokens_per_rank)
         _positive("num_local_experts", num_local_experts)
@@ -291,14 +291,20 @@ class Buffer:
             _positive("handshake_timeout_cycles", handshake_timeout_cycles)
         if transport not in ("auto", "mlx5", "gin"):
             raise ValueError(f"railyard.Buffer: transport is {transport!r}; expected 'auto', 'mlx5' or 'gin'")
+        if nccl_comm is not None and (isinstance(nccl_comm, bool) or not isinstance(nccl_comm, int) or nccl_comm <= 0):
+            raise ValueError(f"railyard.Buffer: nccl_comm is {nccl_comm!r}; expected an ncclComm_t as a positive int")
 
         module, bootstrap, device = self._bootstrap(group)
+        if nccl_comm is None and device.type == "cuda" and transport != "mlx5":
+            from ._torch_group import nccl_comm_of
+
+            nccl_comm = nccl_comm_of(group, device)  # GIN's, where torch exposes the group's
         if check_routing is None:
             check_routing = device.type == "cpu"  # free on the CPU; a sync on a GPU
         info = module.create_buffer(bootstrap, hidden_dim, max_num_of_tokens_per_rank, num_local_experts,
                                     bool(use_fp8), max_top_k, ranks_per_domain, self._dispatch_sms,
                                     self._combine_sms, *chunks, timeout_cycles or 0,
-                                    handshake_timeout_cycles or 0, bool(check_routing), transport)
+                                    handshake_timeout_cycles or 0, bool(check_routing), transport, nccl_comm or 0)
         self._module = module
         self._id = info["id"]
         self.group = group
@@ -315,6 +321,8 @@ class Buffer:
         # Ranks per NVLink domain: the override, else detected. Fewer than world_size:
         # the group spans several domains, joined by RDMA between rail peers.
         self.ranks_per_domain = info["ranks_per_domain"]
+        # Between domains: "mlx5" or "gin" (transport="auto" resolved); "auto" for one domain.
+        self.transport = info["transport"]
         _configs[self._id] = (hidden_dim, num_experts, num_local_experts, self.use_fp8)
         register = getattr(group, "_register_buffer", None)
         if register is not None:

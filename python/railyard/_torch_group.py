@@ -24,3 +24,16 @@ def torch_bootstrap(module, group):
         dist.barrier(group=group)
 
     return module.callback_bootstrap(rank, size, allgather, barrier)
+
+
+def nccl_comm_of(group, device):
+    """The NCCL communicator (ncclComm_t, as an int) of a torch.distributed group on
+    `device`, where torch exposes it (ProcessGroupNCCL._comm_ptr); None otherwise: a
+    group of another backend, a torch without it, or a communicator not made yet
+    (init_process_group(device_id=...) makes it at once)."""
+    try:
+        backend = group._get_backend(device)
+        comm_ptr = getattr(backend, "_comm_ptr", None)
+        return int(comm_ptr()) or None if comm_ptr is not None else None
+    except Exception:  # noqa: BLE001 - any failure means: no communicator to offer
+        return None

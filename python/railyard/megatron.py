@@ -82,7 +82,7 @@ _IGNORED_INIT_OPTIONS = ("num_sms_preprocessing_api", "num_blocks_permute", "num
                          "num_of_experts", "load_cached_kernels", "use_shared_buffer", "enable_custom_allgather",
                          "num_of_hybrid_ep_ranks_per_nvlink_domain", "use_mnnvl")
 # Keyword arguments passed through to railyard.Buffer unchanged.
-_BUFFER_OPTIONS = ("max_top_k", "ranks_per_domain", "timeout_cycles", "handshake_timeout_cycles")
+_BUFFER_OPTIONS = ("max_top_k", "ranks_per_domain", "timeout_cycles", "handshake_timeout_cycles", "transport")
 
 # Settings from install(): applied to every buffer created afterwards.
 _install_options: Dict[str, Any] = {}
@@ -144,7 +144,7 @@ class HybridEPBuffer:
     * ``num_sms_dispatch_api`` / ``num_sms_combine_api``: ``num_sms_dispatch`` /
       ``num_sms_combine`` (None: Railyard's default);
     * ``nvlink_domain_size``: ``ranks_per_domain``; ``max_top_k``, ``ranks_per_domain``,
-      ``timeout_cycles``: passed through;
+      ``timeout_cycles``, ``handshake_timeout_cycles``, ``transport``: passed through;
     * ``num_sms_preprocessing_api``, ``num_blocks_permute``, ``num_blocks_unpermute``:
       accepted, no effect (Railyard's metadata kernel is one block per rank, and the
       permute / unpermute are done inside the dispatch / combine kernels).
@@ -561,7 +561,7 @@ def _patch(module, name, value):
 def install(*, max_num_of_tokens_per_rank: Optional[int] = None, num_sms_dispatch: Optional[int] = None,
             num_sms_combine: Optional[int] = None, max_top_k: Optional[int] = None,
             ranks_per_domain: Optional[int] = None, timeout_cycles: Optional[int] = None,
-            handshake_timeout_cycles: Optional[int] = None) -> None:
+            handshake_timeout_cycles: Optional[int] = None, transport: Optional[str] = None) -> None:
     """Make Railyard the backend of Megatron Core's ``hybridep`` flex dispatcher.
 
     Call once per process, before the MoE layers are built (the dispatcher checks for
@@ -579,14 +579,16 @@ def install(*, max_num_of_tokens_per_rank: Optional[int] = None, num_sms_dispatc
       (or other ranks) can have more tokens.
     * ``num_sms_dispatch`` / ``num_sms_combine``: override Megatron's
       ``moe_hybridep_num_sms``.
-    * ``max_top_k``, ``ranks_per_domain``, ``timeout_cycles``, ``handshake_timeout_cycles``:
-      :class:`railyard.Buffer`'s.
+    * ``max_top_k``, ``ranks_per_domain``, ``timeout_cycles``, ``handshake_timeout_cycles``,
+      ``transport`` (between NVLink domains: ``"auto"``, ``"mlx5"`` or ``"gin"``; GIN takes
+      the process group's NCCL communicator): :class:`railyard.Buffer`'s.
     """
     global _installed
     with _install_lock:
         options = dict(max_num_of_tokens_per_rank=max_num_of_tokens_per_rank, num_sms_dispatch=num_sms_dispatch,
                        num_sms_combine=num_sms_combine, max_top_k=max_top_k, ranks_per_domain=ranks_per_domain,
-                       timeout_cycles=timeout_cycles, handshake_timeout_cycles=handshake_timeout_cycles)
+                       timeout_cycles=timeout_cycles, handshake_timeout_cycles=handshake_timeout_cycles,
+                       transport=transport)
         _install_options.clear()
         _install_options.update({k: v for k, v in options.items() if v is not None})
         if _installed:

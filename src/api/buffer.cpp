@@ -81,9 +81,7 @@ DeviceCounts Handle::device_counts() const {
 struct Buffer::State {
   State(const BufferConfig& config, runtime::Bootstrap& bootstrap, const BufferOptions& options)
       : config(config),
-        rail(config.ranks_per_domain > 0 && config.ranks_per_domain < config.num_ranks
-                 ? std::make_shared<detail::RailNic>(options.nic, bootstrap.rank() % config.ranks_per_domain)
-                 : nullptr),
+        rail(make_rail(config, bootstrap, options)),
         registered(config, detail::registered_bytes, bootstrap, registered_options(options, rail)) {
     allocator = options.allocator ? options.allocator : &runtime::default_allocator();
     device = registered.device();
@@ -99,10 +97,28 @@ struct Buffer::State {
                               .handshake_timeout_cycles = options.handshake_timeout_cycles,
                               .failure_record = failure_record.record,
                               .rdma_queues = options.rdma_queues,
-                              .transport = options.transport});
+                              .transport = options.transport,
+                              .nccl_comm = options.nccl_comm});
   }
   State(const State&) = delete;
   State& operator=(const State&) = delete;
+
+  // Several NVLink domains: the NIC the RDMA path registers with. In the simulator
+  // always (the GIN stand-in drives the simulated NIC too); on GPUs none for
+  // Transport::Gin (NCCL drives the network), and one that may fail to open for Auto
+  // when NCCL's GIN is there to fall back on (options.nccl_comm).
+  static std::shared_ptr<detail::RailNic> make_rail(const BufferConfig& config, runtime::Bootstrap& bootstrap,
+                                                    const BufferOptions& options) {
+    if (!detail::several_domains(config)) return nullptr;
+    const int local_index = bootstrap.rank() % config.ranks_per_domain;
+#if RAILYARD_IS_SIM
+    return std::make_shared<detail::RailNic>(options.nic, local_index);
+#else
+    if (options.transport == Transport::Gin) return nullptr;
+    return std::make_shared<detail::RailNic>(options.nic, local_index,
+                                             options.transport == Transport::Auto && options.nccl_comm != nullptr);
+#endif
+  }
 
   // Checked before the collective creation starts, so every rank that passes bad options
   // throws before it waits for the others.
@@ -122,12 +138,6 @@ struct Buffer::State {
       throw std::invalid_argument("railyard Buffer: options.transport is " +
                                   std::to_string(static_cast<int>(options.transport)) +
                                   "; expected Transport::Auto, Mlx5 or Gin");
-#if !RAILYARD_IS_SIM
-    if (options.transport == Transport::Gin)
-      throw std::invalid_argument(
-          "railyard Buffer: options.transport is Transport::Gin; this build's kernels drive mlx5 queue pairs only "
-          "(the GIN lane runs in the simulator so far); expected Transport::Auto or Mlx5");
-#endif
     runtime::RegisteredBufferOptions r;
     r.topology = options.topology;
     r.topology_options = options.topology_options;
@@ -291,6 +301,7 @@ void Buffer::synchronize(GpuStream stream) {
 }
 
 const BufferConfig& Buffer::config() const { return state("config").config; }
+Transport Buffer::transport() const { return state("transport").path->transport(); }
 int Buffer::rank() const { return state("rank").registered.rank(); }
 int Buffer::device() const { return state("device").device; }
 const runtime::RegisteredBuffer& Buffer::registered_buffer() const { return state("registered_buffer").registered; }

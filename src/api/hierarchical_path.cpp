@@ -1,12 +1,17 @@
 // Railyard public API, internal: the path of a group of several NVLink domains. Its
 // kernels are the hierarchical ones (kernels/hierarchical): the intra-node kernels
 // over the whole group, whose traffic between domains crosses each rank's NIC to its
-// rail peers (docs/design-internode.md). On creation it connects the rail (the
-// shape's lanes_per_peer RC queue pairs towards each rail peer,
-// runtime::rdma::connect_rail, collective) and puts the lanes the kernels drive in
-// the GPU's memory: the queue pairs themselves (Transport::Mlx5), or in the simulator
-// GIN lanes over them (Transport::Gin: transport/gin's QueuePairGin, one per queue
-// pair, signals in the layout's signal area).
+// rail peers (docs/design-internode.md). On creation every rank chooses the transport
+// (transport_choice.hpp, agreed by all) and puts the lanes the kernels drive in the
+// GPU's memory:
+//   Transport::Mlx5   connects the rail (the shape's lanes_per_peer RC queue pairs
+//                     towards each rail peer, runtime::rdma::connect_rail, collective);
+//                     the lanes are the queue pairs themselves;
+//   Transport::Gin    in the simulator, GIN lanes over those queue pairs (transport/
+//                     gin's QueuePairGin, signals in the layout's signal area); on GPUs,
+//                     NCCL's device API over the caller's communicator (NcclGinSetup:
+//                     the registered buffer as a window, a device communicator with a
+//                     GIN signal per slot of the signal area), no NIC of Railyard's.
 #include "hierarchical_path.hpp"
 
 #include <cstring>
@@ -19,8 +24,13 @@
 #include "kernels/hierarchical/metadata.hpp"
 #include "railyard/runtime/device_api.hpp"
 #include "railyard/runtime/rdma_rail_mlx5.hpp"
+#include "transport_choice.hpp"
 #if RAILYARD_IS_SIM
 #include "kernels/hierarchical/launch_transport.hpp"  // the simulator's GIN lane descriptions
+#elif defined(RAILYARD_HAVE_NCCL) && RAILYARD_HAVE_NCCL
+#include "kernels/hierarchical/nccl_lanes.hpp"
+#include "railyard/runtime/nccl_gin_setup.hpp"
+#define RAILYARD_NCCL_GIN_PATH 1
 #endif
 
 namespace railyard::detail {
@@ -28,6 +38,20 @@ namespace {
 
 namespace kh = kernels::hierarchical;
 namespace mlx5 = transport::mlx5;
+
+void copy_to_device(void* dst, const void* src, std::size_t bytes) {
+  const GpuStream stream = runtime::gpu::stream_create();
+  runtime::gpu::memcpy_async(dst, src, bytes, stream);
+  runtime::gpu::stream_synchronize(stream);
+  runtime::gpu::stream_destroy(stream);
+}
+
+// Where the kernels' lanes come from; they live as long as it does.
+class LaneSource {
+ public:
+  virtual ~LaneSource() = default;
+  virtual kh::RailLanes lanes() const = 0;
+};
 
 // One allocation of the rank's GPU memory: the queue pairs the kernels take ((D - 1) L,
 // lane l towards peers[i] at i L + l: HierarchicalLayout::lane_index, the rail's
@@ -80,32 +104,99 @@ class DeviceLanes {
     return kh::RailLanes::gin(gin_);
 #else
     (void)shape;
-    throw std::invalid_argument("railyard Buffer: Transport::Gin runs in the simulator only so far");
+    throw std::logic_error("railyard Buffer: on GPUs, GIN lanes come from NCCL, not from the rail's queue pairs");
 #endif
   }
 
  private:
-  static void copy_to_device(void* dst, const void* src, std::size_t bytes) {
-    const GpuStream stream = runtime::gpu::stream_create();
-    runtime::gpu::memcpy_async(dst, src, bytes, stream);
-    runtime::gpu::stream_synchronize(stream);
-    runtime::gpu::stream_destroy(stream);
-  }
   uint8_t* ptr_ = nullptr;
   std::vector<mlx5::QueuePair> queue_pairs_;  // in lane_slot order, as in ptr_
   void* gin_ = nullptr;  // Transport::Gin's lane descriptions (the simulator's)
 };
 
-class HierarchicalPath final : public DomainPath {
+// The rail's queue pairs (collective: connect_rail), driven as `transport` says.
+class RailLaneSource final : public LaneSource {
  public:
-  HierarchicalPath(const runtime::RegisteredBuffer& registered, runtime::Bootstrap& bootstrap, RailNic& nic,
-                   const PathOptions& options, const layout::HierarchicalShape& shape)
-      : DomainPath(layout::HierarchicalLayout(shape).nvlink().shape(), registered, options),
-        shape_(shape),
-        rail_(runtime::rdma::connect_rail(nic.nic(), bootstrap, registered.topology(), nic.region(),
+  RailLaneSource(const runtime::RegisteredBuffer& registered, runtime::Bootstrap& bootstrap, RailNic& nic,
+                 const PathOptions& options, Transport transport, const layout::HierarchicalShape& shape)
+      : rail_(runtime::rdma::connect_rail(nic.nic(), bootstrap, registered.topology(), nic.region(),
                                           {.queues = options.rdma_queues, .lanes_per_peer = shape.lanes_per_peer})),
         device_lanes_(rail_, registered.local_ptr(), layout::HierarchicalLayout(shape).fetch_scratch_offset()),
-        lanes_(device_lanes_.lanes(options.transport, shape)) {}
+        lanes_(device_lanes_.lanes(transport, shape)) {}
+  kh::RailLanes lanes() const override { return lanes_; }
+
+ private:
+  runtime::rdma::RailConnections rail_;
+  DeviceLanes device_lanes_;
+  kh::RailLanes lanes_;
+};
+
+#if RAILYARD_NCCL_GIN_PATH
+// NCCL's GIN over the caller's communicator (collective over it and `bootstrap`). The
+// checks every rank can fail alone come first, agreed through the bootstrap, so that
+// no rank enters NCCL's collective calls while another has given up.
+class NcclGinLaneSource final : public LaneSource {
+ public:
+  NcclGinLaneSource(const runtime::RegisteredBuffer& registered, runtime::Bootstrap& bootstrap, void* comm,
+                    const layout::HierarchicalShape& shape)
+      : setup_(checked(bootstrap, static_cast<ncclComm_t>(comm)), registered.local_ptr(),
+               registered.bytes(), request(shape)) {
+    const std::vector<uint8_t> image = kh::nccl_gin_lane_image(setup_.device_comm(), setup_.window(), shape,
+                                                               runtime::rdma::rail_peers(registered.topology(),
+                                                                                         registered.rank()));
+    descs_ = runtime::gpu::malloc_device(image.size(), "GIN lanes (NCCL)");
+    copy_to_device(descs_, image.data(), image.size());
+  }
+  ~NcclGinLaneSource() override { runtime::gpu::free_device(descs_); }
+  NcclGinLaneSource(const NcclGinLaneSource&) = delete;
+  NcclGinLaneSource& operator=(const NcclGinLaneSource&) = delete;
+  kh::RailLanes lanes() const override { return kh::RailLanes::gin(descs_); }
+
+ private:
+  static runtime::gin::GinRequest request(const layout::HierarchicalShape& shape) {
+    const layout::HierarchicalLayout H(shape);
+    return {.contexts = H.lanes(), .signals = static_cast<uint32_t>(H.num_signals())};
+  }
+  // The communicator must be this group's, rank for rank, and its library one the
+  // kernels were built for (runtime/nccl_gin.hpp).
+  static ncclComm_t checked(runtime::Bootstrap& bootstrap, ncclComm_t comm) {
+    std::string problem;
+    int count = 0, rank = 0, version = 0;
+    if (ncclCommCount(comm, &count) != ncclSuccess || ncclCommUserRank(comm, &rank) != ncclSuccess) {
+      problem = "options.nccl_comm is not a usable NCCL communicator (ncclCommCount or ncclCommUserRank failed)";
+    } else if (count != bootstrap.size() || rank != bootstrap.rank()) {
+      problem = "options.nccl_comm is rank " + std::to_string(rank) + " of " + std::to_string(count) +
+                "; expected rank " + std::to_string(bootstrap.rank()) + " of " + std::to_string(bootstrap.size()) +
+                " (the group's ranks in order)";
+    } else if (ncclGetVersion(&version) != ncclSuccess) {
+      problem = "ncclGetVersion failed";
+    } else if (const std::string v = runtime::gin::version_problem(NCCL_VERSION_CODE, version); !v.empty()) {
+      problem = v;
+    }
+    const std::vector<runtime::RankFailure> failed = runtime::gather_failures(bootstrap, problem.empty() ? 0 : 1, problem);
+    if (!failed.empty()) {
+      std::string message = "railyard Buffer: Transport::Gin (NCCL):";
+      for (const runtime::RankFailure& f : failed) message += " rank " + std::to_string(f.rank) + ": " + f.message + ";";
+      throw std::invalid_argument(message);
+    }
+    return comm;
+  }
+
+  runtime::gin::NcclGinSetup setup_;
+  void* descs_ = nullptr;
+};
+#endif
+
+class HierarchicalPath final : public DomainPath {
+ public:
+  HierarchicalPath(const runtime::RegisteredBuffer& registered, const PathOptions& options,
+                   const layout::HierarchicalShape& shape, Transport transport, std::unique_ptr<LaneSource> source)
+      : DomainPath(layout::HierarchicalLayout(shape).nvlink().shape(), registered, options),
+        shape_(shape),
+        transport_(transport),
+        source_(std::move(source)),
+        lanes_(source_->lanes()) {}
+  Transport transport() const override { return transport_; }
 
   Status metadata(const DispatchArgs& args, const HandleMemory& handle, int blocks, GpuStream stream) override {
     return kh::launch_metadata({metadata_arguments(args, handle, blocks), shape_, lanes_}, stream);
@@ -125,16 +216,45 @@ class HierarchicalPath final : public DomainPath {
 
  private:
   layout::HierarchicalShape shape_;
-  runtime::rdma::RailConnections rail_;
-  DeviceLanes device_lanes_;
+  Transport transport_;
+  std::unique_ptr<LaneSource> source_;
   kh::RailLanes lanes_;
 };
+
+// What this rank can choose from (transport_choice.hpp).
+TransportCandidates candidates(const RailNic* nic, const PathOptions& options) {
+  TransportCandidates c;
+  if (nic != nullptr && nic->device() != nullptr) {
+    c.nic = &nic->device()->attributes();
+  } else {
+    c.nic_problem = nic != nullptr ? nic->problem()
+                                   : "the buffer opened no NIC of its own (options.transport is Transport::Gin)";
+  }
+#if RAILYARD_IS_SIM
+  c.gin = c.nic != nullptr;  // the stand-in posts through the simulated NIC
+  c.gin_problem = "the simulator's GIN lanes run over this rank's simulated NIC, which it has not: " + c.nic_problem;
+#elif RAILYARD_NCCL_GIN_PATH
+  c.gin = options.nccl_comm != nullptr;
+  c.gin_problem = "options.nccl_comm is null; expected the group's NCCL communicator (ncclComm_t)";
+#else
+  c.gin_problem = "this build has no NCCL GIN (nccl.h and nccl_device.h were not found)";
+#endif
+  return c;
+}
 
 }  // namespace
 
 std::unique_ptr<Path> make_hierarchical_path(const runtime::RegisteredBuffer& registered, runtime::Bootstrap& bootstrap,
-                                             RailNic& nic, const PathOptions& options) {
-  return std::make_unique<HierarchicalPath>(registered, bootstrap, nic, options, hierarchical_shape(registered.config()));
+                                             RailNic* nic, const PathOptions& options) {
+  const layout::HierarchicalShape shape = hierarchical_shape(registered.config());
+  const Transport transport = agree_transport(bootstrap, options.transport, candidates(nic, options));
+  std::unique_ptr<LaneSource> source;
+#if RAILYARD_NCCL_GIN_PATH
+  if (transport == Transport::Gin)
+    source = std::make_unique<NcclGinLaneSource>(registered, bootstrap, options.nccl_comm, shape);
+#endif
+  if (!source) source = std::make_unique<RailLaneSource>(registered, bootstrap, *nic, options, transport, shape);
+  return std::make_unique<HierarchicalPath>(registered, options, shape, transport, std::move(source));
 }
 
 }  // namespace railyard::detail

@@ -10,9 +10,11 @@
 
 namespace railyard::detail {
 
-// Collective over `bootstrap`: connects this rank's rail through `nic` (which
-// registered `registered`), with options.rdma_queues on every queue pair.
+// Collective over `bootstrap`: chooses the transport (options.transport, agreed by
+// every rank), then connects this rank's rail through `nic` (which registered
+// `registered`; null where the buffer opened none), with options.rdma_queues on every
+// queue pair, or sets up NCCL's GIN over options.nccl_comm.
 std::unique_ptr<Path> make_hierarchical_path(const runtime::RegisteredBuffer& registered, runtime::Bootstrap& bootstrap,
-                                             RailNic& nic, const PathOptions& options);
+                                             RailNic* nic, const PathOptions& options);
 
 }  // namespace railyard::detail

@@ -75,8 +75,8 @@ std::size_t registered_bytes(const BufferConfig& config) {
 
 std::unique_ptr<Path> make_path(const runtime::RegisteredBuffer& registered, runtime::Bootstrap& bootstrap,
                                 RailNic* rail, const PathOptions& options) {
-  if (rail == nullptr) return std::make_unique<IntranodePath>(registered, options);
-  return make_hierarchical_path(registered, bootstrap, *rail, options);
+  if (!several_domains(registered.config())) return std::make_unique<IntranodePath>(registered, options);
+  return make_hierarchical_path(registered, bootstrap, rail, options);
 }
 
 }  // namespace railyard::detail

@@ -35,6 +35,7 @@ struct PathOptions {
   pipeline::FailureRecord* failure_record = nullptr;  // pinned host memory, or null
   runtime::rdma::QueuePairRequest rdma_queues{};       // several domains: every queue pair's
   Transport transport = Transport::Auto;               // several domains: how the kernels drive them
+  void* nccl_comm = nullptr;                           // several domains, Transport::Gin on GPUs
 };
 
 // One collective kernel sequence per call, enqueued on `stream` after Buffer's checks
@@ -61,6 +62,8 @@ class Path {
   virtual Status combine(const CombineArgs& args, const HandleMemory& handle, TokenLayout layout, int64_t num_tokens,
                          int64_t rows, const CombineResult& out, int blocks, GpuStream stream) = 0;
   virtual Status barrier(GpuStream stream) = 0;
+  // The transport between NVLink domains; Auto for one domain.
+  virtual Transport transport() const { return Transport::Auto; }
 };
 
 // The bytes of one rank's registered buffer for an agreed config: its path's regions.
@@ -69,9 +72,15 @@ std::size_t registered_bytes(const BufferConfig& config);
 
 class RailNic;  // rail_nic.hpp
 
+// Whether `config` names a group of several NVLink domains (the RDMA path).
+inline bool several_domains(const BufferConfig& config) {
+  return config.ranks_per_domain > 0 && config.ranks_per_domain < config.num_ranks;
+}
+
 // The path for the config `registered` was made with; `registered` must outlive it.
-// A group of several NVLink domains needs `rail`, the registrar that registered
-// `registered` with this rank's NIC; making its path is collective over `bootstrap`.
+// A group of several NVLink domains takes `rail`, the registrar that registered
+// `registered` with this rank's NIC (null where the Buffer opened none: NCCL's GIN);
+// making its path is collective over `bootstrap`.
 std::unique_ptr<Path> make_path(const runtime::RegisteredBuffer& registered, runtime::Bootstrap& bootstrap,
                                 RailNic* rail, const PathOptions& options);
 

@@ -1,11 +1,20 @@
 // Railyard public API, internal: RailNic (rail_nic.hpp).
 #include "rail_nic.hpp"
 
+#include <exception>
+#include <string>
+
 namespace railyard::detail {
 
 void RailNic::register_memory(const runtime::RegisteredRegion& region) {
   if (nic_ == nullptr) {
-    owned_ = open_own_nic(region.device, local_index_);
+    try {
+      owned_ = open_own_nic(region.device, local_index_);
+    } catch (const std::exception& e) {
+      if (!optional_) throw;
+      problem_ = std::string("this rank's NIC could not be opened: ") + e.what();
+      return;
+    }
     nic_ = owned_.get();
   }
   registrar_.emplace(*nic_);

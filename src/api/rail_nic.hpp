@@ -20,20 +20,28 @@ namespace railyard::detail {
 class RailNic final : public runtime::MemoryRegistrar {
  public:
   // `nic`: the caller's (BufferOptions::nic), or null; `local_index`: the GPU's index
-  // in its NVLink domain, by which RAILYARD_NICS maps GPUs to NICs.
-  RailNic(runtime::rdma::RdmaDevice* nic, int local_index) : nic_(nic), local_index_(local_index) {}
+  // in its NVLink domain, by which RAILYARD_NICS maps GPUs to NICs. `optional`: a NIC
+  // of its own that cannot be opened is not an error (another transport may serve,
+  // Transport::Auto); problem() then says why.
+  RailNic(runtime::rdma::RdmaDevice* nic, int local_index, bool optional = false)
+      : nic_(nic), local_index_(local_index), optional_(optional) {}
   std::string name() const override { return "RDMA NIC of the Buffer"; }
   void register_memory(const runtime::RegisteredRegion& region) override;
   void deregister_memory(const runtime::RegisteredRegion& region) noexcept override;
 
-  // After registration: the NIC and the registered region, for connect_rail.
+  // After registration: the NIC (null where an optional one could not be opened) and
+  // the registered region, for connect_rail.
+  runtime::rdma::RdmaDevice* device() const { return registrar_ ? nic_ : nullptr; }
   runtime::rdma::RdmaDevice& nic() const { return *nic_; }
   runtime::rdma::RailRegion region() const { return registrar_->region(); }
+  const std::string& problem() const { return problem_; }
 
  private:
   std::unique_ptr<runtime::rdma::RdmaDevice> owned_;
   runtime::rdma::RdmaDevice* nic_;
   int local_index_;
+  bool optional_;
+  std::string problem_;
   std::optional<runtime::rdma::RdmaRegistrar> registrar_;
 };
 

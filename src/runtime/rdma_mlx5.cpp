@@ -305,6 +305,7 @@ void Mlx5Device::query_device() {
   attributes_.max_cqe = static_cast<uint32_t>(attr.max_cqe);
   attributes_.max_qp = static_cast<uint32_t>(attr.max_qp);
   attributes_.atomics = attr.atomic_cap != IBV_ATOMIC_NONE;
+  attributes_.gpu_initiated = true;  // opened through DEVX, which is what the GPU's queue pairs need
 }
 
 void Mlx5Device::query_port() {

@@ -64,7 +64,7 @@ class SimNicDevice final : public RdmaDevice, public DevxFirmware {
     // The limits DevxQueuePairs accepts (2^15 WQEBBs, 2^22 CQEs); no limit of its own
     // on queue pairs.
     attributes_ = {.firmware = "simulated", .max_qp_wr = 1u << 15, .max_cqe = 1u << 22, .max_qp = 1u << 24,
-                   .atomics = true};
+                   .atomics = true, .gpu_initiated = config.gpu_initiated};
     qps_ = std::make_unique<DevxQueuePairs>(*this, port_, options);
   }
   // The queue pairs, then the doorbells they ring (after a reset, the simulator has

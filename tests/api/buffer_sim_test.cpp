@@ -352,6 +352,10 @@ void run_case(const Case& c, uint64_t seed) {
                   {.dispatch_sms = 2, .combine_sms = 2, .dispatch_chunk_rows = c.chunk_rows,
                    .combine_chunk_rows = c.chunk_rows, .nic = nic.get(), .transport = c.transport});
     const std::string at = "rank " + std::to_string(rank);
+    EXPECT_EQ(buffer.transport(), domain_size(c) == R                 ? Transport::Auto
+                                  : c.transport == Transport::Gin ? Transport::Gin
+                                                                  : Transport::Mlx5)
+        << at;
     const DeviceInputs in = to_device(inputs[rank]);
     const DeviceInputs in_other = to_device(other[rank]);
     const int T = c.tokens[rank];
@@ -1672,6 +1676,73 @@ TEST(BufferAcrossDomains, ALinkDownEndsEveryRanksDispatchWithAReport) {
   EXPECT_HAS(errors[0], "syndrome 21");
   EXPECT_HAS(errors[1], "rank 1 gave up after 2097152 cycles waiting for dispatch: row header seq of received row");
   sim::run_ranks(kDomainRanks, [&](int r) { nics[static_cast<std::size_t>(r)].reset(); });
+}
+
+// The transport between domains, on every rank alike. Transport::Auto takes the mlx5
+// lane where the NIC is one the GPU drives itself and GIN where it is not (a NIC of
+// another kind: NicAttributes::gpu_initiated false); a barrier then runs the GIN kernels.
+TEST(BufferAcrossDomains, AutoPicksGinWhereTheGpuCannotDriveTheNic) {
+  for (const bool gpu_initiated : {true, false}) {
+    SCOPED_TRACE(gpu_initiated ? "NICs the GPU drives" : "NICs the GPU cannot drive");
+    reset_sim(kDomainRanks, 1);
+    auto group = make_group(kDomainRanks);
+    std::vector<std::unique_ptr<runtime::rdma::RdmaDevice>> nics(kDomainRanks);
+    std::vector<Transport> chosen(kDomainRanks, Transport::Auto);
+    const auto errors = errors_on_ranks(kDomainRanks, [&](int rank) {
+      nics[static_cast<std::size_t>(rank)] = runtime::rdma::open_sim_nic(rank, {.gpu_initiated = gpu_initiated});
+      auto boot = group->bootstrap(rank);
+      BufferOptions options = short_budgets();
+      options.nic = nics[static_cast<std::size_t>(rank)].get();
+      Buffer buffer(two_domain_config(), *boot, options);
+      chosen[static_cast<std::size_t>(rank)] = buffer.transport();
+      buffer.barrier();
+      buffer.synchronize();
+    });
+    for (int r = 0; r < kDomainRanks; ++r) {
+      EXPECT_EQ(errors[r], "(no error)");
+      EXPECT_EQ(chosen[r], gpu_initiated ? Transport::Mlx5 : Transport::Gin) << "rank " << r;
+    }
+    sim::run_ranks(kDomainRanks, [&](int r) { nics[static_cast<std::size_t>(r)].reset(); });
+  }
+}
+
+// Transport::Mlx5 on a NIC the GPU cannot drive (rank 1's), and Auto where the ranks'
+// NICs differ (rank 0's is of another kind), each fail the creation on every rank with
+// the same error, naming the ranks, and release everything.
+TEST(BufferAcrossDomains, ATransportTheRanksCannotAgreeOnFailsEveryRank) {
+  struct Attempt {
+    Transport requested;
+    int odd_rank;  // its NIC is not gpu_initiated
+    std::string want;
+  };
+  const Attempt attempts[] = {
+      {Transport::Mlx5, 1,
+       "no transport between NVLink domains on 1 rank(s): rank 1: railyard Buffer: options.transport is "
+       "Transport::Mlx5, but this rank's NIC is not one the GPU can drive itself (no IBGDA"},
+      {Transport::Auto, 0,
+       "the ranks chose different transports between NVLink domains (options.transport auto): rank 0 gin, rank 1 "
+       "mlx5; expected the same NICs"}};
+  for (const Attempt& a : attempts) {
+    SCOPED_TRACE(a.want);
+    reset_sim(kDomainRanks, 1);
+    auto group = make_group(kDomainRanks);
+    std::vector<std::unique_ptr<runtime::rdma::RdmaDevice>> nics(kDomainRanks);
+    sim::run_ranks(kDomainRanks, [&](int r) {
+      nics[static_cast<std::size_t>(r)] = runtime::rdma::open_sim_nic(r, {.gpu_initiated = r != a.odd_rank});
+    });
+    const std::size_t before = sim::live_allocation_count();
+    const auto errors = errors_on_ranks(kDomainRanks, [&](int rank) {
+      auto boot = group->bootstrap(rank);
+      BufferOptions options = short_budgets();
+      options.nic = nics[static_cast<std::size_t>(rank)].get();
+      options.transport = a.requested;
+      Buffer buffer(two_domain_config(), *boot, options);
+    });
+    for (int r = 0; r < kDomainRanks; ++r) EXPECT_HAS(errors[r], a.want);
+    EXPECT_EQ(errors[0], errors[1]);
+    EXPECT_EQ(sim::live_allocation_count(), before) << "a failed creation releases everything";
+    sim::run_ranks(kDomainRanks, [&](int r) { nics[static_cast<std::size_t>(r)].reset(); });
+  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@ ranks, blocking mode, against tests/python/reference.py:
 """
 
 import pytest
+import torch
 
 import reference as ref
 from helpers import (
@@ -139,6 +140,7 @@ def test_across_nvlink_domains(railyard, world_size, ranks_per_domain, transport
     def fn(group):
         d = group.rank()
         buf = make_buffer(group, case, ranks_per_domain=ranks_per_domain, transport=transport)
+        assert buf.transport == ("mlx5" if transport == "auto" else transport)  # the simulated NICs are mlx5
         r = buf.dispatch(case.hidden[d], **case.dispatch_kwargs(d))
         got = snap_dispatch(r)
         c = snap_combine(buf.combine(ys[d], probs=qs[d], handle=r.handle))
@@ -246,6 +248,47 @@ def test_chunk_rows_do_not_change_results(railyard, chunk_rows):
 def test_negative_chunk_rows_are_refused(railyard):
     with pytest.raises(ValueError, match="dispatch_chunk_rows is -2"):
         run_ranks(1, lambda group: make_buffer(group, case_for(1, False, "map", 0), dispatch_chunk_rows=-2))
+
+
+def test_nccl_comm_is_found_where_torch_exposes_it(railyard):
+    """transport="gin" on GPUs takes the process group's NCCL communicator
+    (ProcessGroupNCCL._comm_ptr); any group that has none gives None, never an error."""
+    from railyard._torch_group import nccl_comm_of
+
+    class Backend:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        def _comm_ptr(self):
+            if isinstance(self.ptr, Exception):
+                raise self.ptr
+            return self.ptr
+
+    class Group:
+        def __init__(self, backend):
+            self.backend = backend
+
+        def _get_backend(self, device):
+            if self.backend is None:
+                raise RuntimeError("no backend for this device")
+            return self.backend
+
+    device = torch.device("cuda", 0)
+    assert nccl_comm_of(Group(Backend(0x7F00_1234_5000)), device) == 0x7F00_1234_5000
+    assert nccl_comm_of(Group(Backend(0)), device) is None  # not made yet
+    assert nccl_comm_of(Group(Backend(RuntimeError("communicator not initialized"))), device) is None
+    assert nccl_comm_of(Group(object()), device) is None  # gloo: no _comm_ptr
+    assert nccl_comm_of(Group(None), device) is None
+    assert nccl_comm_of(object(), device) is None  # not a ProcessGroup
+
+
+def test_nccl_comm_is_checked(railyard):
+    def fn(group):
+        with pytest.raises(ValueError, match="nccl_comm is -5; expected an ncclComm_t as a positive int"):
+            railyard.Buffer(group, 64, 8, 1, nccl_comm=-5)
+        return True
+
+    assert all(run_ranks(1, fn))
 
 
 def test_transport_is_checked(railyard):

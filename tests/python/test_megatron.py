@@ -207,11 +207,21 @@ def run_autograd_functions(world, counts, seed, pad_multiple=None, bound=None, r
     return perm
 
 
-@pytest.mark.parametrize("pad_multiple", [None, 16])
-def test_autograd_functions_across_nvlink_domains(pad_multiple):
+@pytest.mark.parametrize("pad_multiple,transport", [(None, None), (16, None), (None, "gin")])
+def test_autograd_functions_across_nvlink_domains(pad_multiple, transport):
     """Two NVLink domains of two ranks (detected, no option): Megatron's functions run
-    the hierarchical path, forward and backward, bit for bit."""
+    the hierarchical path, forward and backward, bit for bit; install(transport=...)
+    reaches the buffers (the GIN lane)."""
+    railyard.megatron.install(max_num_of_tokens_per_rank=MAX_TOKENS, transport=transport)
     run_autograd_functions(4, COUNTS[4], seed=9, pad_multiple=pad_multiple, ranks_per_domain=2)
+
+
+def test_install_passes_the_transport_to_the_buffers():
+    """An unknown transport from install() is refused by the buffer Megatron's first
+    dispatch creates, naming it: the option reaches railyard.Buffer."""
+    railyard.megatron.install(max_num_of_tokens_per_rank=MAX_TOKENS, transport="efa")
+    with pytest.raises(ValueError, match="transport is 'efa'; expected 'auto', 'mlx5' or 'gin'"):
+        run_autograd_functions(2, COUNTS[2], seed=3, ranks_per_domain=1)
 
 
 @pytest.mark.parametrize("world", [2, 4])

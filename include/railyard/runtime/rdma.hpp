@@ -53,6 +53,10 @@ struct NicAttributes {
   uint32_t max_cqe = 0;      // entries per completion queue
   uint32_t max_qp = 0;       // queue pairs
   bool atomics = false;      // 8-byte fetch-and-add between hosts (IBV_ATOMIC_HCA or GLOB)
+  // The GPU can drive its queue pairs itself (IBGDA: an mlx5 NIC opened through DEVX,
+  // its queues in memory the GPU writes and its doorbell mapped). Transport::Auto
+  // picks the mlx5 lane only then.
+  bool gpu_initiated = false;
 };
 
 // Where a queue pair's send queue, completion queue and doorbell records live: in the

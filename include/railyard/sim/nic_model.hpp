@@ -59,6 +59,11 @@ struct NicConfig {
   // doorbell record as it was at the previous doorbell, as if the record's store
   // reached it late: the NIC refuses the doorbell ("record behind the doorbell").
   uint64_t late_doorbell_record_from = UINT64_MAX;
+  // What the runtime reports of this NIC (runtime::rdma::NicAttributes::gpu_initiated):
+  // false models a NIC the GPU cannot drive itself (EFA, another vendor's RoCE NIC), for
+  // which Transport::Auto picks GIN. The model executes the same either way (the
+  // simulator's GIN stand-in posts through it).
+  bool gpu_initiated = true;
   // Fault injection: after this many packets the link goes down. The request in hand
   // fails with syndrome 0x15 (transport retries exceeded, as when the retry budget
   // runs out on a real link) and, the QP being in error, every later one is flushed.
