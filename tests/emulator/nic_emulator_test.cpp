@@ -146,6 +146,22 @@ struct Regions {
   }
 };
 
+// A loopback pair of queue pairs of `log2_sq` WQEBBs (CQs of twice as many CQEs), the
+// first of which posts; the regions registered. The NIC is started.
+struct Loopback {
+  uint32_t lkey = 0, rkey = 0;
+  sim::NicQueues a, b;
+  Loopback(NicEmulator& nic, const Regions& s, uint32_t log2_sq) {
+    lkey = nic.register_memory(s.src, s.src_words.size() * 8);
+    rkey = nic.register_memory(s.dst, s.dst_words.size() * 8);
+    a = nic.create_qp(log2_sq, log2_sq + 1);
+    b = nic.create_qp(log2_sq, log2_sq + 1);
+    nic.connect(a.qpn, b.qpn);
+    nic.connect(b.qpn, a.qpn);
+    nic.start();
+  }
+};
+
 struct Case {
   uint32_t log2_sq;
   uint32_t interval;
@@ -168,17 +184,12 @@ TEST_P(NicEmulatorHost, WritesAndAtomicsThroughAWrappingRing) {
   sim::NicConfig config{.seed = 7, .mtu_bytes = 256, .atomics_big_endian = c.big_endian,
                         .stall_probability = c.stall, .relaxed_ordering = c.relaxed};
   NicEmulator nic(s.memory, s.arena, Regions::kArenaBytes, config);
-  const uint32_t lkey = nic.register_memory(s.src, s.src_words.size() * 8);
-  const uint32_t rkey = nic.register_memory(s.dst, s.dst_words.size() * 8);
-  const sim::NicQueues a = nic.create_qp(c.log2_sq, c.log2_sq + 1);
-  const sim::NicQueues b = nic.create_qp(c.log2_sq, c.log2_sq + 1);
-  nic.connect(a.qpn, b.qpn);
-  nic.connect(b.qpn, a.qpn);
-  nic.start();
+  const Loopback q(nic, s, c.log2_sq);
+  const uint32_t lkey = q.lkey, rkey = q.rkey;
 
   const std::size_t signal_at = kChunks * kChunkBytes;  // 8-byte aligned, after the chunks
   const std::size_t scratch_at = kChunks * kChunkBytes;
-  HostProducer producer(a, c.interval);
+  HostProducer producer(q.a, c.interval);
   for (uint32_t i = 0; i < kChunks; ++i) {
     const uint64_t off = uint64_t{i} * kChunkBytes;
     producer.write(reinterpret_cast<uint64_t>(s.src + off), lkey, reinterpret_cast<uint64_t>(s.dst + off), rkey,
@@ -209,15 +220,10 @@ INSTANTIATE_TEST_SUITE_P(Rings, NicEmulatorHost,
 TEST(NicEmulatorHostFaults, DoorbellBeforeTheWqeIsAFault) {
   Regions s(4096, 4096);
   NicEmulator nic(s.memory, s.arena, Regions::kArenaBytes);
-  const uint32_t lkey = nic.register_memory(s.src, 4096);
-  const uint32_t rkey = nic.register_memory(s.dst, 4096);
-  const sim::NicQueues a = nic.create_qp(4, 5);
-  const sim::NicQueues b = nic.create_qp(4, 5);
-  nic.connect(a.qpn, b.qpn);
-  nic.connect(b.qpn, a.qpn);
-  nic.start();
+  const Loopback q(nic, s, 4);
+  const sim::NicQueues& a = q.a;
   HostProducer producer(a, 1);
-  producer.write(reinterpret_cast<uint64_t>(s.src), lkey, reinterpret_cast<uint64_t>(s.dst), rkey, 64);
+  producer.write(reinterpret_cast<uint64_t>(s.src), q.lkey, reinterpret_cast<uint64_t>(s.dst), q.rkey, 64);
   ASSERT_EQ(producer.quiet(), 0);
   // Now a doorbell for WQE 1, whose slot was never written.
   const mlx5::CtrlFields ctrl{.wqe_idx = 1, .opcode = mlx5::Opcode::Nop, .opmod = 0, .qpn = a.qpn, .ds = mlx5::kNopDs,
@@ -240,14 +246,10 @@ TEST(NicEmulatorHostFaults, DoorbellBeforeTheWqeIsAFault) {
 TEST(NicEmulatorHostFaults, BadRemoteKeyCompletesWithRemoteAccessError) {
   Regions s(4096, 4096);
   NicEmulator nic(s.memory, s.arena, Regions::kArenaBytes);
-  const uint32_t lkey = nic.register_memory(s.src, 4096);
-  const sim::NicQueues a = nic.create_qp(4, 5);
-  const sim::NicQueues b = nic.create_qp(4, 5);
-  nic.connect(a.qpn, b.qpn);
-  nic.connect(b.qpn, a.qpn);
-  nic.start();
-  HostProducer producer(a, 1);
-  producer.write(reinterpret_cast<uint64_t>(s.src), lkey, reinterpret_cast<uint64_t>(s.dst), lkey + 0x4200, 64);
+  const Loopback q(nic, s, 4);
+  HostProducer producer(q.a, 1);
+  const uint32_t unregistered = q.rkey + 0x4200;
+  producer.write(reinterpret_cast<uint64_t>(s.src), q.lkey, reinterpret_cast<uint64_t>(s.dst), unregistered, 64);
   EXPECT_EQ(producer.quiet(), static_cast<uint8_t>(mlx5::Syndrome::RemoteAccess));
   nic.stop();
   EXPECT_EQ(nic.faults(), std::vector<std::string>{});
