@@ -335,6 +335,7 @@ int Probe::describe_and_open() {
     return kNoGpu;
   }
 #endif
+  bool opening_nic = false;  // the failure, if any, is the NIC's opening
   try {
     gpu::set_current(gpu_);
     const runtime::DeviceProperties props = gpu::properties(gpu_);
@@ -359,6 +360,7 @@ int Probe::describe_and_open() {
     }
     const std::string nic_name = choice.nic;
 #endif
+    opening_nic = true;
     nic_ = step("rdma::open (" + nic_name + ")", [&] {
 #if RAILYARD_IS_SIM
       const bool faulty = options_.sim_nic_rank < 0 || options_.sim_nic_rank == rank_;
@@ -369,6 +371,10 @@ int Probe::describe_and_open() {
     });
   } catch (const std::exception& e) {
     std::fprintf(out_, "setup FAILED: %s\n", e.what());
+    if (opening_nic)
+      std::fprintf(out_, "hint: Railyard's mlx5 lane needs an mlx5 NIC it opens through DEVX, which the GPU then "
+                         "drives itself; for a NIC of another kind (EFA, ...), a Buffer's Transport::Auto or Gin "
+                         "takes NCCL's GIN over the group's NCCL communicator (docs/rdma-bringup.md)\n");
     return kSetupFailed;
   }
   const rdma::PortAttributes& port = nic_->port();
@@ -382,6 +388,10 @@ int Probe::describe_and_open() {
                port.nic.c_str(), attrs.firmware.c_str(), attrs.max_qp_wr, attrs.max_cqe, attrs.max_qp,
                attrs.atomics ? "yes" : "NO",
                options_.open.atomic_order == rdma::AtomicOrder::BigEndian ? "big-endian" : "native order");
+  std::fprintf(out_, "NIC %s: %s\n", port.nic.c_str(),
+               attrs.gpu_initiated ? "the GPU drives it itself (IBGDA): a Buffer's Transport::Auto takes the mlx5 lane"
+                                   : "the GPU cannot drive it itself: a Buffer's Transport::Auto takes NCCL's GIN "
+                                     "(BufferOptions::nccl_comm)");
   return kOk;
 }
 

@@ -47,6 +47,17 @@ TEST(RdmaProbe, EveryStagePassesOnTheSimulatedNic) {
   EXPECT_TRUE(contains(r.log, "syndrome 19")) << r.log;  // 0x13: remote access
   EXPECT_TRUE(contains(r.log, "SIMULATED GB/s")) << r.log;
   EXPECT_TRUE(contains(r.log, "railyard-rdma-probe: OK")) << r.log;
+  EXPECT_TRUE(contains(r.log, "the GPU drives it itself (IBGDA): a Buffer's Transport::Auto takes the mlx5 lane"))
+      << r.log;
+}
+
+// A NIC the GPU cannot drive itself (the simulator's stand-in for EFA and the like):
+// the probe says which transport a Buffer would take.
+TEST(RdmaProbe, SaysWhichTransportABufferWouldTake) {
+  probe::Options o = probe::default_options();
+  o.sim_nic.gpu_initiated = false;
+  const ProbeRun r = run_probe(o);
+  EXPECT_TRUE(contains(r.log, "the GPU cannot drive it itself: a Buffer's Transport::Auto takes NCCL's GIN")) << r.log;
 }
 
 TEST(RdmaProbe, AtomicByteOrderIsCheckedOnTheWire) {
