@@ -121,15 +121,17 @@ AsyncAccess async_access(const Fiber* f, uint32_t mbarrier, uint64_t serial, Loc
 uint16_t ProxyTracker::loc_number_slow(uintptr_t key, Loc loc) {
   static_assert(sizeof(Loc) == sizeof(uintptr_t) && std::is_trivially_copyable_v<Loc>);
   LocCacheEntry& cached = loc_cache_[(key * 0x9E3779B97F4A7C15ull) >> 54];
-  if (cached.key == key) return (last_loc_ = cached).number;
-  auto [it, added] = loc_numbers_.try_emplace(key, uint16_t{0});
-  // Past 65,535 distinct call sites a location is recorded as none (reports print ":0").
-  if (added && locs_.size() <= UINT16_MAX) {
-    it->second = static_cast<uint16_t>(locs_.size());
-    locs_.push_back(loc);
+  if (cached.key != key) {
+    auto [it, added] = loc_numbers_.try_emplace(key, uint16_t{0});
+    // Past 65,535 distinct call sites a location is recorded as none (reports print ":0").
+    if (added && locs_.size() <= UINT16_MAX) {
+      it->second = static_cast<uint16_t>(locs_.size());
+      locs_.push_back(loc);
+    }
+    cached = LocCacheEntry{key, it->second};
   }
-  cached = last_loc_ = LocCacheEntry{key, it->second};
-  return it->second;
+  recent_locs_[next_recent_loc_++ % kRecentLocs] = cached;
+  return cached.number;
 }
 
 SharedGeneric ProxyTracker::shared_generic(const Fiber* f, Loc loc) {

@@ -133,11 +133,14 @@ class ProxyTracker {
   SharedGranule* shared_granules(Block* b, uintptr_t addr);
   void make_shared_granules(Block* b);
   // Numbers for source locations (0: none), and back. Consecutive accesses mostly
-  // come from one line (a block's threads run one after another).
+  // come from a few lines (a block's threads run one after another, each through the
+  // same loop): the last kRecentLocs locations are compared first.
   uint16_t loc_number(Loc loc) {
     uintptr_t key = 0;
     std::memcpy(&key, &loc, sizeof key);
-    return key == last_loc_.key ? last_loc_.number : loc_number_slow(key, loc);
+    for (const LocCacheEntry& e : recent_locs_)
+      if (e.key == key) return e.number;
+    return loc_number_slow(key, loc);
   }
   uint16_t loc_number_slow(uintptr_t key, Loc loc);
   Loc loc_of(uint16_t number) const { return locs_[number]; }
@@ -165,7 +168,9 @@ class ProxyTracker {
     uint16_t number = 0;
   };
   std::vector<LocCacheEntry> loc_cache_ = std::vector<LocCacheEntry>(1024);
-  LocCacheEntry last_loc_;
+  static constexpr std::size_t kRecentLocs = 4;
+  LocCacheEntry recent_locs_[kRecentLocs];  // replaced round-robin
+  std::size_t next_recent_loc_ = 0;
 };
 
 }  // namespace railyard::sim::detail
