@@ -139,7 +139,7 @@ class NcclGinLaneSource final : public LaneSource {
  public:
   NcclGinLaneSource(const runtime::RegisteredBuffer& registered, runtime::Bootstrap& bootstrap, void* comm,
                     const layout::HierarchicalShape& shape)
-      : setup_(checked(bootstrap, static_cast<ncclComm_t>(comm)), registered.local_ptr(),
+      : setup_(checked(bootstrap, static_cast<ncclComm_t>(comm), registered.local_ptr()), registered.local_ptr(),
                registered.bytes(), request(shape)) {
     const std::vector<uint8_t> image = kh::nccl_gin_lane_image(setup_.device_comm(), setup_.window(), shape,
                                                                runtime::rdma::rail_peers(registered.topology(),
@@ -157,9 +157,9 @@ class NcclGinLaneSource final : public LaneSource {
     const layout::HierarchicalLayout H(shape);
     return {.contexts = H.lanes(), .signals = static_cast<uint32_t>(H.num_signals())};
   }
-  // The communicator must be this group's, rank for rank, and its library one the
-  // kernels were built for (runtime/nccl_gin.hpp).
-  static ncclComm_t checked(runtime::Bootstrap& bootstrap, ncclComm_t comm) {
+  // The communicator must be this group's, rank for rank, its library one the kernels
+  // were built for (runtime/nccl_gin.hpp), and the buffer aligned as a window must be.
+  static ncclComm_t checked(runtime::Bootstrap& bootstrap, ncclComm_t comm, const void* buffer) {
     std::string problem;
     int count = 0, rank = 0, version = 0;
     if (ncclCommCount(comm, &count) != ncclSuccess || ncclCommUserRank(comm, &rank) != ncclSuccess) {
@@ -172,6 +172,9 @@ class NcclGinLaneSource final : public LaneSource {
       problem = "ncclGetVersion failed";
     } else if (const std::string v = runtime::gin::version_problem(NCCL_VERSION_CODE, version); !v.empty()) {
       problem = v;
+    } else if (reinterpret_cast<uintptr_t>(buffer) % NCCL_WIN_REQUIRED_ALIGNMENT != 0) {
+      problem = "the registered buffer is not " + std::to_string(NCCL_WIN_REQUIRED_ALIGNMENT) +
+                "-byte aligned, as an NCCL window must be";
     }
     const std::vector<runtime::RankFailure> failed = runtime::gather_failures(bootstrap, problem.empty() ? 0 : 1, problem);
     if (!failed.empty()) {
