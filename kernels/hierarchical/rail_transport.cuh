@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "railyard/arch/memory.cuh"
 #include "railyard/pipeline/wait.cuh"
 #include "railyard/transport/contract.cuh"
 #include "railyard/transport/gin/lane.cuh"
@@ -36,7 +37,8 @@ struct Mlx5Transport {
   RAILYARD_DEVICE static void wait_signal(const LaneDesc* lanes, int q, const uint8_t* self, int64_t offset,
                                           uint64_t at_least, const pipeline::WaitTarget& target,
                                           const pipeline::WaitPolicy& wait RAILYARD_LOC_PARAM) {
-    const transport::SignalOrder order = transport::mlx5::load_queue_pair(&lanes[q] RAILYARD_LOC_ARG).signal_order;
+    // The one field it needs: a lane's whole queue pair is 14 loads.
+    const transport::SignalOrder order = arch::ld_global(&lanes[q].signal_order RAILYARD_LOC_ARG);
     transport::wait_signal(reinterpret_cast<const uint64_t*>(self + offset), at_least, order, target,
                            wait RAILYARD_LOC_ARG);
   }
