@@ -57,6 +57,8 @@ enum class Transport : uint8_t {
   // the simulator over the simulated NIC's queue pairs (transport/gin's stand-in).
   Gin = 2,
 };
+// "auto", "mlx5" or "gin", as Python names them.
+const char* to_string(Transport transport);
 
 struct BufferOptions {
   // Where handles and outputs come from; null: runtime::default_allocator(). Must

@@ -12,11 +12,9 @@
 #include "railyard/layout/hierarchical_layout.cuh"
 #if RAILYARD_IS_SIM
 #include "railyard/transport/gin/queue_pair_backend.cuh"
+#define RAILYARD_GIN_KERNELS 1
 #elif defined(RAILYARD_HAVE_NCCL) && RAILYARD_HAVE_NCCL
 #include "railyard/transport/gin/nccl_backend.cuh"
-#define RAILYARD_GIN_KERNELS 1
-#endif
-#if RAILYARD_IS_SIM
 #define RAILYARD_GIN_KERNELS 1
 #endif
 
@@ -35,6 +33,8 @@ inline FlavourGinTransport::LaneDesc gin_lane_over(const transport::mlx5::QueueP
   d.peer = qp.peer;
   return d;
 }
+#elif RAILYARD_GIN_KERNELS
+using FlavourGinTransport = GinTransport<transport::gin::NcclGin>;
 #endif
 
 // fn(Transport{}) with the transport type `lanes` names; Unsupported where the flavour
@@ -44,10 +44,8 @@ Status with_transport(const char* who, const RailLanes& lanes, Fn&& fn) {
   switch (lanes.transport) {
     case RailTransport::Mlx5: return fn(Mlx5Transport{});
     case RailTransport::Gin:
-#if RAILYARD_IS_SIM
+#if RAILYARD_GIN_KERNELS
       return fn(FlavourGinTransport{});
-#elif RAILYARD_GIN_KERNELS
-      return fn(GinTransport<transport::gin::NcclGin>{});
 #else
       return Status::unsupported(std::string(who) +
                                  ": lanes.transport is gin; this build has no GIN kernels (NCCL's device API, "

@@ -72,8 +72,7 @@ py::dict info(const BufferEntry& e) {
   d["device"] = e.device;
   d["required_bytes"] = Buffer::required_bytes(e.buffer->config());
   d["ranks_per_domain"] = e.buffer->config().ranks_per_domain;
-  const Transport t = e.buffer->transport();
-  d["transport"] = t == Transport::Mlx5 ? "mlx5" : t == Transport::Gin ? "gin" : "auto";
+  d["transport"] = to_string(e.buffer->transport());
   return d;
 }
 

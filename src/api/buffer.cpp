@@ -62,6 +62,15 @@ const char* to_string(TokenLayout layout) {
   return "?";
 }
 
+const char* to_string(Transport transport) {
+  switch (transport) {
+    case Transport::Auto: return "auto";
+    case Transport::Mlx5: return "mlx5";
+    case Transport::Gin: return "gin";
+  }
+  return "?";
+}
+
 // ---- Handle ------------------------------------------------------------------------------
 DeviceCounts Handle::device_counts() const {
   if (!valid()) return {};

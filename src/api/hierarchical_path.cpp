@@ -176,12 +176,7 @@ class NcclGinLaneSource final : public LaneSource {
       problem = "the registered buffer is not " + std::to_string(NCCL_WIN_REQUIRED_ALIGNMENT) +
                 "-byte aligned, as an NCCL window must be";
     }
-    const std::vector<runtime::RankFailure> failed = runtime::gather_failures(bootstrap, problem.empty() ? 0 : 1, problem);
-    if (!failed.empty()) {
-      std::string message = "railyard Buffer: Transport::Gin (NCCL):";
-      for (const runtime::RankFailure& f : failed) message += " rank " + std::to_string(f.rank) + ": " + f.message + ";";
-      throw std::invalid_argument(message);
-    }
+    throw_if_any_rank_failed(bootstrap, problem, "railyard Buffer: Transport::Gin refused NCCL's communicator");
     return comm;
   }
 

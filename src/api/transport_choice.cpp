@@ -7,15 +7,6 @@
 
 namespace railyard::detail {
 
-const char* transport_name(Transport t) {
-  switch (t) {
-    case Transport::Auto: return "auto";
-    case Transport::Mlx5: return "mlx5";
-    case Transport::Gin: return "gin";
-  }
-  return "unknown";
-}
-
 namespace {
 std::string nic_not_driven(const TransportCandidates& c) {
   return c.nic == nullptr ? c.nic_problem
@@ -45,6 +36,14 @@ Transport choose_transport(Transport requested, const TransportCandidates& c) {
                               "; expected Transport::Auto, Mlx5 or Gin");
 }
 
+void throw_if_any_rank_failed(runtime::Bootstrap& bootstrap, const std::string& problem, const std::string& what) {
+  const std::vector<runtime::RankFailure> failed = runtime::gather_failures(bootstrap, problem.empty() ? 0 : 1, problem);
+  if (failed.empty()) return;
+  std::string message = what + " on " + std::to_string(failed.size()) + " rank(s):";
+  for (const runtime::RankFailure& f : failed) message += " rank " + std::to_string(f.rank) + ": " + f.message + ";";
+  throw std::invalid_argument(message);
+}
+
 Transport agree_transport(runtime::Bootstrap& bootstrap, Transport requested, const TransportCandidates& c) {
   Transport mine = Transport::Auto;
   std::string problem;
@@ -53,20 +52,14 @@ Transport agree_transport(runtime::Bootstrap& bootstrap, Transport requested, co
   } catch (const std::invalid_argument& e) {
     problem = e.what();
   }
-  const std::vector<runtime::RankFailure> failed = runtime::gather_failures(bootstrap, problem.empty() ? 0 : 1, problem);
-  if (!failed.empty()) {
-    std::string message = "railyard Buffer: no transport between NVLink domains on " +
-                          std::to_string(failed.size()) + " rank(s):";
-    for (const runtime::RankFailure& f : failed) message += " rank " + std::to_string(f.rank) + ": " + f.message + ";";
-    throw std::invalid_argument(message);
-  }
+  throw_if_any_rank_failed(bootstrap, problem, "railyard Buffer: no transport between NVLink domains");
   const std::vector<Transport> all = runtime::allgather_value(bootstrap, mine);
   for (const Transport t : all) {
     if (t == all[0]) continue;
     std::string message = "railyard Buffer: the ranks chose different transports between NVLink domains "
-                          "(options.transport " + std::string(transport_name(requested)) + "):";
+                          "(options.transport " + std::string(to_string(requested)) + "):";
     for (std::size_t r = 0; r < all.size(); ++r)
-      message += " rank " + std::to_string(r) + " " + transport_name(all[r]) + ",";
+      message += " rank " + std::to_string(r) + " " + to_string(all[r]) + ",";
     message.back() = ';';
     throw std::invalid_argument(message + " expected the same NICs, or one transport named on every rank");
   }

@@ -24,11 +24,14 @@ struct TransportCandidates {
 // naming options.transport and what is missing.
 Transport choose_transport(Transport requested, const TransportCandidates& candidates);
 
+// Collective: each rank's problem with a step every rank takes (empty: none). Where a
+// rank has one, every rank throws the same std::invalid_argument: "`what` on N
+// rank(s):", then each such rank and its problem.
+void throw_if_any_rank_failed(runtime::Bootstrap& bootstrap, const std::string& problem, const std::string& what);
+
 // Collective: every rank's choose_transport, agreed. Every rank throws the same
 // std::invalid_argument when a rank could not choose (naming the ranks and their
 // reasons) or when the ranks chose differently (naming each rank's choice).
 Transport agree_transport(runtime::Bootstrap& bootstrap, Transport requested, const TransportCandidates& candidates);
-
-const char* transport_name(Transport t);
 
 }  // namespace railyard::detail

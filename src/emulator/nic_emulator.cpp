@@ -23,42 +23,36 @@ namespace {
 bool is_word(const void* ptr, std::size_t bytes) {
   return (bytes == 4 || bytes == 8) && reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
 }
+template <class Word>
+void load_acquire(void* to, const void* from) {
+  const Word v = std::atomic_ref<Word>(*static_cast<Word*>(const_cast<void*>(from))).load(std::memory_order_acquire);
+  std::memcpy(to, &v, sizeof v);
+}
+template <class Word>
+void store_release(void* to, const void* from) {
+  Word v;
+  std::memcpy(&v, from, sizeof v);
+  std::atomic_ref<Word>(*static_cast<Word*>(to)).store(v, std::memory_order_release);
+}
 }  // namespace
 
 // The doorbell, the records and a CQE's owner word are single words the GPU stores
 // with one instruction: read with an acquire, so what the GPU wrote before them (the
-// WQEs, after its system-scope fence) is visible to the reads that follow.
+// WQEs, after its system-scope fence) is visible to the plain reads that follow.
 void NicEmulator::World::read(void* to, const void* from, std::size_t bytes) {
   if (!in_arena(from, bytes)) return memory_.read(to, from, bytes);
-  if (is_word(from, bytes)) {
-    if (bytes == 8) {
-      const uint64_t v = std::atomic_ref<uint64_t>(*static_cast<uint64_t*>(const_cast<void*>(from)))
-                             .load(std::memory_order_acquire);
-      std::memcpy(to, &v, 8);
-    } else {
-      const uint32_t v = std::atomic_ref<uint32_t>(*static_cast<uint32_t*>(const_cast<void*>(from)))
-                             .load(std::memory_order_acquire);
-      std::memcpy(to, &v, 4);
-    }
-    return;
-  }
-  std::memcpy(to, from, bytes);
-  std::atomic_thread_fence(std::memory_order_acquire);
+  if (!is_word(from, bytes)) return static_cast<void>(std::memcpy(to, from, bytes));
+  bytes == 8 ? load_acquire<uint64_t>(to, from) : load_acquire<uint32_t>(to, from);
 }
 
 // Payload and atomics land in the GPU's memory through `memory_`, each complete before
-// the next starts; CQEs land in the arena, the owner word last with a release.
+// the next starts; CQEs land in the arena, the owner word (the model's only release
+// there) last, with a release.
 void NicEmulator::World::write(void* to, const void* from, std::size_t bytes, sim::AgentOrder order,
                                const char* /*what*/, std::source_location /*loc*/) {
   if (!in_arena(to, bytes)) return memory_.write(to, from, bytes);
-  if (order == sim::AgentOrder::Release && bytes == 8 && is_word(to, bytes)) {
-    uint64_t v;
-    std::memcpy(&v, from, 8);
-    std::atomic_ref<uint64_t>(*static_cast<uint64_t*>(to)).store(v, std::memory_order_release);
-    return;
-  }
-  if (order == sim::AgentOrder::Release) std::atomic_thread_fence(std::memory_order_release);
-  std::memcpy(to, from, bytes);
+  if (order != sim::AgentOrder::Release || !is_word(to, bytes)) return static_cast<void>(std::memcpy(to, from, bytes));
+  bytes == 8 ? store_release<uint64_t>(to, from) : store_release<uint32_t>(to, from);
 }
 
 void NicEmulator::World::fault(const std::string& report) {

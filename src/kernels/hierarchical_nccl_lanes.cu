@@ -4,15 +4,14 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/hierarchical/launch_transport.hpp"
 #include "kernels/hierarchical/nccl_lanes.hpp"
-#include "kernels/hierarchical/rail_transport.cuh"
-#include "railyard/transport/gin/nccl_backend.cuh"
 
 namespace railyard::kernels::hierarchical {
 
 std::vector<uint8_t> nccl_gin_lane_image(const ncclDevComm& comm, ncclWindow_t window,
                                          const layout::HierarchicalShape& shape, const std::vector<int>& peers) {
-  using Desc = GinTransport<transport::gin::NcclGin>::LaneDesc;
+  using Desc = FlavourGinTransport::LaneDesc;  // GinTransport<NcclGin>'s
   const layout::HierarchicalLayout H(shape);
   if (static_cast<int>(peers.size()) != H.remote_domains())
     throw std::invalid_argument("railyard NCCL GIN lanes: " + std::to_string(peers.size()) + " rail peers; expected " +

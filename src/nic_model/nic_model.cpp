@@ -19,13 +19,12 @@ std::string NicModel::hex(uint64_t v) {
 }
 
 // The timed mode's hooks default to refusing: only a world with a clock runs it.
-double NicWorld::doorbell_rung_ns(const void* /*uar*/) {
-  throw std::logic_error("sim::NicWorld: the timed mode needs the simulator's clock");
-}
-void NicWorld::take_doorbell(const void* uar) { doorbell_rung_ns(uar); }
-double NicWorld::pass(int /*device*/, NicPipe /*pipe*/, double /*ready_ns*/, std::size_t /*bytes*/) {
-  return doorbell_rung_ns(nullptr);
-}
+namespace {
+[[noreturn]] void no_clock() { throw std::logic_error("sim::NicWorld: the timed mode needs the simulator's clock"); }
+}  // namespace
+double NicWorld::doorbell_rung_ns(const void* /*uar*/) { no_clock(); }
+void NicWorld::take_doorbell(const void* /*uar*/) { no_clock(); }
+double NicWorld::pass(int /*device*/, NicPipe /*pipe*/, double /*ready_ns*/, std::size_t /*bytes*/) { no_clock(); }
 
 NicModel::NicModel(NicWorld& world, int device, std::string name, NicConfig config, bool timed, TimingModel model)
     : world_(world),

@@ -239,14 +239,7 @@ mlx5::QueuePair Probe::loopback_pair(const rdma::QueuePairRequest& request, cons
   });
   const mlx5::LaneState zero{};
   mlx5::QueuePair qp;
-  qp.sq = a.queues.sq;
-  qp.log2_sq_wqebbs = a.queues.log2_sq_wqebbs;
-  qp.qpn = a.queues.qpn;
-  qp.dbr = a.queues.dbr;
-  qp.uar = a.queues.uar;
-  qp.cq = static_cast<mlx5::Cqe*>(a.queues.cq);
-  qp.log2_ncqe = a.queues.log2_ncqe;
-  qp.cq_dbr = a.queues.cq_dbr;
+  mlx5::set_queues(qp, a.queues);
   qp.local_base = static_cast<uint8_t*>(region_.base);
   qp.lkey = region_.keys.lkey;
   qp.peer = 0;  // this rank: its own region, through the NIC

@@ -14,7 +14,7 @@ namespace {
 
 std::string refusal(Transport requested, const TransportCandidates& c) {
   try {
-    return std::string("chose ") + transport_name(choose_transport(requested, c));
+    return std::string("chose ") + to_string(choose_transport(requested, c));
   } catch (const std::invalid_argument& e) {
     return e.what();
   }

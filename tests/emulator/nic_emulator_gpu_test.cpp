@@ -121,14 +121,7 @@ TEST_P(NicEmulatorGpu, LaneMovesEveryChunkAndSignalsThroughTheEmulator) {
   const mlx5::RemoteMemory remote{reinterpret_cast<uint64_t>(dst), rkey};
   RAILYARD_ASSERT_CUDA(cudaMemcpy(remotes, &remote, sizeof(remote), cudaMemcpyHostToDevice));
   mlx5::QueuePair qp;
-  qp.sq = a.sq;
-  qp.log2_sq_wqebbs = a.log2_sq_wqebbs;
-  qp.qpn = a.qpn;
-  qp.dbr = a.dbr;
-  qp.uar = a.uar;
-  qp.cq = a.cq;
-  qp.log2_ncqe = a.log2_ncqe;
-  qp.cq_dbr = a.cq_dbr;
+  mlx5::set_queues(qp, a);
   qp.local_base = src;
   qp.lkey = lkey;
   qp.peer = 0;

@@ -386,13 +386,7 @@ void expect_error_completion(Fault fault) {
     const runtime::rdma::CreatedQueuePair mine = f.device(0).create_queue_pair({6, 6});
     const runtime::rdma::CreatedQueuePair theirs = f.device(1).create_queue_pair({6, 6});
     f.device(0).connect(mine.id, theirs.local);  // and rank 1 never connects theirs
-    const runtime::rdma::QueueAddresses& q = mine.queues;
-    qp.sq = q.sq;
-    qp.qpn = q.qpn;
-    qp.dbr = q.dbr;
-    qp.uar = q.uar;
-    qp.cq = static_cast<mlx5::Cqe*>(q.cq);
-    qp.cq_dbr = q.cq_dbr;
+    mlx5::set_queues(qp, mine.queues);
     qp.state = static_cast<mlx5::LaneState*>(sim::malloc_device(0, sizeof(mlx5::LaneState), "lane state"));
     *qp.state = {};
   }

@@ -33,16 +33,8 @@ inline std::vector<transport::mlx5::RemoteMemory> mlx5_remote_table(const RailCo
 // Lane `lane` towards c.peers[peer_index].
 inline transport::mlx5::QueuePair mlx5_queue_pair(const RailConnections& c, int peer_index, int lane,
                                                   const Mlx5LaneMemory& m) {
-  const QueueAddresses& q = c.lane(peer_index, lane);
   transport::mlx5::QueuePair qp;
-  qp.sq = q.sq;
-  qp.log2_sq_wqebbs = q.log2_sq_wqebbs;
-  qp.qpn = q.qpn;
-  qp.dbr = q.dbr;
-  qp.uar = q.uar;
-  qp.cq = static_cast<transport::mlx5::Cqe*>(q.cq);
-  qp.log2_ncqe = q.log2_ncqe;
-  qp.cq_dbr = q.cq_dbr;
+  transport::mlx5::set_queues(qp, c.lane(peer_index, lane));
   qp.local_base = m.local_base;
   qp.lkey = c.keys.lkey;
   qp.peer = c.peers.at(static_cast<std::size_t>(peer_index));

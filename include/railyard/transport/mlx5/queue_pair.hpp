@@ -73,6 +73,20 @@ struct QueuePair {
   RAILYARD_HOST_DEVICE constexpr uint32_t ncqe() const { return 1u << log2_ncqe; }
 };
 
+// The queues of `qp` from whatever created them (runtime::rdma::QueueAddresses, the
+// simulated NIC's NicQueues): send queue, doorbell record, doorbell, CQ and its record.
+template <class Queues>
+inline void set_queues(QueuePair& qp, const Queues& q) {
+  qp.sq = q.sq;
+  qp.log2_sq_wqebbs = q.log2_sq_wqebbs;
+  qp.qpn = q.qpn;
+  qp.dbr = q.dbr;
+  qp.uar = q.uar;
+  qp.cq = static_cast<Cqe*>(q.cq);
+  qp.log2_ncqe = q.log2_ncqe;
+  qp.cq_dbr = q.cq_dbr;
+}
+
 // What the lane needs of a QueuePair. The CQ holds at least as many CQEs as the send
 // queue has WQEBBs, so the outstanding CQEs (at most one per outstanding WQE) never
 // overrun it; every WQE the lane posts takes one WQEBB.
