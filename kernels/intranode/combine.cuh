@@ -175,6 +175,7 @@ struct Combine {
     int ranks_per_partial;  // resolved: 1..R, divides R
     int chunk_rows;
     bool permuted_input;
+    bool input_in_staging;  // Received input that is this rank's staging rows: nothing to stage
     const uint8_t* input;
     int64_t num_input_rows;
     const float* input_probs;  // null: no probs combine
@@ -235,6 +236,9 @@ struct Combine {
     p.chunk_rows = a.chunk_rows;
     p.permuted_input = a.input_layout == CombineInputLayout::Permuted;
     p.input = static_cast<const uint8_t*>(a.input);
+    const layout::IntranodeLayout lay(a.domain.shape);
+    p.input_in_staging = !p.permuted_input && p.input != nullptr && p.input == lay.stage_row(a.domain.self(), 0) &&
+                         lay.stage_row_bytes() == lay.combine_row_bytes();
     p.num_input_rows = a.num_input_rows;
     p.input_probs = a.input_probs;
     p.combined_probs = a.combined_probs;
@@ -428,7 +432,8 @@ struct Combine {
       // num_entries 0 tells home ranks the row has nothing for them (semantics.md 6:
       // dropped rows contribute nothing).
       arch::st_global(&header->num_entries, static_cast<int16_t>(kept));
-      if (num_sources == 0) {
+      if (num_sources == 0 || p.input_in_staging) {
+        // No row, or the row is already where staging puts it: publish the header.
         arch::st_release_sys(&header->seq, seq);
       } else {
         // The store warp releases seq once the row's bulk stores have completed.

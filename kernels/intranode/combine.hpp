@@ -31,6 +31,9 @@ struct CombineArguments {
   // Expert outputs, BF16, 16-byte aligned. Rows at or past `num_input_rows` (the
   // caller's bound in the no-host-sync mode) do not exist: their rows, or their
   // permuted entries, count as dropped and contribute nothing (semantics.md 6-8).
+  // In the Received layout `input` may be this rank's staging rows themselves
+  // (IntranodeLayout::stage_row(self, 0): a dispatch that left its rows there, with
+  // the expert outputs written over them in place): no row is staged again.
   CombineInputLayout input_layout = CombineInputLayout::Received;
   const void* input = nullptr;
   int64_t num_input_rows = 0;

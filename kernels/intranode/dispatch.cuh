@@ -166,8 +166,10 @@ struct Dispatch {
     if (args.handle == nullptr || !aligned(args.handle, 16)) return bad("handle: expected a 16-byte aligned pointer");
     if (args.recv_capacity < 0 || args.recv_capacity > layout.stage_capacity_rows())
       return bad("recv_capacity " + std::to_string(args.recv_capacity) + ": expected 0..ranks_per_domain*max_tokens");
-    if (args.out_hidden == nullptr || !aligned(args.out_hidden, arch::kBulkCopyAlign))
-      return bad("out_hidden: expected a 16-byte aligned pointer");
+    if (args.output == DispatchOutput::ExpertGrouped && args.out_hidden == nullptr)
+      return bad("out_hidden: expected a 16-byte aligned pointer (only the Received layout may leave its rows in "
+                 "the staging rows with null)");
+    if (!aligned(args.out_hidden, arch::kBulkCopyAlign)) return bad("out_hidden: expected a 16-byte aligned pointer");
     if (fp8 && (args.out_scales == nullptr || !aligned(args.out_scales, 4)))
       return bad("out_scales: expected a 4-byte aligned pointer for FP8");
     if (!aligned(args.out_probs, 4) || !aligned(args.out_recv_row, 8) || !aligned(args.out_src_rank, 4) ||
@@ -263,6 +265,7 @@ struct Dispatch {
     int ranks_per_domain, num_local_experts, max_topk, max_entries;
     int dest_begin, dest_end;  // the ranks this one sends to: its NVLink domain's
     bool grouped;  // ExpertGrouped output
+    bool rows_stay;  // Received output with no out_hidden: the rows stay in staging
     int64_t copy_rows;      // received rows whose header this rank waits for
     int64_t recv_keep;      // received rows below max_recv_rows (received-row outputs)
     int64_t permuted_keep;  // permuted rows below max_permuted_rows
@@ -278,7 +281,8 @@ struct Dispatch {
           max_entries(layout.max_entries()),
           dest_begin(p.domain.nvlink_begin()),
           dest_end(p.domain.nvlink_end()),
-          grouped(p.output == DispatchOutput::ExpertGrouped) {
+          grouped(p.output == DispatchOutput::ExpertGrouped),
+          rows_stay(!grouped && p.out_hidden == nullptr) {
       const int32_t* mine = count_row(p, p.domain.rank);
       const int64_t num_recv = arch::ld_global(p.handle.totals + static_cast<int>(layout::Total::NumRecv));
       const int64_t num_permuted = arch::ld_global(p.handle.totals + static_cast<int>(layout::Total::NumPermuted));
@@ -651,10 +655,10 @@ struct Dispatch {
 
   // ---- copy-out side ---------------------------------------------------------------------------
 
-  // Whether received row r's bytes go anywhere: always in the received layout; in the
-  // grouped layout when one of its permuted positions is kept.
+  // Whether received row r's bytes go anywhere: in the received layout unless they stay
+  // in staging; in the grouped layout when one of its permuted positions is kept.
   RAILYARD_DEVICE static bool row_is_copied(const Context& c, uint8_t* self, int64_t r) {
-    if (!c.grouped) return true;
+    if (!c.grouped) return !c.rows_stay;
     const int32_t num_entries = arch::ld_global(&c.layout.header(self, r)->num_entries);
     const layout::HeaderEntry* entries = c.layout.header_entries(self, r);
     for (int e = 0; e < num_entries; ++e) {

@@ -39,7 +39,11 @@ struct DispatchArguments {
   // Outputs. "Rows" are received rows below this rank's max_recv_rows (Received), or
   // permuted rows below its max_permuted_rows, padding included (ExpertGrouped);
   // nothing is written at or past a bound. Optional ones may be null.
-  void* out_hidden = nullptr;  // [rows, H], 16-byte aligned; required
+  // [rows, H], 16-byte aligned. Null in the Received layout: the rows stay where they
+  // landed, this rank's staging rows (IntranodeLayout::stage_row(self, r), a pitch of
+  // stage_row_bytes()), and no row is copied; they stay there until this rank's next
+  // dispatch or combine, whose entry barrier lets peers write them again.
+  void* out_hidden = nullptr;
   float* out_scales = nullptr;  // FP8: [rows, H / 128]; required for FP8
   float* out_probs = nullptr;   // Received: [rows, E_local]; ExpertGrouped: [rows]
   int64_t* out_recv_row = nullptr;  // ExpertGrouped only: [rows], received row, -1 padding

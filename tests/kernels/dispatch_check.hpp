@@ -29,6 +29,7 @@ struct RankBuffers {
   int64_t out_rows = 0;   // received rows below the bound, or permuted rows below it
   int64_t recv_rows = 0;  // received rows below the bound
   uint8_t* out_hidden = nullptr;
+  int64_t out_pitch = 0;  // bytes from one out_hidden row to the next (the staging pitch when rows stay)
   float* out_scales = nullptr;
   float* out_probs = nullptr;
   int64_t* out_recv_row = nullptr;
@@ -52,7 +53,13 @@ void allocate_outputs(World& w, const IntranodeLayout& L, const ReferenceCall& r
                                                   : clip(ref.permuted[r].num_permuted_rows, ref.options.permuted_bound(r));
   const auto n = static_cast<std::size_t>(b.out_rows);
   const auto nr = static_cast<std::size_t>(b.recv_rows);
-  b.out_hidden = w.template alloc<uint8_t>(r, n * row_bytes, "out_hidden");
+  // Rows that stay in staging: the caller of this function points out_hidden there.
+  if (output == DispatchOutput::Received && ref.options.rows_stay) {
+    b.out_pitch = L.stage_row_bytes();
+  } else {
+    b.out_hidden = w.template alloc<uint8_t>(r, n * row_bytes, "out_hidden");
+    b.out_pitch = row_bytes;
+  }
   if (ns > 0) b.out_scales = w.template alloc<float>(r, n * ns, "out_scales");
   if (output == DispatchOutput::Received) {
     b.out_probs = w.template alloc<float>(r, n * El, "out_probs");
@@ -88,7 +95,10 @@ inline void expect_dispatch_outputs(const IntranodeLayout& L, const ReferenceCal
   expect_bytes_eq(b.out_src_token, rr.src_token.data(), nr, 1, at + ": src_token");
   expect_bytes_eq(b.out_routing_map, rr.routing_map.data(), nr * El, El, at + ": routing_map");
   if (output == DispatchOutput::Received) {
-    expect_bytes_eq(b.out_hidden, rr.hidden.bytes.data(), n * row_bytes, row_bytes, at + ": hidden");
+    for (std::size_t r = 0; r < n; ++r) {
+      expect_bytes_eq(b.out_hidden + r * b.out_pitch, rr.hidden.bytes.data() + r * row_bytes, row_bytes, row_bytes,
+                      at + ": hidden row " + std::to_string(r));
+    }
     expect_bytes_eq(b.out_scales, rr.hidden.scales.data(), n * ns, std::max(ns, 1), at + ": scales");
     expect_bytes_eq(b.out_probs, rr.probs.data(), n * El, El, at + ": probs");
   } else {

@@ -131,6 +131,21 @@ TEST(IntranodeDispatch, BoundsDropRowsAndNothingIsWrittenPastThem) {
 
 // 3 stages of 256-byte slots, instantiated here: a 2000-byte row travels in 8 pieces
 // and both FIFO rings wrap mid-row.
+// Received rows left where they landed (out_hidden null): the staging rows hold the
+// received layout, FP8 rows at the staging pitch (a BF16 row's bytes), bounded too.
+TEST(IntranodeDispatch, RowsStayInStaging) {
+  CallOptions stay{{}, {}, 1, /*rows_stay=*/true};
+  CallOptions bounded_stay{{10, -1, 0, 1000}, {}, 1, /*rows_stay=*/true};
+  const std::vector<Case> cases = {
+      {1, {65}, 112, 2, 2, DType::BF16, Routing::Uniform, DispatchOutput::Received, {2}, 16, stay},
+      {3, {63, 1, 257}, 7168, 8, 8, DType::BF16, Routing::Skewed, DispatchOutput::Received, {2, 1, 5}, 32, stay},
+      {4, {65, 64, 0, 63}, 7168, 8, 2, kFp8, Routing::Uniform, DispatchOutput::Received, {5, 1, 2, 2}, 16, stay},
+      {4, {65, 64, 3, 63}, 112, 4, 2, DType::BF16, Routing::Uniform, DispatchOutput::Received, {2, 1, 5, 1}, 8,
+       bounded_stay},
+  };
+  run_cases(cases, 2);
+}
+
 TEST(IntranodeDispatch, SmallSlotsSplitRowsIntoManyPieces) {
   using Kernel = kernels::intranode::Dispatch<256, 3>;
   for (DispatchOutput output : {DispatchOutput::Received, kGrouped}) {
@@ -388,8 +403,12 @@ TEST(IntranodeDispatch, RefusesArgumentsItCannotHandle) {
        "Dispatch: recv_capacity -1" + capacity},
       {"recv_capacity past the staging", [](auto& a) { a.recv_capacity = 11; }, StatusCode::InvalidArgument,
        "Dispatch: recv_capacity 11" + capacity},
-      {"no out_hidden", [](auto& a) { a.out_hidden = nullptr; }, StatusCode::InvalidArgument,
-       "Dispatch: out_hidden" + pointer16},
+      {"no out_hidden in the grouped layout", [](auto& a) {
+         a.output = kGrouped;
+         a.out_hidden = nullptr;
+       }, StatusCode::InvalidArgument,
+       "Dispatch: out_hidden" + pointer16 + " (only the Received layout may leave its rows in the staging rows with "
+                                            "null)"},
       {"misaligned out_hidden", [&b](auto& a) { a.out_hidden = b.out_hidden + 8; }, StatusCode::InvalidArgument,
        "Dispatch: out_hidden" + pointer16},
       {"FP8 without out_scales", [&](auto& a) {

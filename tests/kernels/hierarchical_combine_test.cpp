@@ -147,6 +147,15 @@ void run_case(const Case& c, uint64_t seed, const GroupSetup& setup, CombineInpu
       sim::stream_synchronize(sim::default_stream(g));
     });
     sim::reset_traffic();
+    if (c.options.rows_stay && !permuted) {
+      // The expert step in place: its outputs over the rows dispatch left in staging.
+      for (int g = 0; g < G; ++g) {
+        uint8_t* staging = group.layout().nvlink().stage_row(group.domain(g).self(), 0);
+        const std::vector<bf16>& y = all[0].inputs[static_cast<std::size_t>(g)].hidden;
+        std::memcpy(staging, y.data(), y.size() * sizeof(bf16));
+        all[0].input[static_cast<std::size_t>(g)] = reinterpret_cast<bf16*>(staging);
+      }
+    }
   }
   sim::run_ranks(G, [&](int g) {
     for (const CombineCall& call : all) {
@@ -199,6 +208,19 @@ TEST(HierarchicalCombine, ProbsCrossDomainsWithThePartials) {
   Case bounded{2, 2, {17, 9, 30, 4}, 4, 2, false, test::Routing::Uniform, {}, 32, DType::BF16, 4};
   bounded.options = {{3, -1, 0, 20}, {}, 1};
   run_case(bounded, 5, test::weak_with_nic_delays(64), CombineInputLayout::Received, 1, 2, /*probs=*/true);
+}
+
+// The received rows stay in staging, the expert step writes its outputs over them and
+// the combine takes them in place (nothing staged again): the same results and NIC
+// bytes, with the probs combine too.
+TEST(HierarchicalCombine, RowsStayInStagingAndCombineInPlace) {
+  Case c{2, 2, {17, 9, 30, 4}, 4, 2, false, test::Routing::Uniform, {}, 32, DType::BF16, 4};
+  c.options.rows_stay = true;
+  run_case(c, 6, GroupSetup{}, CombineInputLayout::Received, 2, 1, /*probs=*/true);
+  if (HasFailure()) return;
+  Case three{3, 2, {30, 2, 17, 0, 64, 9}, 8, 2, false, test::Routing::Skewed, {}, 64, DType::BF16, 4};
+  three.options.rows_stay = true;
+  run_case(three, 7, test::weak_with_nic_delays(64), CombineInputLayout::Received, 3);
 }
 
 // Bounds, different per rank: on received rows for expert outputs in the received

@@ -139,6 +139,19 @@ TEST(HierarchicalDispatch, MatchesTheReferenceAcrossDomains) {
       }
 }
 
+// Received rows left where they landed (out_hidden null), local and forwarded ones:
+// the staging rows hold the received layout, FP8 at the staging pitch, in the weak mode
+// with NIC delays too. (They stay until the rank's next dispatch or combine, so calls
+// back to back would leave only the last call's.)
+TEST(HierarchicalDispatch, RowsStayInStaging) {
+  test::CallOptions stay{{}, {}, 1, /*rows_stay=*/true};
+  run_case({2, 2, {17, 9, 30, 4}, 4, 2, false, test::Routing::Uniform, stay, 128, kFp8, 4}, 2, GroupSetup{},
+           {kReceived, 2});
+  if (HasFailure()) return;
+  run_case({3, 2, {30, 2, 17, 0, 64, 9}, 8, 2, false, test::Routing::Skewed, stay, 64, DType::BF16, 4}, 3,
+           test::weak_with_nic_delays(64), {kReceived, 3});
+}
+
 // Bounds on received and permuted rows, different per rank: rows at or past a bound
 // are never written (the outputs are allocated to exactly the bound).
 TEST(HierarchicalDispatch, BoundsDropRowsAndNothingIsWrittenPastThem) {

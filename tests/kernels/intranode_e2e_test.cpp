@@ -65,7 +65,10 @@ ref::HiddenRows device_rows(const Call& call, const IntranodeWorld& w, int rank)
   ref::HiddenRows rows;
   rows.dtype = call.c.dtype;
   const auto row_bytes = static_cast<std::size_t>(w.layout().dispatch_row_bytes());
-  rows.bytes.assign(b.out_hidden, b.out_hidden + static_cast<std::size_t>(b.out_rows) * row_bytes);
+  for (int64_t r = 0; r < b.out_rows; ++r) {
+    const uint8_t* row = b.out_hidden + r * b.out_pitch;
+    rows.bytes.insert(rows.bytes.end(), row, row + row_bytes);
+  }
   if (b.out_scales) rows.scales.assign(b.out_scales, b.out_scales + b.out_rows * w.layout().num_scales());
   return rows;
 }
@@ -109,7 +112,14 @@ void run_end_to_end_in(IntranodeWorld& w, const Case& c, uint64_t seed) {
     a.recv_capacity = call.capacity;
     a.num_tokens = c.tokens[r];
     a.input_layout = grouped ? CombineInputLayout::Permuted : CombineInputLayout::Received;
-    a.input = w.copy_in<bf16>(r, y_dev, "expert outputs");
+    if (c.options.rows_stay && !grouped) {
+      // The expert step in place: its outputs over the rows dispatch left in staging.
+      uint8_t* staging = w.layout().stage_row(w.domain(r).self(), 0);
+      std::memcpy(staging, y_dev.data(), y_dev.size() * sizeof(bf16));
+      a.input = staging;
+    } else {
+      a.input = w.copy_in<bf16>(r, y_dev, "expert outputs");
+    }
     a.num_input_rows = b.out_rows;
     a.input_probs = b.out_probs;  // the probs dispatch delivered travel back
     probs_out[r] = w.alloc<float>(r, static_cast<std::size_t>(c.tokens[r]) * R * El, "combined_probs");
@@ -159,6 +169,23 @@ TEST(IntranodeEndToEnd, MetadataDispatchCombineMatchTheReference) {
                    {5}};
   fp8_grouped.options.pad_multiple = 4;
   cases.push_back(fp8_grouped);
+  for (const Case& c : cases)
+    for (uint64_t seed : {1, 2}) {
+      run_end_to_end(c, seed);
+      if (HasFatalFailure()) return;
+    }
+}
+
+// The received rows stay in staging, the expert step writes its outputs over them, and
+// combine takes them in place (nothing staged again): the same results.
+TEST(IntranodeEndToEnd, RowsStayInStagingAndCombineInPlace) {
+  std::vector<Case> cases;
+  cases.push_back({1, {65}, 112, 2, 2});
+  cases.push_back({3, {63, 1, 65}, 112, 2, 8, DType::BF16, Routing::Skewed, test::DispatchOutput::Received, {2, 1, 5}});
+  cases.push_back({4, {65, 64, 0, 63}, 128, 8, 2, DType::FP8_E4M3, Routing::Uniform, test::DispatchOutput::Received, {2}});
+  cases.push_back({8, {20, 1, 0, 33, 64, 7, 9, 65}, 7168, 8, 2, DType::BF16, Routing::Uniform,
+                   test::DispatchOutput::Received, {1, 2}});
+  for (Case& c : cases) c.options.rows_stay = true;
   for (const Case& c : cases)
     for (uint64_t seed : {1, 2}) {
       run_end_to_end(c, seed);

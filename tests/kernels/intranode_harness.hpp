@@ -241,6 +241,9 @@ struct CallOptions {
   std::vector<int64_t> max_recv_rows;      // per rank, -1: none (empty: none anywhere)
   std::vector<int64_t> max_permuted_rows;  // per rank, -1: none
   int pad_multiple = 1;
+  // Received layout: dispatch with out_hidden null, its rows read where they stay (the
+  // staging rows), and combine with those rows as its input, overwritten in place.
+  bool rows_stay = false;
   int64_t recv_bound(int r) const { return max_recv_rows.empty() ? -1 : max_recv_rows[r]; }
   int64_t permuted_bound(int r) const { return max_permuted_rows.empty() ? -1 : max_permuted_rows[r]; }
 };
