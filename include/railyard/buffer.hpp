@@ -157,6 +157,16 @@ struct DispatchArgs {
   const Handle* handle = nullptr;
   // Caller-provided outputs; null: allocated from the buffer's allocator.
   const DispatchOutputs* outputs = nullptr;
+  // Received layout: the rows stay where they landed, in this rank's staging rows of
+  // the registered buffer, and are not copied out (half the dispatch's SM copy work
+  // per received row). DispatchResult::hidden then borrows them: [rows, pitch] bytes,
+  // each row's first row_bytes its data (the pitch is a BF16 row, for FP8 too). They
+  // are valid until this rank's next dispatch or combine on this buffer (stream
+  // order); write expert outputs over them in place (BF16, [rows, hidden]) and pass
+  // result.hidden.data() as CombineArgs::hidden, and the combine reads them where
+  // they are. outputs->hidden must then be null; bounded mode needs max_rows <= the
+  // staging rows (config.num_ranks x max_tokens_per_rank on one domain).
+  bool rows_in_buffer = false;
 
   int num_sms = 0;  // 0: BufferOptions::dispatch_sms
   // The caller's stream (a null stream is the device's default stream). Nothing
@@ -184,7 +194,10 @@ struct CombineArgs {
   // The handle of the dispatch whose rows are combined (required).
   const Handle* handle = nullptr;
   // Expert outputs, BF16, 16-byte aligned, in the handle's layout: [rows, hidden]
-  // (Received) or expert-grouped [rows, hidden] (ExpertGrouped).
+  // (Received) or expert-grouped [rows, hidden] (ExpertGrouped). In the Received
+  // layout it may be the rows a dispatch left in the buffer (DispatchArgs::
+  // rows_in_buffer: its result.hidden.data()), overwritten in place; no other pointer
+  // into the buffer's staging rows is accepted.
   const void* hidden = nullptr;
   // Rows of `hidden`; -1: handle->output_rows(). Fewer is allowed: missing rows (and
   // expert-grouped entries past it) contribute nothing.

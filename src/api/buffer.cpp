@@ -368,6 +368,17 @@ void check_dispatch_rows(const char* op, const DispatchArgs& args, const BufferC
     bad_argument(op, "args.max_rows is " + std::to_string(*args.max_rows) + "; expected 0..2^31-1, or empty (blocking mode)");
 }
 
+// Rows left in the buffer: the received layout only, and a view that fits its staging.
+void check_rows_in_buffer(const char* op, const DispatchArgs& args, const detail::Path& path) {
+  if (!args.rows_in_buffer) return;
+  if (args.layout != TokenLayout::Received)
+    bad_argument(op, std::string("args.rows_in_buffer is true with args.layout ") + to_string(args.layout) +
+                         "; expected the Received layout (expert-grouped rows are copied out)");
+  if (args.max_rows && *args.max_rows > path.staging_rows())
+    bad_argument(op, "args.max_rows is " + std::to_string(*args.max_rows) + " with args.rows_in_buffer; expected " +
+                         range(0, path.staging_rows()) + " (the buffer's staging rows)");
+}
+
 // A fresh dispatch: exactly one routing form, complete.
 void check_routing(const char* op, const DispatchArgs& args, const BufferConfig& config) {
   const bool topk = args.topk_idx || args.topk_weights;
@@ -424,7 +435,11 @@ void check_outputs(const char* op, const DispatchOutputs& out, const DispatchArg
   if (rows && out.capacity_rows < *rows)
     bad_argument(op, "args.outputs->capacity_rows is " + std::to_string(out.capacity_rows) + "; expected >= " +
                          std::to_string(*rows) + " (" + why + ")");
-  if (out.hidden == nullptr) bad_argument(op, "args.outputs->hidden is null; expected [capacity_rows, hidden] rows");
+  if (args.rows_in_buffer && out.hidden != nullptr)
+    bad_argument(op, "args.outputs->hidden is given with args.rows_in_buffer; expected null (the rows stay in the "
+                     "buffer)");
+  if (!args.rows_in_buffer && out.hidden == nullptr)
+    bad_argument(op, "args.outputs->hidden is null; expected [capacity_rows, hidden] rows");
   if (fp8 && out.scales == nullptr)
     bad_argument(op, "args.outputs->scales is null; expected fp32 [capacity_rows, hidden / 128] (FP8 dispatch)");
   if (!fp8 && out.scales != nullptr)
@@ -450,8 +465,10 @@ void make_outputs(DispatchResult& result, const DispatchArgs& args, const Buffer
   const bool received = args.layout == TokenLayout::Received;
   const int64_t row_bytes = path.dispatch_row_bytes();
   const int num_scales = path.num_scales();
+  if (args.rows_in_buffer) result.hidden = DeviceArray<std::byte>::borrow(path.staging(), rows, path.staging_pitch());
   if (const DispatchOutputs* out = args.outputs) {
-    result.hidden = DeviceArray<std::byte>::borrow(static_cast<std::byte*>(out->hidden), rows, row_bytes);
+    if (!args.rows_in_buffer)
+      result.hidden = DeviceArray<std::byte>::borrow(static_cast<std::byte*>(out->hidden), rows, row_bytes);
     if (fp8) result.scales = DeviceArray<float>::borrow(out->scales, rows, num_scales);
     if (out->probs) result.probs = DeviceArray<float>::borrow(out->probs, rows, received ? El : 1);
     if (out->recv_row) result.recv_row = DeviceArray<int64_t>::borrow(out->recv_row, rows, 1);
@@ -460,7 +477,7 @@ void make_outputs(DispatchResult& result, const DispatchArgs& args, const Buffer
     if (out->src_token) result.src_token = DeviceArray<int32_t>::borrow(out->src_token, rows, 1);
     return;
   }
-  result.hidden = DeviceArray<std::byte>::allocate(a, rows, row_bytes);
+  if (!args.rows_in_buffer) result.hidden = DeviceArray<std::byte>::allocate(a, rows, row_bytes);
   if (fp8) result.scales = DeviceArray<float>::allocate(a, rows, num_scales);
   if (received) {
     result.probs = DeviceArray<float>::allocate(a, rows, El);
@@ -473,7 +490,8 @@ void make_outputs(DispatchResult& result, const DispatchArgs& args, const Buffer
   }
 }
 
-void check_combine_args(const char* op, const CombineArgs& args, const Handle& handle, const BufferConfig& config) {
+void check_combine_args(const char* op, const CombineArgs& args, const Handle& handle, const BufferConfig& config,
+                        const detail::Path& path) {
   const int64_t written = handle.output_rows();
   if (args.num_rows < -1 || args.num_rows > written)
     bad_argument(op, "args.num_rows is " + std::to_string(args.num_rows) + "; expected -1 (all the rows) or " +
@@ -485,6 +503,14 @@ void check_combine_args(const char* op, const CombineArgs& args, const Handle& h
   if (args.out_probs != nullptr && args.probs == nullptr)
     bad_argument(op, "args.out_probs is given without args.probs; expected both or neither");
   check_aligned(op, "args.hidden", args.hidden, 16);
+  // Rows in the buffer's staging are read where they are, which only the received
+  // layout's rows at their own positions allow (anything else would be staged over).
+  const auto* in = static_cast<const std::byte*>(args.hidden);
+  const std::byte* staging = path.staging();
+  const bool in_staging = in >= staging && in < staging + path.staging_rows() * path.staging_pitch();
+  if (in_staging && (in != staging || handle.layout() != TokenLayout::Received))
+    bad_argument(op, "args.hidden points into the buffer's staging rows; expected the rows a Received dispatch left "
+                     "there (its result.hidden.data() with args.rows_in_buffer), or memory outside the buffer");
   check_aligned(op, "args.out", args.out, 16);
   check_aligned(op, "args.probs", args.probs, alignof(float));
   check_aligned(op, "args.out_probs", args.out_probs, alignof(float));
@@ -552,6 +578,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args) {
   check_current_device(op, s.device);
   check_sms(op, args.num_sms, s.sm_count);
   check_dispatch_rows(op, args, config);
+  check_rows_in_buffer(op, args, *s.path);
   if (args.handle) {
     check_handle(op, *args.handle);
     check_reuse(op, args, *args.handle);
@@ -608,7 +635,7 @@ CombineResult Buffer::combine(const CombineArgs& args) {
   if (args.handle == nullptr) bad_argument(op, "args.handle is null; expected the handle of a dispatch");
   const Handle& handle = *args.handle;
   check_handle(op, handle);
-  check_combine_args(op, args, handle, config);
+  check_combine_args(op, args, handle, config, *s.path);
   const int64_t rows = args.num_rows < 0 ? handle.output_rows_ : args.num_rows;
 
   const GpuStream stream = resolve_stream(args.stream, s.device);

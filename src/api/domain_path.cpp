@@ -52,7 +52,7 @@ ki::DispatchArguments DomainPath::dispatch_arguments(const DispatchArgs& args, c
   d.scales = args.scales;
   d.handle = handle.bytes;
   d.recv_capacity = handle.recv_capacity;
-  d.out_hidden = out.hidden.data();
+  d.out_hidden = args.rows_in_buffer ? nullptr : out.hidden.data();  // null: the rows stay in staging
   d.out_scales = out.scales.data();
   d.out_probs = out.probs.data();
   d.out_recv_row = out.recv_row.data();

@@ -23,6 +23,8 @@ class DomainPath : public Path {
   }
   int64_t dispatch_row_bytes() const override { return layout_.dispatch_row_bytes(); }
   int num_scales() const override { return layout_.num_scales(); }
+  std::byte* staging() const override { return reinterpret_cast<std::byte*>(layout_.stage_row(domain_.self(), 0)); }
+  int64_t staging_pitch() const override { return layout_.stage_row_bytes(); }
 
  protected:
   // `shape`: the ranks the kernels run over (ranks_per_domain: all of them), of which

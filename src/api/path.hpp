@@ -53,6 +53,10 @@ class Path {
   // Dispatched rows: bytes of one row, FP8 scales per row.
   virtual int64_t dispatch_row_bytes() const = 0;
   virtual int num_scales() const = 0;
+  // This rank's staging rows in its registered buffer, staging_rows() of them, and the
+  // bytes from one to the next: where received rows land (DispatchArgs::rows_in_buffer).
+  virtual std::byte* staging() const = 0;
+  virtual int64_t staging_pitch() const = 0;
 
   // Fills `handle` from the routing of `args`; `blocks`: the SMs it may use.
   virtual Status metadata(const DispatchArgs& args, const HandleMemory& handle, int blocks, GpuStream stream) = 0;

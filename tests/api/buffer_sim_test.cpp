@@ -135,6 +135,9 @@ struct Case {
   // pieces in any order (relaxed ordering).
   bool weak = false;
   Transport transport = Transport::Auto;  // several domains: BufferOptions::transport
+  // DispatchArgs::rows_in_buffer (Received): the rows stay in the buffer, the expert
+  // outputs are written over them and combined in place.
+  bool rows_in_buffer = false;
 };
 
 int domain_size(const Case& c) {
@@ -151,7 +154,8 @@ std::string describe(const Case& c) {
        (c.chunk_rows ? ", chunks of " + std::to_string(c.chunk_rows) + " rows" : "") +
        ", top-" + std::to_string(c.topk) + ", " + std::to_string(c.experts_per_rank) + " experts/rank" +
        (c.weak ? ", weak memory, NIC stalls and relaxed ordering" : "") +
-       (c.transport == Transport::Gin ? ", over the GIN lane" : "");
+       (c.transport == Transport::Gin ? ", over the GIN lane" : "") +
+       (c.rows_in_buffer ? ", rows in the buffer, combined in place" : "");
   return s;
 }
 
@@ -193,13 +197,18 @@ void check_dispatch(const DispatchResult& got, const Expected& e, const Case& c,
   const int64_t true_rows = c.layout == TokenLayout::Received ? rr.num_recv_tokens : pr.num_permuted_rows;
   EXPECT_EQ(got.num_rows, c.max_rows.value_or(true_rows)) << where;
   ASSERT_EQ(got.hidden.rows(), got.num_rows) << where;
-  ASSERT_EQ(got.hidden.cols(), row_bytes) << where;
+  // Rows in the buffer: a BF16 row's pitch, the row's bytes first.
+  const int64_t pitch = c.rows_in_buffer ? int64_t{c.hidden} * 2 : row_bytes;
+  ASSERT_EQ(got.hidden.cols(), pitch) << where;
+  EXPECT_EQ(got.hidden.owned(), !c.rows_in_buffer) << where;
   const auto n = static_cast<std::size_t>(written_rows(e, c, d));
 
   if (c.layout == TokenLayout::Received) {
     const ref::ReceivedRows& rb = e.received_bounded.ranks[d];
-    expect_same(reinterpret_cast<const uint8_t*>(got.hidden.data()), rb.hidden.bytes.data(), n * row_bytes,
-                where + " hidden");
+    for (std::size_t r = 0; r < n; ++r) {
+      expect_same(reinterpret_cast<const uint8_t*>(got.hidden.data()) + r * pitch,
+                  rb.hidden.bytes.data() + r * row_bytes, row_bytes, where + " hidden row " + std::to_string(r));
+    }
     if (fp8) expect_same(got.scales.data(), rb.hidden.scales.data(), n * ns, where + " scales");
     expect_same(got.probs.data(), rb.probs.data(), n * El, where + " probs");
     expect_same(got.routing_map.data(), rb.routing_map.data(), n * El, where + " routing_map");
@@ -312,6 +321,7 @@ DispatchArgs fresh_args(const DeviceInputs& d, const Case& c, int num_tokens) {
   a.layout = c.layout;
   a.pad_multiple = c.pad_multiple;
   a.max_rows = c.max_rows;
+  a.rows_in_buffer = c.rows_in_buffer;
   a.num_sms = 2;
   return a;
 }
@@ -374,7 +384,14 @@ void run_case(const Case& c, uint64_t seed) {
     std::copy(y[rank].probs->begin(), y[rank].probs->end(), q_rows.begin());
     const DeviceAllocation y_dev = to_device<bf16>(y_rows);
     const DeviceAllocation q_dev = to_device<float>(q_rows);
-    const CombineArgs combine_args{.handle = &d.handle, .hidden = y_dev.get(), .probs = ptr<float>(q_dev)};
+    // In place: the expert outputs over the rows the dispatch left in the buffer.
+    const auto expert_step_in_place = [&] {
+      std::memcpy(d.hidden.data(), y_rows.data(), y_rows.size() * sizeof(bf16));
+    };
+    if (c.rows_in_buffer) expert_step_in_place();
+    const CombineArgs combine_args{.handle = &d.handle,
+                                   .hidden = c.rows_in_buffer ? static_cast<const void*>(d.hidden.data()) : y_dev.get(),
+                                   .probs = ptr<float>(q_dev)};
     const CombineResult c1 = buffer.combine(combine_args);
     runtime::gpu::stream_synchronize(sim::default_stream(rank));
     check_combine(c1, want[rank], at + " combine");
@@ -392,7 +409,9 @@ void run_case(const Case& c, uint64_t seed) {
     EXPECT_FALSE(d2.handle.valid());
     ASSERT_EQ(d2.num_rows, d.num_rows);
     const auto n = static_cast<std::size_t>(written_rows(e, c, rank));
-    expect_same(d2.hidden.data(), d.hidden.data(), n * d.hidden.cols(), at + " reused-handle hidden");
+    // Rows in the buffer: d2's are d's memory, rewritten; check them as a dispatch.
+    if (c.rows_in_buffer) check_dispatch(d2, e, c, w, rank, at + " reused-handle dispatch");
+    else expect_same(d2.hidden.data(), d.hidden.data(), n * d.hidden.cols(), at + " reused-handle hidden");
     expect_same(d2.probs.data(), d.probs.data(), n * d.probs.cols(), at + " reused-handle probs");
     if (c.dtype == DType::FP8_E4M3)
       expect_same(d2.scales.data(), d.scales.data(), n * d.scales.cols(), at + " reused-handle scales");
@@ -406,6 +425,7 @@ void run_case(const Case& c, uint64_t seed) {
     check_dispatch(d3, e_other, c, w, rank, at + " backward-style dispatch");
 
     // And the combine on the handle, again: the same bits.
+    if (c.rows_in_buffer) expert_step_in_place();
     const CombineResult c2 = buffer.combine(combine_args);
     runtime::gpu::stream_synchronize(sim::default_stream(rank));
     expect_same(c2.hidden.data(), c1.hidden.data(), static_cast<std::size_t>(c1.hidden.size()),
@@ -480,6 +500,25 @@ TEST(EndToEndAcrossDomains, DispatchCombineAndHandleReuseMatchTheReference) {
       Case{.tokens = {5, 17, 0, 9, 30, 2}, .routing_map = true, .ranks_per_domain = 3},
   };
   uint64_t seed = 101;
+  for (const Case& c : cases) {
+    run_case(c, seed++);
+    if (HasFailure()) return;
+  }
+}
+
+// Rows left in the buffer (DispatchArgs::rows_in_buffer): the dispatch copies no row
+// out, the expert outputs are written over them and the combine reads them in place;
+// one domain and several, BF16 and FP8 (a BF16 row's pitch), blocking and bounded,
+// with the handle reused; every result the reference's.
+TEST(BufferRowsInBuffer, DispatchCombineAndHandleReuseMatchTheReference) {
+  const std::vector<Case> cases = {
+      Case{.tokens = {23, 31}, .rows_in_buffer = true},
+      Case{.tokens = {13, 0, 29, 7}, .dtype = kFp8, .max_rows = 15, .rows_in_buffer = true},
+      Case{.tokens = {13, 0, 29, 7}, .dtype = kFp8, .ranks_per_domain = 2, .rows_in_buffer = true},
+      Case{.tokens = {5, 17, 0, 9, 30, 2}, .max_rows = 40, .topk = 4, .ranks_per_domain = 2, .weak = true,
+           .rows_in_buffer = true},
+  };
+  uint64_t seed = 301;
   for (const Case& c : cases) {
     run_case(c, seed++);
     if (HasFailure()) return;
@@ -755,6 +794,27 @@ TEST(BufferArguments, BadArgumentsNameTheArgument) {
     combine_error({.handle = &good.handle, .hidden = good.hidden.data(), .out_probs = good.probs.data()},
                   "args.out_probs is given without args.probs");
     combine_error({.handle = &good.handle, .hidden = good.hidden.data(), .num_sms = 9}, "args.num_sms is 9");
+    // Rows in the buffer: the received layout only, no caller hidden, a view that fits
+    // the staging (one rank of 16 tokens: 16 rows); a combine reads only the rows a
+    // received dispatch left there, at their place.
+    dispatch_error([](DispatchArgs& a) { a.rows_in_buffer = true; a.layout = kGrouped; },
+                   "args.rows_in_buffer is true with args.layout ExpertGrouped; expected the Received layout");
+    dispatch_error([](DispatchArgs& a) { a.rows_in_buffer = true; a.max_rows = 17; },
+                   "args.max_rows is 17 with args.rows_in_buffer; expected 0..16 (the buffer's staging rows)");
+    const DispatchOutputs with_hidden{.hidden = good.hidden.data(), .capacity_rows = good.num_rows};
+    dispatch_error([&](DispatchArgs& a) { a.rows_in_buffer = true; a.outputs = &with_hidden; },
+                   "args.outputs->hidden is given with args.rows_in_buffer; expected null");
+    DispatchArgs stay = fresh_args(in, c, T);
+    stay.rows_in_buffer = true;
+    stay.max_rows = 8;
+    const DispatchResult staying = buffer.dispatch(stay);
+    const std::string into_staging = "args.hidden points into the buffer's staging rows; expected the rows a Received "
+                                     "dispatch left there";
+    combine_error({.handle = &staying.handle, .hidden = staying.hidden.data() + staying.hidden.cols()}, into_staging);
+    DispatchArgs grouped = fresh_args(in, c, T);
+    grouped.layout = kGrouped;
+    const DispatchResult grouped_result = buffer.dispatch(grouped);
+    combine_error({.handle = &grouped_result.handle, .hidden = staying.hidden.data()}, into_staging);
     // The current device must be the buffer's.
     runtime::gpu::set_current(1);
     combine_error({.handle = &good.handle, .hidden = good.hidden.data()}, "the current device is 1; expected 0");
