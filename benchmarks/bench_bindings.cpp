@@ -76,6 +76,7 @@ PYBIND11_MODULE(_bench, m) {
             }
           })
       .def_readwrite("pad_multiple", &Params::pad_multiple)
+      .def_readwrite("rows_in_buffer", &Params::rows_in_buffer)
       .def_readwrite("iters", &Params::iters)
       .def_readwrite("warmup", &Params::warmup)
       .def_readwrite("seed", &Params::seed)

@@ -40,7 +40,8 @@ const char* const kUsage =
     "usage: %s [--preset seed|seed-4x8|deepep] [--hidden H] [--tokens T] [--ranks R] [--domains D]\n"
     "          [--experts-per-rank E]\n"
     "          [--topk K] [--dtype bf16|fp8] [--skew S] [--sms N | --sms-sweep 1,2,4,...]\n"
-    "          [--layout received|grouped|both] [--pad-multiple P] [--iters N] [--warmup N] [--seed S]\n"
+    "          [--layout received|grouped|both] [--pad-multiple P] [--rows-in-buffer] [--iters N] [--warmup N]\n"
+    "          [--seed S]\n"
     "          [--json FILE] [--sim-tokens T] [--sim-full] [--no-sim-timed] [--sim-gpu h100|b200] [--preemption P]\n"
     "          [--sim-waits N]\n"
     "          [--host-overhead-iters N]\n"
@@ -54,7 +55,9 @@ const char* const kUsage =
     "             --sim-gpu picks the simulated GPUs' preset (h100, the default, or b200);\n"
     "             --sim-waits N lists under each timed row the N waits that took the most thread time.\n"
     "  --domains D: the ranks form D NVLink domains (R / D ranks each), joined by RDMA between rail peers;\n"
-    "             the simulator gives each GPU a simulated 400 Gb/s NIC and counts its bytes too.\n";
+    "             the simulator gives each GPU a simulated 400 Gb/s NIC and counts its bytes too.\n"
+    "  --rows-in-buffer: the received layout's rows stay in the buffer (no copy-out) and the combine\n"
+    "             reads its input there, in place (DispatchArgs::rows_in_buffer).\n";
 
 bool parse_int_list(const std::string& s, std::vector<int>* out) {
   out->clear();
@@ -80,6 +83,10 @@ bool parse(int argc, char** argv, Params* p) {
     }
     if (arg == "--no-sim-timed") {
       p->sim_timed = false;
+      continue;
+    }
+    if (arg == "--rows-in-buffer") {
+      p->rows_in_buffer = true;
       continue;
     }
     if (i + 1 >= argc) return false;
@@ -134,11 +141,12 @@ std::string config_line(const Params& p, int64_t tokens) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "preset %s: %d ranks (%d NVLink domain%s of %d), hidden %lld, %s dispatch, %lld tokens/rank, %d experts "
-                "(%d/rank), top-%d, routing %s (skew %.3g), pad multiple %d",
+                "(%d/rank), top-%d, routing %s (skew %.3g), pad multiple %d%s",
                 p.preset.c_str(), p.ranks, p.domains, p.domains > 1 ? "s" : "", p.ranks_per_domain(),
                 static_cast<long long>(p.hidden), p.dtype == DType::FP8_E4M3 ? "FP8" : "BF16",
                 static_cast<long long>(tokens), p.num_experts(), p.experts_per_rank, p.topk,
-                p.skew == 0 ? "uniform random" : "Zipf over experts", p.skew, p.pad_multiple);
+                p.skew == 0 ? "uniform random" : "Zipf over experts", p.skew, p.pad_multiple,
+                p.rows_in_buffer ? ", received rows in the buffer (combined in place)" : "");
   return buf;
 }
 
@@ -372,7 +380,7 @@ int main(int argc, char** argv) {
   j.integer("tokens_per_rank_run", res.tokens).integer("ranks", p.ranks).integer("domains", p.domains);
   j.integer("experts_per_rank", p.experts_per_rank);
   j.integer("experts", p.num_experts()).integer("topk", p.topk).str("dtype", dtype_name(p.dtype)).num("skew", p.skew);
-  j.integer("pad_multiple", p.pad_multiple).integer("iters", p.iters).integer("warmup", p.warmup);
+  j.boolean("rows_in_buffer", p.rows_in_buffer).integer("pad_multiple", p.pad_multiple).integer("iters", p.iters).integer("warmup", p.warmup);
   j.uinteger("seed", p.seed).integer("dispatch_row_bytes", p.dispatch_row_bytes());
   if (kSim) j.integer("sim_blocks", p.sim_sms).num("sim_preemption", p.preemption).boolean("sim_timed", p.sim_timed).str("sim_gpu", p.sim_gpu);
   j.integer("combine_row_bytes", p.combine_row_bytes()).begin_array("sms");

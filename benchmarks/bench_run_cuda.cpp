@@ -106,15 +106,19 @@ RunResult run(const Params& p) {
           auto out = DeviceArray<bf16>::allocate(alloc, std::max<int64_t>(T, 1), p.hidden);
           for (std::size_t l = 0; l < p.layouts.size(); ++l) {
             const TokenLayout layout = p.layouts[l];
+            const bool stay = p.rows_stay(layout);
             DispatchResult d = buffer.dispatch({.hidden = x.data(), .scales = sc, .num_tokens = T,
                                                 .topk_idx = idx.data(), .topk_weights = wts.data(),
                                                 .num_topk = p.topk, .layout = layout,
-                                                .pad_multiple = p.pad_multiple, .stream = stream});
-            const DispatchOutputs outs = outputs_of(d, layout);
-            // Combine's input: BF16 expert outputs, the received rows themselves for BF16.
+                                                .pad_multiple = p.pad_multiple, .rows_in_buffer = stay,
+                                                .stream = stream});
+            DispatchOutputs outs = outputs_of(d, layout);
+            if (stay) outs.hidden = nullptr;  // the rows stay in the buffer
+            // Combine's input: BF16 expert outputs, the received rows themselves for BF16
+            // (and in place, as they are, when they stay in the buffer).
             DeviceArray<bf16> y_own;
             const void* y = d.hidden.data();
-            if (p.dtype != DType::BF16) {
+            if (p.dtype != DType::BF16 && !stay) {
               y_own = DeviceArray<bf16>::allocate(alloc, std::max<int64_t>(d.num_rows, 1), p.hidden);
               gpu::memset_async(y_own.data(), 0, y_own.bytes(), stream);
               y = y_own.data();
@@ -124,7 +128,7 @@ RunResult run(const Params& p) {
               times[2 * l][s][rank] = time_op(p, *bootstrap, stream, [&] {
                 buffer.dispatch({.hidden = x.data(), .scales = sc, .num_tokens = T, .layout = layout,
                                  .pad_multiple = p.pad_multiple, .handle = &d.handle, .outputs = &outs,
-                                 .num_sms = sms, .stream = stream});
+                                 .rows_in_buffer = stay, .num_sms = sms, .stream = stream});
               });
               times[2 * l + 1][s][rank] = time_op(p, *bootstrap, stream, [&] {
                 buffer.combine({.handle = &d.handle, .hidden = y, .out = out.data(), .num_sms = sms,

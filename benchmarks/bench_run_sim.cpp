@@ -79,8 +79,13 @@ uint64_t check_dispatch(const Params& p, const DispatchResult& d, const Expected
   const int64_t want_n = e.grouped.empty() ? e.received.ranks[rank].num_rows() : e.grouped[rank].num_rows();
   if (d.num_rows != want_n) return 1 + static_cast<uint64_t>(std::llabs(d.num_rows - want_n));
   const std::size_t n = static_cast<std::size_t>(want_n);
-  uint64_t bad = count_diff(to_host(reinterpret_cast<const uint8_t*>(d.hidden.data()), n * row_bytes, stream),
-                            want_rows.bytes);
+  // Rows in the buffer are at the staging pitch (hidden.cols()), each row's bytes first.
+  const auto pitch = static_cast<std::size_t>(d.hidden.cols());
+  const std::vector<uint8_t> at_pitch = to_host(reinterpret_cast<const uint8_t*>(d.hidden.data()), n * pitch, stream);
+  std::vector<uint8_t> got_rows(n * row_bytes);
+  for (std::size_t r = 0; r < n; ++r)
+    std::memcpy(got_rows.data() + r * row_bytes, at_pitch.data() + r * pitch, static_cast<std::size_t>(row_bytes));
+  uint64_t bad = count_diff(got_rows, want_rows.bytes);
   if (fp8) bad += count_diff(to_host(d.scales.data(), n * blocks, stream), want_rows.scales);
   if (e.grouped.empty()) {
     const ref::ReceivedRows& rr = e.received.ranks[rank];
@@ -332,15 +337,17 @@ Pass run_pass(const Params& p, const std::vector<ref::RankInput>& inputs, const 
       const TokenLayout layout = p.layouts[l];
       const Expected& e = expected[l];
       const std::size_t op0 = 3 * l;
+      const bool stay = p.rows_stay(layout);
       DispatchResult d = window(op0, [&] {
         return buffer.dispatch({.hidden = x.data(), .scales = sc, .num_tokens = T, .topk_idx = idx.data(),
                                 .topk_weights = wts.data(), .num_topk = p.topk, .layout = layout,
-                                .pad_multiple = p.pad_multiple, .stream = stream});
+                                .pad_multiple = p.pad_multiple, .rows_in_buffer = stay, .stream = stream});
       });
       pass.mismatches[op0][rank] = check_dispatch(p, d, e, rank, stream);
 
       // The same dispatch on the handle, into the same (poisoned) outputs.
-      const DispatchOutputs outs = outputs_of(d, layout);
+      DispatchOutputs outs = outputs_of(d, layout);
+      if (stay) outs.hidden = nullptr;  // the rows stay in the buffer
       gpu::memset_async(d.hidden.data(), 0xA5, d.hidden.bytes(), stream);
       if (d.scales.data()) gpu::memset_async(d.scales.data(), 0xA5, d.scales.bytes(), stream);
       gpu::stream_synchronize(stream);
@@ -348,15 +355,18 @@ Pass run_pass(const Params& p, const std::vector<ref::RankInput>& inputs, const 
       window(op0 + 1, [&] {
         return buffer.dispatch({.hidden = x.data(), .scales = sc, .num_tokens = T, .layout = layout,
                                 .pad_multiple = p.pad_multiple, .handle = &d.handle, .outputs = &outs,
-                                .stream = stream});
+                                .rows_in_buffer = stay, .stream = stream});
       });
       pass.mismatches[op0 + 1][rank] = check_dispatch(p, d, e, rank, stream);
 
       const auto y = to_device(alloc, e.y[rank], d.num_rows, p.hidden, stream);
+      // Rows in the buffer: the expert step in place, its outputs over the received rows.
+      if (stay) gpu::memcpy_async(d.hidden.data(), y.data(), e.y[rank].size() * sizeof(bf16), stream);
       gpu::stream_synchronize(stream);
       sample();
       window(op0 + 2, [&] {
-        buffer.combine({.handle = &d.handle, .hidden = y.data(), .out = out.data(), .stream = stream});
+        buffer.combine({.handle = &d.handle, .hidden = stay ? static_cast<const void*>(d.hidden.data()) : y.data(),
+                        .out = out.data(), .stream = stream});
         return 0;
       });
       pass.mismatches[op0 + 2][rank] = count_diff(to_host(out.data(), static_cast<std::size_t>(T * p.hidden), stream),

@@ -28,6 +28,10 @@ struct Params {
   std::vector<int> sms{1, 2, 4, 8, 16, 32};  // the SM counts: one (--sms), or a sweep (--sms-sweep)
   std::vector<TokenLayout> layouts{TokenLayout::Received, TokenLayout::ExpertGrouped};
   int pad_multiple = 1;  // ExpertGrouped rows per expert padded to a multiple of this
+  // Received layout: the rows stay in the buffer (DispatchArgs::rows_in_buffer) and the
+  // combine reads its input there, in place (--rows-in-buffer).
+  bool rows_in_buffer = false;
+  bool rows_stay(TokenLayout layout) const { return rows_in_buffer && layout == TokenLayout::Received; }
   int iters = 50, warmup = 10;  // GPU timing
   uint64_t seed = 1;
   std::string json;  // path of the JSON results; empty: none

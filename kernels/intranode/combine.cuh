@@ -115,6 +115,9 @@ struct Combine {
   static constexpr int kPublishBatch = 4;
   static constexpr int kPendingRows = 16;
   static_assert(kPublishBatch < kPendingRows);
+  // Rows the Load warp releases itself (no source, or in place: nothing to wait for),
+  // up to this many consecutive ones per fence.acq_rel.sys.
+  static constexpr int64_t kSelfReleaseBatch = 32;
   // Sources of one job: local experts of a received row, or ranks of a home token.
   static constexpr int kMaxSources =
       layout::kMaxLocalExperts > layout::kMaxRanksPerDomain ? layout::kMaxLocalExperts
@@ -393,6 +396,22 @@ struct Combine {
     // Received layout: a row exists as input iff the caller passes it.
     const int64_t rows_with_input = p.permuted_input ? described : min_i64(described, p.num_input_rows);
 
+    // Rows whose seq this warp releases itself (no source, or already in place), lane 0:
+    // a run [run_begin, run_end) of consecutive rows, kPublishBatch at most, released
+    // with one fence.acq_rel.sys (as the store lane releases staged rows).
+    int64_t run_begin = 0, run_end = 0;
+    const auto release_run = [&] {
+      if (run_begin == run_end) return;
+      arch::fence_acq_rel_sys();
+      for (int64_t i = run_begin; i < run_end; ++i) arch::st_relaxed_sys(&lay.header(dom.self(), i)->seq, seq);
+      run_begin = run_end;
+    };
+    const auto release_with_run = [&](int64_t r) {
+      if (r != run_end || run_end - run_begin >= kSelfReleaseBatch) release_run();
+      if (run_begin == run_end) run_begin = run_end = r;
+      ++run_end;
+    };
+
     const auto stage = [&](int64_t r) {
       __syncwarp();  // lane 0 is done with the previous job's sources
       layout::RowHeader* header = lay.header(dom.self(), r);
@@ -433,8 +452,8 @@ struct Combine {
       // dropped rows contribute nothing).
       arch::st_global(&header->num_entries, static_cast<int16_t>(kept));
       if (num_sources == 0 || p.input_in_staging) {
-        // No row, or the row is already where staging puts it: publish the header.
-        arch::st_release_sys(&header->seq, seq);
+        // No row, or the row is already where staging puts it: the header is all.
+        release_with_run(r);
       } else {
         // The store warp releases seq once the row's bulk stores have completed.
         push_job(p, storage, pipe, state, 0, num_sources, lay.stage_row(dom.self(), r), r, /*gather=*/false);
@@ -458,6 +477,7 @@ struct Combine {
       own_end = min_i64(own_begin + own, num_recv);
       for_each_in_block_chunks(num_recv - (own_end - own_begin), p.chunk_rows,
                                [&](int64_t i) { stage(i < own_begin ? i : i - own_begin + own_end); });
+      if (lane == 0) release_run();
       if (lane == 0) push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kFlush}, nullptr);
       // ---- partial jobs: before the gather jobs, which may wait for other domains'
       // partials, while partial jobs wait only for staged rows and ring slots ------------
@@ -465,7 +485,9 @@ struct Combine {
     }
     for_each_in_block_chunks(own_end - own_begin, p.chunk_rows, [&](int64_t i) { stage(own_begin + i); });
 
-    // The store lane publishes every staged row before any gather job waits for one.
+    // Every staged row is published (by the store lane, or here) before any gather job
+    // waits for one.
+    if (lane == 0) release_run();
     if (lane == 0) push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kFlush}, nullptr);
 
     // ---- gather jobs: this rank's tokens, pulled from every rank that holds them -------
