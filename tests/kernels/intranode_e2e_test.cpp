@@ -290,7 +290,9 @@ bool large_hidden(bf16* x, std::size_t count, uint64_t seed, bool check) {
 // reference (it would need gigabytes more): every received row equals its source row
 // (dispatch), and with identity experts every combined row is bf16(n x row), n the
 // number of ranks the token went to, which fp32 holds exactly (n <= 8, BF16 inputs).
-TEST(IntranodeEndToEndLarge, SeedConfiguration) {
+// With `rows_stay` the received rows stay in staging (out_hidden null) and the combine
+// takes them in place, as a caller of DispatchArgs::rows_in_buffer would.
+void run_seed_configuration(bool rows_stay) {
   const int R = 8, M = 4096, H = 8192, El = 2, K = 8, blocks = 8;
   // This test is about scale; interleavings are explored by the small tests. One
   // switch in twenty non-blocking scheduling points, and a block's threads run in turn
@@ -325,7 +327,9 @@ TEST(IntranodeEndToEndLarge, SeedConfiguration) {
     d_idx[r] = w.copy_in<int64_t>(r, idx[r], "topk_idx");
     d_wts[r] = w.copy_in<float>(r, wts[r], "topk_weights");
     handles[r] = w.alloc_handle(r, capacity);
-    recv[r] = w.alloc<bf16>(r, static_cast<std::size_t>(capacity) * H, "received");
+    // Staging's pitch is a BF16 row: the rows that stay are [capacity, H] there too.
+    recv[r] = rows_stay ? reinterpret_cast<bf16*>(L.stage_row(w.domain(r).self(), 0))
+                        : w.alloc<bf16>(r, static_cast<std::size_t>(capacity) * H, "received");
     src_rank[r] = w.alloc<int32_t>(r, static_cast<std::size_t>(capacity), "src_rank");
     src_token[r] = w.alloc<int32_t>(r, static_cast<std::size_t>(capacity), "src_token");
     out[r] = w.alloc<bf16>(r, static_cast<std::size_t>(M) * H, "combined");
@@ -347,7 +351,7 @@ TEST(IntranodeEndToEndLarge, SeedConfiguration) {
     d.hidden = in[rank];
     d.handle = handles[rank];
     d.recv_capacity = capacity;
-    d.out_hidden = recv[rank];
+    d.out_hidden = rows_stay ? nullptr : recv[rank];
     d.out_src_rank = src_rank[rank];
     d.out_src_token = src_token[rank];
     d.num_blocks = blocks;
@@ -357,7 +361,7 @@ TEST(IntranodeEndToEndLarge, SeedConfiguration) {
     c.handle = handles[rank];
     c.recv_capacity = capacity;
     c.num_tokens = M;
-    c.input = recv[rank];  // identity experts: the received rows go straight back
+    c.input = recv[rank];  // identity experts: the received rows go straight back (in place if they stayed)
     c.num_input_rows = capacity;
     c.out = out[rank];
     c.num_blocks = blocks;
@@ -397,12 +401,17 @@ TEST(IntranodeEndToEndLarge, SeedConfiguration) {
         ASSERT_EQ(out[s][row + i].bits, want[i].bits) << "rank " << s << " token " << t << " element " << i;
     }
   std::printf(
-      "seed configuration (8 ranks, hidden 8192 BF16, 4096 tokens/rank, 2 experts/rank, top-8, 8 blocks):\n"
+      "seed configuration (8 ranks, hidden 8192 BF16, 4096 tokens/rank, 2 experts/rank, top-8, 8 blocks%s):\n"
       "  %lld received rows, %lld from peers (%.2f GB over NVLink each way)\n"
       "  metadata + dispatch + combine in the simulator: %.1f s wall, %llu scheduler steps\n",
-      static_cast<long long>(total_rows), static_cast<long long>(peer_rows), peer_rows * 2.0 * H / 1e9, seconds,
+      rows_stay ? ", rows staying in staging, combined in place" : "", static_cast<long long>(total_rows),
+      static_cast<long long>(peer_rows), peer_rows * 2.0 * H / 1e9, seconds,
       static_cast<unsigned long long>(st.scheduler_steps));
 }
+
+TEST(IntranodeEndToEndLarge, SeedConfiguration) { run_seed_configuration(/*rows_stay=*/false); }
+
+TEST(IntranodeEndToEndLarge, SeedConfigurationRowsStay) { run_seed_configuration(/*rows_stay=*/true); }
 
 }  // namespace
 }  // namespace railyard
