@@ -397,7 +397,7 @@ struct Combine {
     const int64_t rows_with_input = p.permuted_input ? described : min_i64(described, p.num_input_rows);
 
     // Rows whose seq this warp releases itself (no source, or already in place), lane 0:
-    // a run [run_begin, run_end) of consecutive rows, kPublishBatch at most, released
+    // a run [run_begin, run_end) of consecutive rows, kSelfReleaseBatch at most, released
     // with one fence.acq_rel.sys (as the store lane releases staged rows).
     int64_t run_begin = 0, run_end = 0;
     const auto release_run = [&] {
