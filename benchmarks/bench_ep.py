@@ -691,7 +691,9 @@ def host_overhead(iters):
 def parameters_json(p, run_tokens, sim):
     d = {"preset": p.preset, "hidden": p.hidden, "tokens_per_rank": p.tokens, "tokens_per_rank_run": run_tokens,
          "ranks": p.ranks, "domains": p.domains, "experts_per_rank": p.experts_per_rank, "experts": p.num_experts(), "topk": p.topk,
-         "dtype": p.dtype, "skew": p.skew, "pad_multiple": p.pad_multiple, "iters": p.iters, "warmup": p.warmup,
+         "dtype": p.dtype, "skew": p.skew, "pad_multiple": p.pad_multiple,
+         # The PyTorch ops copy received rows out (rows in the buffer are the C++ API's only).
+         "rows_in_buffer": p.rows_in_buffer, "iters": p.iters, "warmup": p.warmup,
          "seed": p.seed, "dispatch_row_bytes": p.dispatch_row_bytes()}
     if sim:
         d.update(sim_blocks=p.sim_sms, sim_preemption=p.preemption, sim_timed=p.sim_timed, sim_gpu=p.sim_gpu)
