@@ -668,7 +668,8 @@ struct Dispatch {
   }
 
   RAILYARD_DEVICE static void copy_out_load(const Params& p, const Context& c, SharedStorage& s, uint64_t seq) {
-    if (!arch::elect_one_sync()) return;
+    // Rows that stay are not copied; RowFields waits for every header.
+    if (c.rows_stay || !arch::elect_one_sync()) return;
     uint8_t* self = p.domain.self();
     Pipeline pipe(s.copy_pipe, p.domain.wait());
     PipelineState state;
@@ -697,6 +698,7 @@ struct Dispatch {
   }
 
   RAILYARD_DEVICE static void copy_out_store(const Params& p, const Context& c, SharedStorage& s) {
+    if (c.rows_stay) return;  // nothing to copy, no padding (received layout)
     const bool leader = arch::elect_one_sync();
     if (leader) {
       uint8_t* self = p.domain.self();
