@@ -477,8 +477,10 @@ struct Combine {
       own_end = min_i64(own_begin + own, num_recv);
       for_each_in_block_chunks(num_recv - (own_end - own_begin), p.chunk_rows,
                                [&](int64_t i) { stage(i < own_begin ? i : i - own_begin + own_end); });
-      if (lane == 0) release_run();
-      if (lane == 0) push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kFlush}, nullptr);
+      if (lane == 0) {
+        release_run();
+        push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kFlush}, nullptr);
+      }
       // ---- partial jobs: before the gather jobs, which may wait for other domains'
       // partials, while partial jobs wait only for staged rows and ring slots ------------
       push_partials(p, storage, pipe, state, seq);
@@ -487,8 +489,10 @@ struct Combine {
 
     // Every staged row is published (by the store lane, or here) before any gather job
     // waits for one.
-    if (lane == 0) release_run();
-    if (lane == 0) push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kFlush}, nullptr);
+    if (lane == 0) {
+      release_run();
+      push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kFlush}, nullptr);
+    }
 
     // ---- gather jobs: this rank's tokens, pulled from every rank that holds them -------
     // The warp waits for the rows of `batch` tokens at once, a lane per (token, rank)

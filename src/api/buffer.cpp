@@ -457,7 +457,8 @@ void check_outputs(const char* op, const DispatchOutputs& out, const DispatchArg
   check_aligned(op, "args.outputs->src_token", out.src_token, alignof(int32_t));
 }
 
-// The dispatch's output arrays for `rows` rows: the caller's, or the allocator's.
+// The dispatch's output arrays for `rows` rows: the caller's, or the allocator's; the
+// rows themselves may instead stay in the buffer's staging rows.
 void make_outputs(DispatchResult& result, const DispatchArgs& args, const BufferConfig& config,
                   const detail::Path& path, runtime::Allocator& a, int64_t rows) {
   const int64_t El = config.experts_per_rank;
@@ -465,10 +466,11 @@ void make_outputs(DispatchResult& result, const DispatchArgs& args, const Buffer
   const bool received = args.layout == TokenLayout::Received;
   const int64_t row_bytes = path.dispatch_row_bytes();
   const int num_scales = path.num_scales();
-  if (args.rows_in_buffer) result.hidden = DeviceArray<std::byte>::borrow(path.staging(), rows, path.staging_pitch());
-  if (const DispatchOutputs* out = args.outputs) {
-    if (!args.rows_in_buffer)
-      result.hidden = DeviceArray<std::byte>::borrow(static_cast<std::byte*>(out->hidden), rows, row_bytes);
+  const DispatchOutputs* out = args.outputs;
+  result.hidden = args.rows_in_buffer ? DeviceArray<std::byte>::borrow(path.staging(), rows, path.staging_pitch())
+                  : out ? DeviceArray<std::byte>::borrow(static_cast<std::byte*>(out->hidden), rows, row_bytes)
+                        : DeviceArray<std::byte>::allocate(a, rows, row_bytes);
+  if (out) {
     if (fp8) result.scales = DeviceArray<float>::borrow(out->scales, rows, num_scales);
     if (out->probs) result.probs = DeviceArray<float>::borrow(out->probs, rows, received ? El : 1);
     if (out->recv_row) result.recv_row = DeviceArray<int64_t>::borrow(out->recv_row, rows, 1);
@@ -477,7 +479,6 @@ void make_outputs(DispatchResult& result, const DispatchArgs& args, const Buffer
     if (out->src_token) result.src_token = DeviceArray<int32_t>::borrow(out->src_token, rows, 1);
     return;
   }
-  if (!args.rows_in_buffer) result.hidden = DeviceArray<std::byte>::allocate(a, rows, row_bytes);
   if (fp8) result.scales = DeviceArray<float>::allocate(a, rows, num_scales);
   if (received) {
     result.probs = DeviceArray<float>::allocate(a, rows, El);

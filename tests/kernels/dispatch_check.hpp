@@ -30,6 +30,7 @@ struct RankBuffers {
   int64_t recv_rows = 0;  // received rows below the bound
   uint8_t* out_hidden = nullptr;
   int64_t out_pitch = 0;  // bytes from one out_hidden row to the next (the staging pitch when rows stay)
+  bool rows_stay = false;  // out_hidden is this rank's staging rows: the dispatch gets null
   float* out_scales = nullptr;
   float* out_probs = nullptr;
   int64_t* out_recv_row = nullptr;
@@ -53,8 +54,10 @@ void allocate_outputs(World& w, const IntranodeLayout& L, const ReferenceCall& r
                                                   : clip(ref.permuted[r].num_permuted_rows, ref.options.permuted_bound(r));
   const auto n = static_cast<std::size_t>(b.out_rows);
   const auto nr = static_cast<std::size_t>(b.recv_rows);
-  // Rows that stay in staging: the caller of this function points out_hidden there.
-  if (output == DispatchOutput::Received && ref.options.rows_stay) {
+  // Rows that stay in staging are read there.
+  b.rows_stay = output == DispatchOutput::Received && ref.options.rows_stay;
+  if (b.rows_stay) {
+    b.out_hidden = L.stage_row(w.domain(r).self(), 0);
     b.out_pitch = L.stage_row_bytes();
   } else {
     b.out_hidden = w.template alloc<uint8_t>(r, n * row_bytes, "out_hidden");

@@ -52,7 +52,6 @@ inline GroupCall prepare(Group& group, const Case& c, const HierarchicalShape& s
     b.scales = group.copy_in(g, in.hidden.scales, "scales");
     b.handle = group.alloc_handle(g, L.stage_capacity_rows());
     allocate_outputs(group, L, call.ref, g, output, b);
-    if (b.out_hidden == nullptr) b.out_hidden = L.stage_row(group.domain(g).self(), 0);  // rows that stay
     call.routing.push_back(upload(group, g, in));
     call.ranks.push_back(b);
   }
@@ -71,7 +70,7 @@ inline kernels::hierarchical::DispatchArguments dispatch_arguments(Group& group,
   d.scales = b.scales;
   d.handle = b.handle;
   d.recv_capacity = group.layout().nvlink().stage_capacity_rows();
-  d.out_hidden = call.ref.options.rows_stay && launch.output == DispatchOutput::Received ? nullptr : b.out_hidden;
+  d.out_hidden = b.rows_stay ? nullptr : b.out_hidden;
   d.out_scales = b.out_scales;
   d.out_probs = b.out_probs;
   d.out_recv_row = b.out_recv_row;

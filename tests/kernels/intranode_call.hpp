@@ -97,7 +97,6 @@ inline Call prepare(IntranodeWorld& w, const Case& c, uint64_t seed) {
       std::memset(b.handle + begin, 0xA5, bytes.size() - begin);
     }
     allocate_outputs(w, L, call.reference, r, c.output, b);
-    if (b.out_hidden == nullptr) b.out_hidden = L.stage_row(w.domain(r).self(), 0);  // rows that stay
     call.ranks.push_back(b);
   }
   return call;
@@ -132,8 +131,7 @@ inline DispatchArguments dispatch_args(const IntranodeWorld& w, const Call& call
   a.scales = b.scales;
   a.handle = b.handle;
   a.recv_capacity = call.capacity;
-  const bool rows_stay = call.c.options.rows_stay && call.c.output == DispatchOutput::Received;
-  a.out_hidden = rows_stay ? nullptr : b.out_hidden;
+  a.out_hidden = b.rows_stay ? nullptr : b.out_hidden;
   a.out_scales = b.out_scales;
   a.out_probs = b.out_probs;
   a.out_recv_row = b.out_recv_row;
