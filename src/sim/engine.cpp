@@ -394,6 +394,32 @@ void* map_device_memory(std::size_t rounded, std::size_t& mapped) {
   return base;
 }
 
+// memset of a mapped allocation: whole pages inside it get fresh pages instead of
+// being written (anonymous zero pages for 0, the poison file for 0xA5), so that a
+// buffer zeroed at creation commits only the pages kernels write later, and a page
+// poisoned again gives its memory back. Other values, and the partial pages at the
+// ends, are written.
+void fill_device_memory(const Allocation* a, void* dst, int value, std::size_t bytes) {
+  constexpr uintptr_t kPage = 4096;
+  const auto begin = reinterpret_cast<uintptr_t>(dst), end = begin + bytes;
+  const uintptr_t first = (begin + kPage - 1) / kPage * kPage, last = end / kPage * kPage;
+  const auto byte = static_cast<unsigned char>(value);
+  const int fd = byte == 0xA5 ? poison_file() : -1;
+  if (a == nullptr || a->mapped_bytes == 0 || last <= first || last - first < 16 * kPage || (byte != 0 && fd < 0)) {
+    std::memset(dst, value, bytes);
+    return;
+  }
+  std::memset(dst, value, first - begin);
+  std::memset(reinterpret_cast<void*>(last), value, end - last);
+  for (uintptr_t at = first; at < last; at += kPoisonChunk) {
+    const std::size_t len = std::min<std::size_t>(kPoisonChunk, last - at);
+    void* got = byte == 0 ? mmap(reinterpret_cast<void*>(at), len, PROT_READ | PROT_WRITE,
+                                 MAP_PRIVATE | MAP_FIXED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+                          : mmap(reinterpret_cast<void*>(at), len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, 0);
+    if (got == MAP_FAILED) std::memset(reinterpret_cast<void*>(at), value, len);  // the mapping stays as it was
+  }
+}
+
 void unmap_device_memory(const Allocation& a) {
   if (a.mapped_bytes) munmap(reinterpret_cast<void*>(a.base), a.mapped_bytes);
   else std::free(reinterpret_cast<void*>(a.base));
@@ -926,7 +952,7 @@ void Engine::admit() {
         }
         // A 0-byte copy may name null pointers, which memmove and memset must not get.
         if (op.kind == StreamOp::Kind::Memcpy && op.bytes) std::memmove(op.dst, op.src, op.bytes);
-        if (op.kind == StreamOp::Kind::Memset && op.bytes) std::memset(op.dst, op.value, op.bytes);
+        if (op.kind == StreamOp::Kind::Memset && op.bytes) fill_device_memory(find(op.dst), op.dst, op.value, op.bytes);
         if (op.kind == StreamOp::Kind::Memcpy || op.kind == StreamOp::Kind::Memset) wrote(op.dst, op.bytes);
         if (op.kind == StreamOp::Kind::EventRecord) {
           events_done_[op.event] = true;

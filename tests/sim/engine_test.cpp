@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <thread>
 #include <mutex>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <stdexcept>
@@ -518,6 +519,45 @@ TEST_F(SimEngine, LargeAllocationsReadAsPoisonUntilWritten) {
   ASSERT_EQ(c[std::size_t{17} << 20], 0xA5);
   sim::free(b);
   sim::free(c);
+}
+
+// The process's resident memory, from /proc/self/statm.
+std::size_t resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  unsigned long size = 0, resident = 0;
+  if (f != nullptr) {
+    if (std::fscanf(f, "%lu %lu", &size, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return resident * 4096;
+}
+
+// memset_async of a large allocation gives its whole pages fresh ones (zero pages for
+// 0, the poison file for 0xA5) instead of writing them: the bytes read as set, those
+// outside the range keep their value, and the pages written before are given back
+// (a buffer zeroed at creation then commits only what kernels write).
+TEST_F(SimEngine, LargeMemsetsOfZeroOrPoisonGiveBackTheirPages) {
+  start(1);
+  const std::size_t bytes = std::size_t{48} << 20;
+  auto* a = alloc<uint8_t>(0, bytes, "large");
+  std::memset(a, 0x11, bytes);
+  const std::size_t written = resident_bytes();
+  const sim::Stream s = sim::default_stream(0);
+  sim::memset_async(s, a + 100, 0, bytes - 200);
+  sim::stream_synchronize(s);
+  for (std::size_t at : {std::size_t{0}, std::size_t{99}, bytes - 100, bytes - 1}) ASSERT_EQ(a[at], 0x11) << "byte " << at;
+  for (std::size_t at : {std::size_t{100}, std::size_t{4095}, std::size_t{4096}, std::size_t{17} << 20, bytes - 101})
+    ASSERT_EQ(a[at], 0) << "byte " << at;
+  EXPECT_LT(resident_bytes() + (std::size_t{40} << 20), written) << "the zeroed pages were given back";
+  sim::memset_async(s, a + 5000, 0xA5, (std::size_t{20} << 20) + 7);
+  sim::stream_synchronize(s);
+  for (std::size_t at : {std::size_t{4999}, (std::size_t{20} << 20) + 5007}) ASSERT_EQ(a[at], 0) << "byte " << at;
+  for (std::size_t at : {std::size_t{5000}, std::size_t{8192}, std::size_t{17} << 20, (std::size_t{20} << 20) + 5006})
+    ASSERT_EQ(a[at], 0xA5) << "byte " << at;
+  a[std::size_t{17} << 20] = 0x22;  // a page of the poison mapping is still copied on write
+  ASSERT_EQ(a[(std::size_t{17} << 20) + 1], 0xA5);
+  ASSERT_EQ(a[std::size_t{17} << 20], 0x22);
+  sim::free(a);
 }
 
 TEST_F(SimEngine, AllocationsAreCountedAndFreed) {
