@@ -91,13 +91,14 @@ struct Dispatch {
     uint32_t word[4];
   };
   static constexpr int kMaxRanks = layout::kMaxRanksPerDomain;
+  static constexpr int kMaskWords = (kMaxRanks + 31) / 32;  // a bit per destination
   // The S2G roles keep rows in flight instead of waiting for each: a FIFO slot goes
   // back to its producer once the stores of kReadLag later slots have been issued and
   // its own have read it (pipeline::BulkConsumer). SendStore publishes a token's header
-  // once at most
-  // kWriteLag bulk groups (pieces) issued after its own are still in flight
-  // (bulk_wait_group), kPublishBatch landed tokens at a time (one fence.acq_rel.sys per
-  // destination lane for the batch), and at once when kPendingTokens await it.
+  // once at most kWriteLag bulk groups (pieces) issued after its own are still in
+  // flight (bulk_wait_group), kPublishBatch landed tokens at a time (one
+  // fence.acq_rel.sys per destination lane for the batch), and at once when
+  // kPendingTokens - 1 earlier tokens await it (the ring holds them and the current one).
   static constexpr int kReadLag = 1;
   static constexpr int kWriteLag = 4;
   static constexpr int kPublishBatch = 4;
@@ -117,10 +118,10 @@ struct Dispatch {
     // groups its leader had committed once the token's pieces were issued.
     arch::SharedVar<int32_t> send_pos[kPendingTokens][kMaxRanks];
     arch::SharedVar<uint32_t> send_groups[kPendingTokens];
-    // Whether each destination copies the current token's row out (else only the
-    // header travels), how many of the token's experts it hosts, and how many pending
-    // tokens the leader found landed.
-    arch::SharedVar<uint8_t> send_bytes[kMaxRanks];
+    // Which destinations copy the current token's row out (else only the header
+    // travels), a bit each (bit i of word w: dest_begin + 32 w + i), how many of the
+    // token's experts each hosts, and how many pending tokens the leader found landed.
+    arch::SharedVar<uint32_t> send_bytes[kMaskWords];
     arch::SharedVar<int16_t> send_entries[kMaxRanks];
     arch::SharedVar<int32_t> publish_count;
     typename Remote::template Storage<SlotBytes> remote;
@@ -486,11 +487,10 @@ struct Dispatch {
     RAILYARD_DEVICE void piece(const Params& p, const Context& c, SharedStorage& s, int ring, uint32_t offset) {
       const uint32_t bytes = piece_bytes(c.row_bytes, offset);
       const uint32_t slot = fifo.wait();
-      for (int d = c.dest_begin; d < c.dest_end; ++d) {
-        if (!s.send_bytes[d].load()) continue;
+      for_each_byte_dest(c, s, [&](int d) {
         uint8_t* row = c.layout.stage_row(p.domain.peers.base(d), s.send_pos[ring][d].load());
         transport::nvlink::put_bulk(row + offset, s.send_slots[slot], bytes);
-      }
+      });
       fifo.commit();
     }
 
@@ -532,14 +532,17 @@ struct Dispatch {
         }
         s.send_groups[ring].store(issuer.fifo.committed);
       }
-      write_header(p, c, s, view, ring);
-      ++issued;
-      // Publish the tokens whose rows have landed; all of them when the ring is full.
-      if (leader) s.publish_count.store(issuer.landed(s, published, issued, issued - published == kPendingTokens));
-      __syncwarp();  // every lane's header writes and the leader's completed waits are behind
+      // Publish the earlier tokens whose rows have landed (all of them when the ring
+      // would be full at the next token), then write this token's header: a lane's
+      // fence then waits for headers it wrote an iteration ago, not for this one's.
+      if (leader)
+        s.publish_count.store(issuer.landed(s, published, issued, issued - published == kPendingTokens - 1));
+      __syncwarp();  // every lane's earlier header writes and the leader's completed waits are behind
       published += publish(p, c, s, seq, published);
       // The leader writes publish_count again only after the next token's route_token
       // barrier, which every lane reaches after reading it here.
+      write_header(p, c, s, view, ring);
+      ++issued;
     });
     __syncwarp();  // every lane has read the last publish_count
     if (leader) s.publish_count.store(issuer.landed(s, published, issued, /*all=*/true));
@@ -553,6 +556,7 @@ struct Dispatch {
   // with a warp barrier: the leader reads every destination's entry.
   RAILYARD_DEVICE static void route_token(const Params& p, const Context& c, SharedStorage& s, const TokenView& v,
                                           int ring) {
+    __syncwarp();  // every lane has read the previous token's entries (write_header)
     // A lane per destination d of this rank's domain, 32 a round (every lane takes
     // every round: the slots come by shuffles).
     for (int base = c.dest_begin; base < c.dest_end; base += static_cast<int>(arch::kWarpSize)) {
@@ -567,11 +571,10 @@ struct Dispatch {
           kept |= slot_pos_of(slot) >= 0;
         }
       });
-      if (d >= c.dest_end) continue;
       if constexpr (Remote::kForwards) {
         // What the combine's partial of a forwarded row sums: its staged rows below
         // their ranks' bounds (in either layout).
-        if (v.forwarded >= 0) {
+        if (v.forwarded >= 0 && d < c.dest_end) {
           const int span = c.dest_end - c.dest_begin;
           arch::st_global(p.handle.forward_pos + v.forwarded * span + (d - c.dest_begin),
                           pos >= 0 && (bound < 0 || pos < bound) ? pos : -1);
@@ -579,11 +582,23 @@ struct Dispatch {
       }
       const bool header = pos >= 0 && (c.grouped || bound < 0 || pos < bound);
       const bool bytes = header && (!c.grouped || kept);
+      const uint32_t mask = __ballot_sync(arch::kFullWarpMask, d < c.dest_end && bytes);
+      if (d >= c.dest_end) continue;
       s.send_pos[ring][d].store(header ? pos : -1);
-      s.send_bytes[d].store(static_cast<uint8_t>(bytes));
       s.send_entries[d].store(static_cast<int16_t>(entries));
+      if (d == base) s.send_bytes[(base - c.dest_begin) / 32].store(mask);
     }
     __syncwarp();
+  }
+
+  // Calls fn(d) for every destination d the current token's row bytes go to, in
+  // ascending order (route_token's bits).
+  template <class Fn>
+  RAILYARD_DEVICE static void for_each_byte_dest(const Context& c, const SharedStorage& s, Fn&& fn) {
+    for (int base = c.dest_begin; base < c.dest_end; base += static_cast<int>(arch::kWarpSize)) {
+      for (uint32_t mask = s.send_bytes[(base - c.dest_begin) / 32].load(); mask != 0; mask &= mask - 1)
+        fn(base + __ffs(static_cast<int>(mask)) - 1);
+    }
   }
 
   // SendStore step 3, every lane: token t's header fields and entries, and its FP8
@@ -623,10 +638,9 @@ struct Dispatch {
     }
     for (int i = lane; i < c.num_scales; i += static_cast<int>(arch::kWarpSize)) {
       const float scale = arch::ld_global(scales_of(p, c, v) + i);
-      for (int d = c.dest_begin; d < c.dest_end; ++d) {
-        if (s.send_bytes[d].load())
-          transport::nvlink::put(c.layout.stage_scales(p.domain.peers.base(d), s.send_pos[ring][d].load()) + i, scale);
-      }
+      for_each_byte_dest(c, s, [&](int d) {
+        transport::nvlink::put(c.layout.stage_scales(p.domain.peers.base(d), s.send_pos[ring][d].load()) + i, scale);
+      });
     }
   }
 
