@@ -118,6 +118,10 @@ struct Combine {
   // Rows the Load warp releases itself (no source, or in place: nothing to wait for),
   // up to this many consecutive ones per fence.acq_rel.sys.
   static constexpr int64_t kSelfReleaseBatch = 32;
+  // Jobs (gather or partial) per batch whose sources' headers the Load warp waits for
+  // together (collect_sources; fewer where their sources would pass kMaxSources): a
+  // batch's first job waits for all of them.
+  static constexpr int kHeaderBatch = 16;
   // Sources of one job: local experts of a received row, or ranks of a home token.
   static constexpr int kMaxSources =
       layout::kMaxLocalExperts > layout::kMaxRanksPerDomain ? layout::kMaxLocalExperts
@@ -158,6 +162,11 @@ struct Combine {
     // from 0; gather job i of a batch's from i x ranks_per_domain.
     arch::SharedVar<const uint8_t*> sources[kMaxSources];
     arch::SharedVar<int16_t> source_rank[kMaxSources];
+    // A partial batch's: each source's row in the batch, and the (row, rank) pairs
+    // handed to the lanes that wait for their headers (push_partials).
+    arch::SharedVar<int16_t> source_row[kMaxSources];
+    arch::SharedVar<int32_t> pair[arch::kWarpSize];
+    arch::SharedVar<int32_t> pair_pos[arch::kWarpSize];
     // Staged rows whose bulk stores are issued and whose seq is not yet released, a
     // ring (store lane only): the row, and the bulk groups committed with its store.
     arch::SharedVar<int64_t> staged_row[kPendingRows];
@@ -342,29 +351,60 @@ struct Combine {
     }
   }
 
-  // Warp-collective, one round of a batch of jobs whose sources the lanes find, a lane
-  // per (job, source) pair: pair base + lane is job (base + lane) / per_job's, and holds
-  // `row` (null: none) from rank `rank`. Each holder goes to the job's place in
-  // `sources` (job i's start at i * per_job), after the job's `running` sources of
-  // earlier rounds (a batch of one job may take several) and the holders of the same
-  // job below it. Returns the round's holders.
-  RAILYARD_DEVICE static uint32_t place_sources(SharedStorage& storage, int base, int per_job, int running,
-                                                const uint8_t* row, int rank) {
+  // Warp-collective: the sources of a batch of n jobs, each with `span` candidate
+  // pairs (job i, j). pos_of(i, j), on any lane, gives a pair's position, -1 for none;
+  // the pairs with one are handed, in pair order, to the next free lanes and waited for
+  // 32 at a time (their round trips overlap), row_of(i, j, pos) on the pair's lane
+  // returning the row, or null for a row with nothing for the job. Job i's rows go to
+  // `sources` (and their ranks, rank_base + j, to `source_rank`) in pair order from
+  // i x gap + (rows of the jobs before it) on: `gap` free places after each job's rows.
+  // `source_row` gets the job of each row, without gaps. Returns the rows found.
+  template <class PosOf, class RowOf>
+  RAILYARD_DEVICE static int collect_sources(SharedStorage& storage, int n, int span, int gap, int rank_base,
+                                             PosOf&& pos_of, RowOf&& row_of) {
     const auto lane = static_cast<int>(arch::lane_idx());
-    const uint32_t holders = __ballot_sync(arch::kFullWarpMask, row != nullptr);
-    if (row != nullptr) {
-      const int job = (base + lane) / per_job, job_first_lane = job * per_job - base;
-      const uint32_t same_job = job_first_lane > 0 ? ~((1u << job_first_lane) - 1u) : ~0u;
-      const int idx = job * per_job + running + __popc(holders & ((1u << lane) - 1u) & same_job);
-      storage.sources[idx].store(row);
-      storage.source_rank[idx].store(static_cast<int16_t>(rank));
+    const uint32_t lower_lanes = (1u << lane) - 1u;
+    int pending = 0, held = 0;  // lanes holding a pair (lane l: pair[l]), rows placed
+    const auto wait_pending = [&] {
+      const int q = lane < pending ? storage.pair[lane].load() : -1;
+      const int i = q / span, j = q % span;
+      const uint8_t* row = q >= 0 ? row_of(i, j, storage.pair_pos[lane].load()) : nullptr;
+      const uint32_t holders = __ballot_sync(arch::kFullWarpMask, row != nullptr);
+      if (row != nullptr) {
+        const int k = held + __popc(holders & lower_lanes);
+        storage.sources[k + i * gap].store(row);
+        storage.source_rank[k + i * gap].store(static_cast<int16_t>(rank_base + j));
+        storage.source_row[k].store(static_cast<int16_t>(i));
+      }
+      held += __popc(holders);
+      pending = 0;
+      __syncwarp();  // every lane has read its pair before the next hand-out
+    };
+    for (int base = 0; base < n * span; base += static_cast<int>(arch::kWarpSize)) {
+      const int q = base + lane;
+      const int32_t pos = q < n * span ? pos_of(q / span, q % span) : -1;
+      const uint32_t found = __ballot_sync(arch::kFullWarpMask, pos >= 0);
+      if (pending + __popc(found) > static_cast<int>(arch::kWarpSize)) wait_pending();
+      if (pos >= 0) {
+        const int to = pending + __popc(found & lower_lanes);
+        storage.pair[to].store(q);
+        storage.pair_pos[to].store(pos);
+      }
+      pending += __popc(found);
+      __syncwarp();  // the hand-out, before the lanes read it
     }
-    return holders;
+    wait_pending();
+    return held;
   }
-  // After the rounds: job i's sources, of a batch of n (one job: `running`, counted
-  // over its rounds; several: the last round's holders of its lanes).
-  RAILYARD_DEVICE static int sources_of(int n, int running, uint32_t holders, int i, int per_job) {
-    return n == 1 ? running : __popc((holders >> (i * per_job)) & ((1u << per_job) - 1u));
+  // Lane 0, after collect_sources: calls fn(i, first, count) for each job of the batch,
+  // in order, with its rows' place in `sources` and their number.
+  template <class Fn>
+  RAILYARD_DEVICE static void for_each_collected(const SharedStorage& storage, int n, int held, int gap, Fn&& fn) {
+    for (int i = 0, k = 0; i < n; ++i) {
+      const int start = k;
+      while (k < held && storage.source_row[k].load() == i) ++k;
+      fn(i, start + i * gap, k - start);
+    }
   }
 
   RAILYARD_DEVICE static void run_load(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
@@ -419,9 +459,11 @@ struct Combine {
       const int n = r < rows_with_input ? arch::ld_global(&h.recv_num_entries[r]) : 0;
       // Keep the entries whose input exists, in handle order (local expert
       // ascending, the unpermute's summation order), and describe them in the
-      // header for the probs combine.
-      int kept = 0;
-      for (int base = 0; base < n; base += 32) {
+      // header for the probs combine. The received layout without probs keeps every
+      // entry and no rank reads the entries: the count is all.
+      const bool describe = p.permuted_input || with_probs;
+      int kept = describe ? 0 : n;
+      for (int base = 0; describe && base < n; base += 32) {
         const int i = base + static_cast<int>(lane);
         layout::RecvEntry entry{-1, -1};
         bool keep = false;
@@ -495,76 +537,68 @@ struct Combine {
     }
 
     // ---- gather jobs: this rank's tokens, pulled from every rank that holds them -------
-    // The warp waits for the rows of `batch` tokens at once, a lane per (token, rank)
-    // pair, so that their NVLink round trips overlap.
+    // The warp waits for the rows of a batch of tokens at once (collect_sources: a lane
+    // per (token, rank) pair with a row), so that their NVLink round trips overlap.
+    // Across domains each token keeps a place for each other domain's partial.
     const int E = R * El;
-    const int batch = R >= static_cast<int>(arch::kWarpSize) ? 1 : static_cast<int>(arch::kWarpSize) / R;
+    const int span = dom.nvlink_end() - dom.nvlink_begin();
     typename Remote::Gather remote(p.remote, p.handle, storage.remote);  // lane 0's
+    int gap = 0;
+    if constexpr (Remote::kPartials) gap = remote.num_domains() - 1;
+    const int batch = kMaxSources / (span + gap) < kHeaderBatch ? kMaxSources / (span + gap) : kHeaderBatch;
     for_each_batch_in_block_chunks(p.num_tokens, p.chunk_rows, batch, [&](int64_t t0, int n) {
       __syncwarp();  // lane 0 is done with the previous batch's sources
       if (with_probs) {
         for (int64_t e = lane; e < int64_t{n} * E; e += 32) arch::st_global(&p.combined_probs[t0 * E + e], 0.0f);
         __syncwarp();  // zeros before the chosen experts' probs, which other lanes write
       }
-      // Lane l waits for pair q = l (+ 32, + 64: one token then): token t0 + q / R's
-      // row on rank q % R. The waits overlap.
-      int running = 0;        // sources of the (one) token in earlier rounds
-      uint32_t holders = 0;   // the last round's pairs with a row
-      for (int base = 0; base < n * R; base += 32) {
-        const int q = base + static_cast<int>(lane);
-        const int i = q / R, d = q % R;
+      // Across domains, only this rank's domain is pulled over NVLink: the others'
+      // rows arrive as their domains' partials (added below).
+      const auto pos_of = [&](int i, int j) {
+        const int d = dom.nvlink_begin() + j;
+        const int32_t pos = arch::ld_global(&h.recv_pos[(t0 + i) * R + d]);
+        // A row at or past d's bound on received rows was never dispatched: its pair
+        // is skipped without touching d.
+        const int32_t bound =
+            pos < 0 ? -1
+                    : arch::ld_global(&h.count_matrix[int64_t{d} * lay.count_row_ints() +
+                                                      static_cast<int>(layout::CountRow::MaxRecvRows)]);
+        return pos >= 0 && (bound < 0 || pos < bound) ? pos : -1;
+      };
+      const auto row_of = [&](int i, int j, int32_t pos) -> const uint8_t* {
+        const int d = dom.nvlink_begin() + j;
         const int64_t t = t0 + i;
-        bool has_row = false;
-        const uint8_t* row = nullptr;
-        // Across domains, only this rank's domain is pulled over NVLink: the others'
-        // rows arrive as their domains' partials (added below).
-        if (q < n * R && d >= dom.nvlink_begin() && d < dom.nvlink_end()) {
-          const int32_t pos = arch::ld_global(&h.recv_pos[t * R + d]);
-          // A row at or past d's bound on received rows was never dispatched: its
-          // pair is skipped without touching d. (Read here rather than kept in a
-          // per-lane array, which a runtime index would put in local memory.)
-          const int32_t bound =
-              pos < 0 ? -1
-                      : arch::ld_global(&h.count_matrix[int64_t{d} * lay.count_row_ints() +
-                                                        static_cast<int>(layout::CountRow::MaxRecvRows)]);
-          if (pos >= 0 && (bound < 0 || pos < bound)) {
-            uint8_t* peer = dom.peers.base(d);
-            const layout::RowHeader* header = lay.header(peer, pos);
-            pipeline::wait_at_least_acquire(&header->seq, seq,
-                                            {"combine: staged row header seq of peer rank (index) at row (value)", d,
-                                             pos},
-                                            dom.wait());
-            const int32_t num_entries = arch::ld_global(&header->num_entries);
-            if (with_probs) {
-              const layout::HeaderEntry* entries = lay.header_entries(peer, pos);
-              for (int k = 0; k < num_entries; ++k) {
-                const int32_t j = arch::ld_global(&entries[k].local_expert);
-                arch::st_global(&p.combined_probs[t * E + int64_t{d} * El + j], arch::ld_global(&entries[k].prob));
-              }
-            }
-            has_row = num_entries > 0;
-            row = lay.stage_row(peer, pos);
+        uint8_t* peer = dom.peers.base(d);
+        const layout::RowHeader* header = lay.header(peer, pos);
+        pipeline::wait_at_least_acquire(&header->seq, seq,
+                                        {"combine: staged row header seq of peer rank (index) at row (value)", d, pos},
+                                        dom.wait());
+        const int32_t num_entries = arch::ld_global(&header->num_entries);
+        if (with_probs) {
+          const layout::HeaderEntry* entries = lay.header_entries(peer, pos);
+          for (int k = 0; k < num_entries; ++k) {
+            const int32_t e = arch::ld_global(&entries[k].local_expert);
+            arch::st_global(&p.combined_probs[t * E + int64_t{d} * El + e], arch::ld_global(&entries[k].prob));
           }
         }
-        holders = place_sources(storage, base, R, running, has_row ? row : nullptr, d);
-        if (n == 1) running += __popc(holders);
-      }
-      // The lanes that acquired the headers synchronise with lane 0 here, before it
-      // bulk-loads the rows those headers published; its proxy fence then orders
-      // what it learned (generic proxy) before its TMA reads (async proxy).
-      __syncwarp();
+        return num_entries > 0 ? lay.stage_row(peer, pos) : nullptr;
+      };
+      const int held = collect_sources(storage, n, span, gap, dom.nvlink_begin(), pos_of, row_of);
+      // The lanes that acquired the headers synchronised with lane 0 (collect_sources
+      // ends with a warp barrier) before it bulk-loads the rows those headers
+      // published; its proxy fence then orders what it learned (generic proxy) before
+      // its TMA reads (async proxy).
       if (lane == 0) {
         arch::fence_proxy_async_global();
-        for (int i = 0; i < n; ++i) {
-          int num_sources = sources_of(n, running, holders, i, R);
+        for_each_collected(storage, n, held, gap, [&](int i, int first, int num_sources) {
           if constexpr (Remote::kPartials) {
             // The other domains' partials, in domain order around this domain's rows;
             // their signal waits are acquires, fenced again for the TMA loads.
-            num_sources = add_partials(p, storage, remote, t0 + i, i * R, num_sources);
+            num_sources = add_partials(p, storage, remote, t0 + i, first, num_sources);
             arch::fence_proxy_async_global();
           }
-          push_job(p, storage, pipe, state, i * R, num_sources, p.out + (t0 + i) * row_bytes, -1, /*gather=*/true);
-        }
+          push_job(p, storage, pipe, state, first, num_sources, p.out + (t0 + i) * row_bytes, -1, /*gather=*/true);
+        });
       }
     });
 
@@ -578,10 +612,12 @@ struct Combine {
   // its sources are the staged rows of this domain's ranks, in ascending rank order,
   // summed in fp32 and rounded once to BF16, into its send-ring row; with the probs
   // combine, their header entries' probs after it. The warp waits for the headers of
-  // `batch` rows at once, a lane per (row, rank) pair, as gather jobs do, so that their
-  // round trips overlap. Before a chunk's first row, its ring slot must be free (the put
-  // of the lane's chunk S / L before it completed): this warp writes the probs, and
-  // every store into the slot follows its jobs.
+  // the pairs (row, rank) that have a staged row, 32 at a time, a lane each, so that
+  // their round trips overlap: a batch's pairs are scanned 32 at a time and the ones
+  // with a position handed to the next free lanes (most pairs have none: a token chose
+  // few of the domain's ranks). Before a chunk's first row, its ring slot must be free
+  // (the put of the lane's chunk S / L before it completed): this warp writes the
+  // probs, and every store into the slot follows its jobs.
   RAILYARD_DEVICE static void push_partials(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
                                             typename LoadPipeline::State& state, uint64_t seq) {
     const DomainParams& dom = p.domain;
@@ -590,7 +626,7 @@ struct Combine {
     const int first = dom.nvlink_begin(), span = dom.nvlink_end() - first;
     const int El = dom.shape.num_local_experts;
     const int64_t stride = Remote::partial_row_bytes(p.remote);
-    const int batch = span >= static_cast<int>(arch::kWarpSize) ? 1 : static_cast<int>(arch::kWarpSize) / span;
+    const int batch = kMaxSources / span < kHeaderBatch ? kMaxSources / span : kHeaderBatch;  // rows
     const bool with_probs = p.input_probs != nullptr;
     Remote::for_each_partial_chunk(p.remote, p.handle, [&](uint8_t* dst, const int32_t* positions, int rows,
                                                            uint32_t chunk) {
@@ -606,43 +642,34 @@ struct Combine {
             arch::st_global(Remote::probs_of(p.remote, dst + (i0 + k / (span * El)) * stride) + k % (span * El), 0.0f);
           __syncwarp();
         }
-        int running = 0;       // sources of the (one) row in earlier rounds
-        uint32_t holders = 0;  // the last round's pairs with a row
-        for (int base = 0; base < n * span; base += 32) {
-          const int q = base + static_cast<int>(lane), i = q / span, j = q % span;
-          const uint8_t* row = nullptr;
-          if (q < n * span) {
-            const int32_t pos = arch::ld_global(positions + int64_t{i0 + i} * span + j);
-            if (pos >= 0) {
-              uint8_t* peer = dom.peers.base(first + j);
-              const layout::RowHeader* header = lay.header(peer, pos);
-              pipeline::wait_at_least_acquire(&header->seq, seq,
-                                              {"combine: staged row header seq of peer rank (index) at row (value)",
-                                               first + j, pos},
-                                              dom.wait());
-              const int32_t num_entries = arch::ld_global(&header->num_entries);
-              if (with_probs) {
-                float* probs = Remote::probs_of(p.remote, dst + (i0 + i) * stride);
-                const layout::HeaderEntry* entries = lay.header_entries(peer, pos);
-                for (int k = 0; k < num_entries; ++k) {
-                  arch::st_global(probs + j * El + arch::ld_global(&entries[k].local_expert),
-                                  arch::ld_global(&entries[k].prob));
-                }
-              }
-              if (num_entries > 0) row = lay.stage_row(peer, pos);
+        const auto pos_of = [&](int i, int j) { return arch::ld_global(positions + int64_t{i0 + i} * span + j); };
+        const auto row_of = [&](int i, int j, int32_t pos) -> const uint8_t* {
+          uint8_t* peer = dom.peers.base(first + j);
+          const layout::RowHeader* header = lay.header(peer, pos);
+          pipeline::wait_at_least_acquire(&header->seq, seq,
+                                          {"combine: staged row header seq of peer rank (index) at row (value)",
+                                           first + j, pos},
+                                          dom.wait());
+          const int32_t num_entries = arch::ld_global(&header->num_entries);
+          if (with_probs) {
+            float* probs = Remote::probs_of(p.remote, dst + (i0 + i) * stride);
+            const layout::HeaderEntry* entries = lay.header_entries(peer, pos);
+            for (int k = 0; k < num_entries; ++k) {
+              arch::st_global(probs + j * El + arch::ld_global(&entries[k].local_expert),
+                              arch::ld_global(&entries[k].prob));
             }
           }
-          holders = place_sources(storage, base, span, running, row, first + j);
-          if (n == 1) running += __popc(holders);
-        }
-        __syncwarp();  // the holders' acquires, before lane 0's TMA loads of their rows
+          return num_entries > 0 ? lay.stage_row(peer, pos) : nullptr;
+        };
+        const int held = collect_sources(storage, n, span, /*gap=*/0, first, pos_of, row_of);
+        // The holders' acquires (the barrier ending collect_sources), before lane 0's
+        // TMA loads of their rows.
         if (lane == 0) {
           arch::fence_proxy_async_global();
-          for (int i = 0; i < n; ++i) {
-            const int num_sources = sources_of(n, running, holders, i, span);
-            push_job(p, storage, pipe, state, i * span, num_sources, dst + (i0 + i) * stride, -1, /*gather=*/false,
+          for_each_collected(storage, n, held, /*gap=*/0, [&](int i, int start, int num_sources) {
+            push_job(p, storage, pipe, state, start, num_sources, dst + (i0 + i) * stride, -1, /*gather=*/false,
                      i0 + i == rows - 1 ? static_cast<uint32_t>(kChunkEnd) : 0u);
-          }
+          });
         }
       }
     });

@@ -62,12 +62,14 @@ struct CombineArguments {
 };
 
 // The compiled configuration: 16 KiB FIFO slots (a 7168- or 8192-element BF16 row is
-// one piece), six of them: 96 KiB of loads in flight per block (gpu-review.md finding
-// 5 counted 32 KiB with 8 slots of 4 KiB). Each reduction thread then does 8 vectors
+// one piece), ten of them: 160 KiB of loads in flight per block (gpu-review.md finding
+// 5 counted 32 KiB with 8 slots of 4 KiB; six slots until 2026-11-29: a gather or
+// partial job's rows come over NVLink, whose round trip six slots did not cover,
+// SIMULATED 2 domains of 8 ranks, 128 tokens, 4 SMs: combine 263.9 -> 225.9 us). Each reduction thread then does 8 vectors
 // per piece instead of 2, a quarter of the per-piece waits and arrivals. The FIFO depth
 // and slot size are the only template parameters; everything else above is runtime.
 inline constexpr uint32_t kCombineSlotBytes = 16384;
-inline constexpr int kCombineStages = 6;
+inline constexpr int kCombineStages = 10;
 
 // Checks the arguments (errors name the argument and the expected value) and the
 // device (blocks, shared memory), then enqueues the combine on `stream`. Every rank
