@@ -358,7 +358,10 @@ struct Combine {
   // returning the row, or null for a row with nothing for the job. Job i's rows go to
   // `sources` (and their ranks, rank_base + j, to `source_rank`) in pair order from
   // i x gap + (rows of the jobs before it) on: `gap` free places after each job's rows.
-  // `source_row` gets the job of each row, without gaps. Returns the rows found.
+  // `source_row` gets the job of each row, without gaps. Returns the rows found. Every
+  // lane passes a warp barrier before the first row_of call and the first write to the
+  // sources: what the lanes did before the call (lane 0 pushing the previous batch's
+  // sources, lanes zeroing probs that row_of writes) is ordered before them.
   template <class PosOf, class RowOf>
   RAILYARD_DEVICE static int collect_sources(SharedStorage& storage, int n, int span, int gap, int rank_base,
                                              PosOf&& pos_of, RowOf&& row_of) {
@@ -547,10 +550,10 @@ struct Combine {
     if constexpr (Remote::kPartials) gap = remote.num_domains() - 1;
     const int batch = kMaxSources / (span + gap) < kHeaderBatch ? kMaxSources / (span + gap) : kHeaderBatch;
     for_each_batch_in_block_chunks(p.num_tokens, p.chunk_rows, batch, [&](int64_t t0, int n) {
-      __syncwarp();  // lane 0 is done with the previous batch's sources
+      // Zeros, then (row_of, after collect_sources' first warp barrier) the chosen
+      // experts' probs.
       if (with_probs) {
         for (int64_t e = lane; e < int64_t{n} * E; e += 32) arch::st_global(&p.combined_probs[t0 * E + e], 0.0f);
-        __syncwarp();  // zeros before the chosen experts' probs, which other lanes write
       }
       // Across domains, only this rank's domain is pulled over NVLink: the others'
       // rows arrive as their domains' partials (added below).
@@ -635,12 +638,11 @@ struct Combine {
       __syncwarp();  // the slot is free before any lane writes probs into it
       for (int i0 = 0; i0 < rows; i0 += batch) {
         const int n = rows - i0 < batch ? rows - i0 : batch;
-        __syncwarp();  // lane 0 is done with the previous batch's sources
         if (with_probs) {
-          // Zeros, then the kept entries' probs.
+          // Zeros, then (row_of, after collect_sources' first warp barrier) the kept
+          // entries' probs.
           for (int k = static_cast<int>(lane); k < n * span * El; k += 32)
             arch::st_global(Remote::probs_of(p.remote, dst + (i0 + k / (span * El)) * stride) + k % (span * El), 0.0f);
-          __syncwarp();
         }
         const auto pos_of = [&](int i, int j) { return arch::ld_global(positions + int64_t{i0 + i} * span + j); };
         const auto row_of = [&](int i, int j, int32_t pos) -> const uint8_t* {
