@@ -159,11 +159,11 @@ struct Combine {
     arch::SharedVar<SlotTag> load_tags[Stages];
     arch::SharedVar<SlotTag> store_tags[kStoreStages];
     // The current jobs' sources, in summation order (Load warp only): a stage job's
-    // from 0; gather job i of a batch's from i x ranks_per_domain.
+    // from 0; a gather or partial batch's as collect_sources places them.
     arch::SharedVar<const uint8_t*> sources[kMaxSources];
     arch::SharedVar<int16_t> source_rank[kMaxSources];
-    // A partial batch's: each source's row in the batch, and the (row, rank) pairs
-    // handed to the lanes that wait for their headers (push_partials).
+    // collect_sources': each source's job in the batch, and the (job, rank) pairs
+    // handed to the lanes that wait for their headers.
     arch::SharedVar<int16_t> source_row[kMaxSources];
     arch::SharedVar<int32_t> pair[arch::kWarpSize];
     arch::SharedVar<int32_t> pair_pos[arch::kWarpSize];
@@ -410,6 +410,26 @@ struct Combine {
     }
   }
 
+  // A lane, for collect_sources' row_of: waits for rank d's staged row `pos` (its
+  // header's seq, over the peer mapping), copies its header entries' probs to
+  // probs[local_expert] unless probs is null, and returns the row, or null when it has
+  // nothing for the job (num_entries 0).
+  RAILYARD_DEVICE static const uint8_t* staged_source(const DomainParams& dom, const layout::IntranodeLayout& lay,
+                                                      int d, int32_t pos, uint64_t seq, float* probs) {
+    uint8_t* peer = dom.peers.base(d);
+    const layout::RowHeader* header = lay.header(peer, pos);
+    pipeline::wait_at_least_acquire(&header->seq, seq,
+                                    {"combine: staged row header seq of peer rank (index) at row (value)", d, pos},
+                                    dom.wait());
+    const int32_t num_entries = arch::ld_global(&header->num_entries);
+    if (probs != nullptr) {
+      const layout::HeaderEntry* entries = lay.header_entries(peer, pos);
+      for (int k = 0; k < num_entries; ++k)
+        arch::st_global(probs + arch::ld_global(&entries[k].local_expert), arch::ld_global(&entries[k].prob));
+    }
+    return num_entries > 0 ? lay.stage_row(peer, pos) : nullptr;
+  }
+
   RAILYARD_DEVICE static void run_load(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
                                        uint64_t seq) {
     const DomainParams& dom = p.domain;
@@ -568,23 +588,10 @@ struct Combine {
                                                       static_cast<int>(layout::CountRow::MaxRecvRows)]);
         return pos >= 0 && (bound < 0 || pos < bound) ? pos : -1;
       };
-      const auto row_of = [&](int i, int j, int32_t pos) -> const uint8_t* {
+      const auto row_of = [&](int i, int j, int32_t pos) {
         const int d = dom.nvlink_begin() + j;
-        const int64_t t = t0 + i;
-        uint8_t* peer = dom.peers.base(d);
-        const layout::RowHeader* header = lay.header(peer, pos);
-        pipeline::wait_at_least_acquire(&header->seq, seq,
-                                        {"combine: staged row header seq of peer rank (index) at row (value)", d, pos},
-                                        dom.wait());
-        const int32_t num_entries = arch::ld_global(&header->num_entries);
-        if (with_probs) {
-          const layout::HeaderEntry* entries = lay.header_entries(peer, pos);
-          for (int k = 0; k < num_entries; ++k) {
-            const int32_t e = arch::ld_global(&entries[k].local_expert);
-            arch::st_global(&p.combined_probs[t * E + int64_t{d} * El + e], arch::ld_global(&entries[k].prob));
-          }
-        }
-        return num_entries > 0 ? lay.stage_row(peer, pos) : nullptr;
+        return staged_source(dom, lay, d, pos, seq,
+                             with_probs ? &p.combined_probs[(t0 + i) * E + int64_t{d} * El] : nullptr);
       };
       const int held = collect_sources(storage, n, span, gap, dom.nvlink_begin(), pos_of, row_of);
       // The lanes that acquired the headers synchronised with lane 0 (collect_sources
@@ -645,23 +652,9 @@ struct Combine {
             arch::st_global(Remote::probs_of(p.remote, dst + (i0 + k / (span * El)) * stride) + k % (span * El), 0.0f);
         }
         const auto pos_of = [&](int i, int j) { return arch::ld_global(positions + int64_t{i0 + i} * span + j); };
-        const auto row_of = [&](int i, int j, int32_t pos) -> const uint8_t* {
-          uint8_t* peer = dom.peers.base(first + j);
-          const layout::RowHeader* header = lay.header(peer, pos);
-          pipeline::wait_at_least_acquire(&header->seq, seq,
-                                          {"combine: staged row header seq of peer rank (index) at row (value)",
-                                           first + j, pos},
-                                          dom.wait());
-          const int32_t num_entries = arch::ld_global(&header->num_entries);
-          if (with_probs) {
-            float* probs = Remote::probs_of(p.remote, dst + (i0 + i) * stride);
-            const layout::HeaderEntry* entries = lay.header_entries(peer, pos);
-            for (int k = 0; k < num_entries; ++k) {
-              arch::st_global(probs + j * El + arch::ld_global(&entries[k].local_expert),
-                              arch::ld_global(&entries[k].prob));
-            }
-          }
-          return num_entries > 0 ? lay.stage_row(peer, pos) : nullptr;
+        const auto row_of = [&](int i, int j, int32_t pos) {
+          return staged_source(dom, lay, first + j, pos, seq,
+                               with_probs ? Remote::probs_of(p.remote, dst + (i0 + i) * stride) + j * El : nullptr);
         };
         const int held = collect_sources(storage, n, span, /*gap=*/0, first, pos_of, row_of);
         // The holders' acquires (the barrier ending collect_sources), before lane 0's

@@ -370,6 +370,20 @@ int poison_file() {
   return fd;
 }
 
+// Maps [at, at + len), page-aligned, over what is there as fresh private pages: the
+// poison file's, chunk after chunk, for fd >= 0; anonymous zero pages for fd < 0.
+bool map_fresh_pages(uintptr_t at, std::size_t len, int fd) {
+  for (std::size_t off = 0; off < len; off += kPoisonChunk) {
+    const std::size_t n = std::min(kPoisonChunk, len - off);
+    void* chunk = reinterpret_cast<void*>(at + off);
+    void* got = fd >= 0 ? mmap(chunk, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, 0)
+                        : mmap(chunk, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED | MAP_ANONYMOUS | MAP_NORESERVE,
+                               -1, 0);
+    if (got == MAP_FAILED) return false;
+  }
+  return true;
+}
+
 // Returns the mapping's length (0: from aligned_alloc) through `mapped`.
 void* map_device_memory(std::size_t rounded, std::size_t& mapped) {
   mapped = 0;
@@ -382,13 +396,9 @@ void* map_device_memory(std::size_t rounded, std::size_t& mapped) {
   const std::size_t length = (rounded + 4095) / 4096 * 4096;
   void* base = mmap(nullptr, length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) return nullptr;
-  for (std::size_t off = 0; off < length; off += kPoisonChunk) {
-    void* chunk = static_cast<char*>(base) + off;
-    if (mmap(chunk, std::min(kPoisonChunk, length - off), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, 0) ==
-        MAP_FAILED) {
-      munmap(base, length);
-      return nullptr;
-    }
+  if (!map_fresh_pages(reinterpret_cast<uintptr_t>(base), length, fd)) {
+    munmap(base, length);
+    return nullptr;
   }
   mapped = length;
   return base;
@@ -411,13 +421,7 @@ void fill_device_memory(const Allocation* a, void* dst, int value, std::size_t b
   }
   std::memset(dst, value, first - begin);
   std::memset(reinterpret_cast<void*>(last), value, end - last);
-  for (uintptr_t at = first; at < last; at += kPoisonChunk) {
-    const std::size_t len = std::min<std::size_t>(kPoisonChunk, last - at);
-    void* got = byte == 0 ? mmap(reinterpret_cast<void*>(at), len, PROT_READ | PROT_WRITE,
-                                 MAP_PRIVATE | MAP_FIXED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
-                          : mmap(reinterpret_cast<void*>(at), len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, 0);
-    if (got == MAP_FAILED) std::memset(reinterpret_cast<void*>(at), value, len);  // the mapping stays as it was
-  }
+  if (!map_fresh_pages(first, last - first, fd)) std::memset(reinterpret_cast<void*>(first), value, last - first);
 }
 
 void unmap_device_memory(const Allocation& a) {
