@@ -290,6 +290,55 @@ TEST_F(SimEngine, DivergentSyncthreadsIsReportedAsAHangWithEveryWaitingSite) {
   }
 }
 
+// PTX (sm_70 on): a warp collective completes once every lane of its mask executed
+// one with the same mask value. Lane 0 waits in a full-warp barrier while lanes 1..31
+// vote and exchange among themselves several times; the full barrier then releases
+// all 32, and each group saw only its own lanes.
+TEST_F(SimEngine, WarpCollectivesOfDifferentMasksCompleteApart) {
+  start(12);
+  auto* out = alloc<unsigned>(0, 32 * 3, "votes");
+  sim::launch(sim::default_stream(0), {1, 32, 0, "masks"}, [=] {
+    const unsigned lane = threadIdx.x;
+    unsigned ballots = 0, sum = 0;
+    if (lane == 0) {
+      __syncwarp(0xffffffffu);
+    } else {
+      for (unsigned round = 0; round < 3; ++round) {
+        ballots += __ballot_sync(0xfffffffeu, lane % 2 == round % 2) != 0 ? 1u : 0u;
+        sum += __shfl_sync(0xfffffffeu, lane * (round + 1), 1 + round);
+        __syncwarp(0xfffffffeu);
+      }
+      __syncwarp(0xffffffffu);
+    }
+    const unsigned after = __ballot_sync(0xffffffffu, 1);
+    st_plain(out + lane * 3, ballots);
+    st_plain(out + lane * 3 + 1, sum);
+    st_plain(out + lane * 3 + 2, after);
+  });
+  sim::stream_synchronize(sim::default_stream(0));
+  for (unsigned lane = 0; lane < 32; ++lane) {
+    EXPECT_EQ(out[lane * 3], lane == 0 ? 0u : 3u) << "lane " << lane;
+    EXPECT_EQ(out[lane * 3 + 1], lane == 0 ? 0u : 1u * 1 + 2u * 2 + 3u * 3) << "lane " << lane;
+    EXPECT_EQ(out[lane * 3 + 2], 0xffffffffu) << "lane " << lane;
+  }
+}
+
+// Lanes meeting with the same mask must meet in the same builtin.
+TEST_F(SimEngine, DifferentBuiltinsOnOneMaskAreMisuse) {
+  start(13);
+  sim::launch(sim::default_stream(0), {1, 32, 0, "mismatch"}, [=] {
+    if (threadIdx.x == 0) __syncwarp(0xffffffffu);
+    else (void)__ballot_sync(0xffffffffu, 1);
+  });
+  try {
+    sim::stream_synchronize(sim::default_stream(0));
+    FAIL() << "expected misuse";
+  } catch (const sim::Error& e) {
+    EXPECT_EQ(e.kind(), sim::ErrorKind::Misuse) << e.what();
+    EXPECT_NE(std::string(e.what()).find("with the same mask"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(SimEngine, PollingForeverIsReportedAfterTheClockWarps) {
   sim::Config cfg;
   cfg.seed = 2;
