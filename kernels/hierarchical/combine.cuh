@@ -47,46 +47,46 @@ struct Partials {
     pipeline::WaitPolicy handshake_wait;  // rail entries, other domains' partials
     int64_t probs_offset = 0;             // HierarchicalLayout::wire_combine_probs_offset()
   };
-  // The send ring's hand-off between the store lane and the RDMA warp, per block chunk
-  // k mod S / L (the block's chunks of one lane are consecutive, and a lane has S / L
-  // ring slots): `stored` completes once the chunk's rows landed, `sent` once its put
-  // completed. `landed`: per remote domain, the chunk whose signal the gather (the
-  // Load warp's lane 0) saw last, -1 before the first.
+  // The send ring's hand-off between the store lane and the RDMA warp, per ring slot
+  // (remote domain r's slot s: r S + s; a lane's slots belong to the block it is dealt
+  // to): `stored` completes a phase once a chunk's rows landed in the slot, `sent` once
+  // its put completed. `landed`: per remote domain, the chunk whose signal the gather
+  // (the Load warp's lane 0) saw last, -1 before the first.
   struct Storage {
-    uint64_t stored[layout::kMaxChunksInFlight];
-    uint64_t sent[layout::kMaxChunksInFlight];
+    uint64_t stored[(layout::kMaxDomains - 1) * layout::kMaxChunksInFlight];
+    uint64_t sent[(layout::kMaxDomains - 1) * layout::kMaxChunksInFlight];
     int32_t landed[layout::kMaxDomains - 1];
+  };
+  // A chunk's place in the send ring: its slot (as Storage counts them) and how many
+  // chunks of this operation used the slot before it.
+  struct RingUse {
+    int slot;
+    uint32_t use;
   };
 
   // By thread 0, before the pipelines' fence and the block barrier.
   RAILYARD_DEVICE static void init(Storage& s) {
-    for (int k = 0; k < layout::kMaxChunksInFlight; ++k) {
+    for (int k = 0; k < (layout::kMaxDomains - 1) * layout::kMaxChunksInFlight; ++k) {
       arch::mbarrier_init(&s.stored[k], 1);
       arch::mbarrier_init(&s.sent[k], 1);
     }
     for (int32_t& chunk : s.landed) chunk = -1;
   }
 
-  // Calls fn(dst, positions, rows, k) for each chunk of partial rows this block sends,
-  // in the order the RDMA warp puts them: lanes dealt to blocks round robin
-  // (HierarchicalLayout::dealt_lane), then the chunks of the rows the lane's rail peer
-  // forwarded that go on the lane (l, l + L, ...). The chunk's row i (of `rows`, in
-  // packed order) goes to dst + i * partial_row_bytes(p); its staged positions at this
-  // domain's R ranks are positions[i R, i R + R) (forward_pos); `k` counts the block's
-  // chunks.
+  // Calls fn(dst, positions, rows, use) for each chunk of partial rows this block
+  // sends, in the order the RDMA warp puts them: in rounds, round j the j-th chunk of
+  // every lane dealt to the block (HierarchicalLayout::dealt_lane), which is chunk l +
+  // j L of the rows the lane's rail peer forwarded, so that each domain's chunks land
+  // at the home ranks in about their order. The chunk's row i (of `rows`, in packed
+  // order) goes to dst + i * partial_row_bytes(p); its staged positions at this
+  // domain's R ranks are positions[i R, i R + R) (forward_pos); `use` is its RingUse.
   template <class Fn>
   RAILYARD_DEVICE static void for_each_partial_chunk(const Params& p, const layout::HandleView& h, Fn&& fn) {
     const layout::HierarchicalLayout H(p.shape);
-    const int R = p.shape.domain.ranks_per_domain, mine = p.rank / R, C = p.shape.chunk_tokens;
-    const int M = p.shape.domain.max_tokens;
-    uint32_t k = 0;  // the block's chunks so far
-    for_each_dealt_lane(H, p.rank, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), [&](const RailLane& rail) {
-      const int32_t rows = rows_from(p, H, h, rail.peer.domain, mine);
-      for (int64_t j = 0, c = rail.l; c * C < rows; ++j, c += p.shape.lanes_per_peer, ++k) {
-        const int n = rows - c * C < C ? static_cast<int>(rows - c * C) : C;
-        fn(p.self + H.combine_send_row_offset(rail.r, H.ring_slot(rail.l, j), 0),
-           h.forward_pos + (int64_t{rail.peer.domain} * M + c * C) * R, n, k);
-      }
+    const int R = p.shape.domain.ranks_per_domain, M = p.shape.domain.max_tokens;
+    for_each_round(p, H, h, [&](const RailLane& rail, int64_t j, int64_t c, int n) {
+      fn(p.self + H.combine_send_row_offset(rail.r, H.ring_slot(rail.l, j), 0),
+         h.forward_pos + (int64_t{rail.peer.domain} * M + c * p.shape.chunk_tokens) * R, n, ring_use(H, rail, j));
     });
   }
   RAILYARD_DEVICE static int64_t partial_row_bytes(const Params& p) {
@@ -101,57 +101,78 @@ struct Partials {
     return reinterpret_cast<const float*>(row + p.probs_offset);
   }
 
-  // The Load warp's lane 0 before the first row of chunk k (its slot's last put must
-  // have completed), and the store lane once the chunk's rows landed.
-  RAILYARD_DEVICE static void ring_acquire(Storage& s, const Params& p, uint32_t k) {
-    const auto S = static_cast<uint32_t>(p.shape.slots_per_lane());
-    if (k < S) return;
-    const uint32_t slot = k % S, parity = (k / S - 1) & 1u;
-    pipeline::timeout_while([&] { return !arch::mbarrier_try_wait_parity(&s.sent[slot], parity); },
-                            {"combine: send-ring slot (index) put to the home rank, before chunk (value)",
-                             static_cast<int64_t>(slot), static_cast<int64_t>(k)},
+  // Before the first row of a chunk (a Load warp lane): the slot's last put must have
+  // completed. Once the chunk's rows landed (the store lane, with the chunk's last row,
+  // `last_row`): the slot goes to the RDMA warp.
+  RAILYARD_DEVICE static void ring_acquire(Storage& s, const Params& p, RingUse u) {
+    if (u.use == 0) return;
+    pipeline::timeout_while([&] { return !arch::mbarrier_try_wait_parity(&s.sent[u.slot], (u.use - 1) & 1u); },
+                            {"combine: send-ring slot (index) put to the home rank, before its use (value)", u.slot,
+                             static_cast<int64_t>(u.use)},
                             p.wait);
   }
-  RAILYARD_DEVICE static void ring_commit(Storage& s, const Params& p, uint32_t k) {
-    (void)arch::mbarrier_arrive(&s.stored[k % static_cast<uint32_t>(p.shape.slots_per_lane())]);
+  RAILYARD_DEVICE static void ring_commit(Storage& s, const Params& p, const uint8_t* last_row) {
+    const layout::HierarchicalLayout H(p.shape);
+    const int64_t chunk_bytes = int64_t{p.shape.chunk_tokens} * H.wire_combine_row_bytes();
+    const auto slot = static_cast<int>((last_row - (p.self + H.combine_send_row_offset(0, 0, 0))) / chunk_bytes);
+    (void)arch::mbarrier_arrive(&s.stored[slot]);
   }
 
-  // The RDMA warp: for every lane dealt to this block, the rail entry, then each of
-  // its chunks of partials once stored, put with a signal to the rail peer; up to S / L
-  // puts in flight, a slot handed back once its own put completed.
+  // The RDMA warp: the rail entries of the lanes dealt to this block first (no rail
+  // peer waits at one lane's entry while the block sends another's chunks), then each
+  // chunk of partials, in rounds as for_each_partial_chunk deals them, once stored, put
+  // with a signal to the rail peer. A lane keeps up to S / L puts in flight: once round
+  // j is posted, each lane's put of round j + 1 - S / L completes and hands its slot
+  // back.
   RAILYARD_DEVICE static void send(const Params& p, const layout::HandleView& h, Storage& s) {
     const layout::HierarchicalLayout H(p.shape);
-    const int R = p.shape.domain.ranks_per_domain, mine = p.rank / R, C = p.shape.chunk_tokens;
-    const auto S = static_cast<uint32_t>(p.shape.slots_per_lane());
     const auto row_bytes = static_cast<uint32_t>(H.wire_combine_row_bytes());
-    uint32_t k = 0, freed = 0;  // the block's chunks put, and handed back
-    uint64_t put_of_slot[layout::kMaxChunksInFlight] = {};
-    for_each_dealt_lane(H, p.rank, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), [&](const RailLane& rail) {
-      const int peer = rail.peer.rank, at_peer = rail.peer.at_peer;
+    const int slots = p.shape.slots_per_lane();
+    const auto free_slot = [&](const RailLane& rail, int64_t j) {  // round j posted
+      if (j + 1 < slots) return;
       typename T::Lane lane = T::lane(p.lanes, rail.q, p.wait);
-      enter_rail<T>(H, p.self, lane, p.lanes, rail.q, peer, rail.peer_lane, p.handshake_wait);
-      const int32_t rows = rows_from(p, H, h, rail.peer.domain, mine);
-      for (int64_t j = 0, c = rail.l; c * C < rows; ++j, c += p.shape.lanes_per_peer, ++k) {
-        const uint32_t slot = k % S;
-        if (arch::lane_idx() == 0) {
-          pipeline::timeout_while(
-              [&] { return !arch::mbarrier_try_wait_parity(&s.stored[slot], (k / S) & 1u); },
-              {"combine RDMA send: partial rows of chunk (index) stored, block chunk (value)", c,
-               static_cast<int64_t>(k)},
-              p.wait);
-        }
-        // Lane 0 acquired the rows (the mbarrier wait) and rings the doorbell: its
-        // system-scope release covers them; no other lane takes part.
-        const int n = rows - c * C < C ? static_cast<int>(rows - c * C) : C;
-        lane.put_signal({static_cast<uint64_t>(H.combine_send_row_offset(rail.r, H.ring_slot(rail.l, j), 0))},
-                        {peer, static_cast<uint64_t>(H.combine_recv_row_offset(at_peer, c * C))},
-                        static_cast<uint32_t>(n) * row_bytes,
-                        {peer, static_cast<uint64_t>(H.combine_signal_offset(at_peer, c))}, 1);
-        lane.submit();
-        put_of_slot[slot] = lane.ticket();
-        if (k + 1 - freed == S) free_slot(lane, s, put_of_slot, freed++, S);
+      lane.quiet(lane.ticket() - T::kTicketsPerPutSignal * (slots - 1));
+      if (arch::lane_idx() == 0) (void)arch::mbarrier_arrive(&s.sent[ring_use(H, rail, j + 1 - slots).slot]);
+    };
+    for_each_dealt_lane(H, p.rank, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), [&](const RailLane& rail) {
+      typename T::Lane lane = T::lane(p.lanes, rail.q, p.wait);
+      post_rail_entry(H, lane, rail.peer.rank, rail.peer_lane);
+    });
+    int64_t round = -1;
+    const auto free_round = [&](int64_t j) {
+      for_each_round(p, H, h, j, [&](const RailLane& rail, int64_t, int64_t, int) { free_slot(rail, j); });
+    };
+    for_each_round(p, H, h, [&](const RailLane& rail, int64_t j, int64_t c, int n) {
+      if (j != round) {
+        if (round >= 0) free_round(round);
+        round = j;
       }
-      while (freed < k) free_slot(lane, s, put_of_slot, freed++, S);  // before the lane changes
+      typename T::Lane lane = T::lane(p.lanes, rail.q, p.wait);
+      const RingUse u = ring_use(H, rail, j);
+      if (arch::lane_idx() == 0) {
+        pipeline::timeout_while(
+            [&] { return !arch::mbarrier_try_wait_parity(&s.stored[u.slot], u.use & 1u); },
+            {"combine RDMA send: partial rows of chunk (index) stored, its slot's use (value)", c,
+             static_cast<int64_t>(u.use)},
+            p.wait);
+      }
+      // The peer's receive area is free once it entered this combine.
+      if (j == 0) await_rail_entry<T>(H, p.self, p.lanes, rail.q, rail.peer.rank, p.handshake_wait);
+      // Lane 0 acquired the rows (the mbarrier wait) and rings the doorbell: its
+      // system-scope release covers them; no other lane takes part.
+      lane.put_signal({static_cast<uint64_t>(H.combine_send_row_offset(rail.r, H.ring_slot(rail.l, j), 0))},
+                      {rail.peer.rank, static_cast<uint64_t>(H.combine_recv_row_offset(rail.peer.at_peer, c * p.shape.chunk_tokens))},
+                      static_cast<uint32_t>(n) * row_bytes,
+                      {rail.peer.rank, static_cast<uint64_t>(H.combine_signal_offset(rail.peer.at_peer, c))}, 1);
+      lane.submit();
+    });
+    // A lane without chunks still counts the peer's entry (both sides count one per
+    // lane); then every lane's puts complete: its ring is free for the next operation.
+    const int R = p.shape.domain.ranks_per_domain, mine = p.rank / R;
+    for_each_dealt_lane(H, p.rank, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), [&](const RailLane& rail) {
+      if (rows_from(p, H, h, rail.peer.domain, mine) <= rail.l * p.shape.chunk_tokens)
+        await_rail_entry<T>(H, p.self, p.lanes, rail.q, rail.peer.rank, p.handshake_wait);
+      T::lane(p.lanes, rail.q, p.wait).quiet();
     });
   }
 
@@ -209,6 +230,36 @@ struct Partials {
     return arch::ld_global(h.count_matrix + int64_t{src} * L.count_row_ints() +
                            layout::count_to_domain(L.shape().ranks_per_domain, L.shape().num_local_experts, mine));
   }
+  // The ring slot of lane `rail`'s j-th chunk, and its use.
+  RAILYARD_DEVICE static RingUse ring_use(const layout::HierarchicalLayout& H, const RailLane& rail, int64_t j) {
+    return {rail.r * H.shape().chunks_in_flight + H.ring_slot(rail.l, j),
+            static_cast<uint32_t>(j / H.shape().slots_per_lane())};
+  }
+  // Calls fn(rail, j, c, n) for the j-th chunk of each lane dealt to this block that
+  // has one (chunk c = l + j L of the rows its rail peer forwarded, n rows): every
+  // round from 0 on, or only `round`.
+  template <class Fn>
+  RAILYARD_DEVICE static void for_each_round(const Params& p, const layout::HierarchicalLayout& H,
+                                             const layout::HandleView& h, int64_t round, Fn&& fn) {
+    const int R = p.shape.domain.ranks_per_domain, mine = p.rank / R, C = p.shape.chunk_tokens;
+    const int L = p.shape.lanes_per_peer;
+    for (int64_t j = round < 0 ? 0 : round, more = 1; more && (round < 0 || j == round); ++j) {
+      more = 0;
+      for_each_dealt_lane(H, p.rank, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
+                          [&](const RailLane& rail) {
+                            const int32_t rows = rows_from(p, H, h, rail.peer.domain, mine);
+                            const int64_t c = rail.l + j * L;
+                            if (c * C >= rows) return;
+                            more = 1;
+                            fn(rail, j, c, rows - c * C < C ? static_cast<int>(rows - c * C) : C);
+                          });
+    }
+  }
+  template <class Fn>
+  RAILYARD_DEVICE static void for_each_round(const Params& p, const layout::HierarchicalLayout& H,
+                                             const layout::HandleView& h, Fn&& fn) {
+    for_each_round(p, H, h, -1, fn);
+  }
   // Chunks of this rank's rows for domain n (its count row): the partials that come back.
   RAILYARD_DEVICE static int64_t chunks_to(const Params& p, const layout::HierarchicalLayout& H,
                                            const layout::HandleView& h, int n) {
@@ -220,12 +271,6 @@ struct Partials {
   }
   RAILYARD_DEVICE static uint64_t consumed(const Params& p, const layout::HierarchicalLayout& H, int r, int64_t chunk) {
     return arch::ld_global(reinterpret_cast<const uint64_t*>(p.self + H.combine_consumed_offset(r, chunk)));
-  }
-  // Warp-collective: chunk `k`'s put has completed; its slot goes back to the store lane.
-  RAILYARD_DEVICE static void free_slot(typename T::Lane& lane, Storage& s, const uint64_t* put_of_slot,
-                                        uint32_t k, uint32_t S) {
-    lane.quiet(put_of_slot[k % S]);
-    if (arch::lane_idx() == 0) (void)arch::mbarrier_arrive(&s.sent[k % S]);
   }
 };
 

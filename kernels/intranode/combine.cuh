@@ -152,19 +152,26 @@ struct Combine {
     uint32_t flags;
   };
 
+  // Jobs' sources in summation order: the row, its rank, and (collect_sources) the
+  // job of the batch it belongs to.
+  struct Sources {
+    arch::SharedVar<const uint8_t*> row[kMaxSources];
+    arch::SharedVar<int16_t> rank[kMaxSources];
+    arch::SharedVar<int16_t> job[kMaxSources];
+  };
+
   struct SharedStorage {
     // 128: bulk copies need 16; 128 keeps every slot on its own lines.
     alignas(128) uint8_t load_slots[Stages][SlotBytes];
     alignas(128) uint8_t store_slots[kStoreStages][SlotBytes];
     arch::SharedVar<SlotTag> load_tags[Stages];
     arch::SharedVar<SlotTag> store_tags[kStoreStages];
-    // The current jobs' sources, in summation order (Load warp only): a stage job's
-    // from 0; a gather or partial batch's as collect_sources places them.
-    arch::SharedVar<const uint8_t*> sources[kMaxSources];
-    arch::SharedVar<int16_t> source_rank[kMaxSources];
-    // collect_sources': each source's job in the batch, and the (job, rank) pairs
-    // handed to the lanes that wait for their headers.
-    arch::SharedVar<int16_t> source_row[kMaxSources];
+    // Two sets of jobs' sources (Load warp only): a stage job's in set 0 from 0; a
+    // gather or partial batch's as collect_sources places them, in the set its
+    // Overlapped step picks (lane 0 pushes one batch while the others collect the next).
+    Sources sources[2];
+    // collect_sources': the (job, rank) pairs handed to the lanes that wait for their
+    // headers.
     arch::SharedVar<int32_t> pair[arch::kWarpSize];
     arch::SharedVar<int32_t> pair_pos[arch::kWarpSize];
     // Staged rows whose bulk stores are issued and whose seq is not yet released, a
@@ -323,8 +330,9 @@ struct Combine {
   // flags the store lane sees on the job's last piece (kChunkEnd: Remote's partial job
   // that ends a chunk).
   RAILYARD_DEVICE static void push_job(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
-                                       typename LoadPipeline::State& state, int first, int num_sources,
-                                       uint8_t* dst, int64_t publish_row, bool gather, uint32_t end = 0) {
+                                       typename LoadPipeline::State& state, const Sources& sources, int first,
+                                       int num_sources, uint8_t* dst, int64_t publish_row, bool gather,
+                                       uint32_t end = 0) {
     const uint32_t row_bytes = static_cast<uint32_t>(layout::IntranodeLayout(p.domain.shape).combine_row_bytes());
     for (uint32_t offset = 0; offset < row_bytes; offset += SlotBytes) {
       const uint32_t bytes = piece_bytes(row_bytes, offset);
@@ -341,60 +349,65 @@ struct Combine {
         uint32_t flags = job_flags | kData;
         if (i == 0) flags |= kFirst;
         if (last) flags |= kLast;
-        if (gather && (last || storage.source_rank[first + i + 1].load() / p.ranks_per_partial !=
-                                   storage.source_rank[first + i].load() / p.ranks_per_partial)) {
+        if (gather && (last || sources.rank[first + i + 1].load() / p.ranks_per_partial !=
+                                   sources.rank[first + i].load() / p.ranks_per_partial)) {
           flags |= kDomainEnd;
         }
         const SlotTag tag{dst + offset, last && last_piece ? publish_row : -1, bytes, flags};
-        push_slot(storage, pipe, state, tag, storage.sources[first + i].load() + offset);
+        push_slot(storage, pipe, state, tag, sources.row[first + i].load() + offset);
       }
     }
   }
 
-  // Warp-collective: the sources of a batch of n jobs, each with `span` candidate
-  // pairs (job i, j). pos_of(i, j), on any lane, gives a pair's position, -1 for none;
-  // the pairs with one are handed, in pair order, to the next free lanes and waited for
-  // 32 at a time (their round trips overlap), row_of(i, j, pos) on the pair's lane
-  // returning the row, or null for a row with nothing for the job. Job i's rows go to
-  // `sources` (and their ranks, rank_base + j, to `source_rank`) in pair order from
-  // i x gap + (rows of the jobs before it) on: `gap` free places after each job's rows.
-  // `source_row` gets the job of each row, without gaps. Returns the rows found. Every
-  // lane passes a warp barrier before the first row_of call and the first write to the
-  // sources: what the lanes did before the call (lane 0 pushing the previous batch's
-  // sources, lanes zeroing probs that row_of writes) is ordered before them.
+  // The Load warp's lanes that collect a batch's sources (collect_sources) while lane 0
+  // pushes the jobs of the batch before (Overlapped).
+  static constexpr uint32_t kCollectMask = arch::kFullWarpMask & ~1u;
+  static constexpr int kCollectLanes = static_cast<int>(arch::kWarpSize) - 1;
+
+  // Lanes 1..31 (kCollectMask), collectively: the sources of a batch of n jobs, each
+  // with `span` candidate pairs (job i, j), into `out`. pos_of(i, j), on any of these
+  // lanes, gives a pair's position, -1 for none; the pairs with one are handed, in pair
+  // order, to the next free lanes and waited for 31 at a time (their round trips
+  // overlap), row_of(i, j, pos) on the pair's lane returning the row, or null for a
+  // row with nothing for the job. Job i's rows go to out.row (their ranks, rank_base +
+  // j, to out.rank) in pair order from i x gap + (rows of the jobs before it) on: `gap`
+  // free places after each job's rows. out.job gets the job of each row, without gaps.
+  // Returns the rows found. The lanes pass a barrier of theirs before the first row_of
+  // call and the first write to `out`: what they did before the call (zeroing probs
+  // that row_of writes) is ordered before them.
   template <class PosOf, class RowOf>
-  RAILYARD_DEVICE static int collect_sources(SharedStorage& storage, int n, int span, int gap, int rank_base,
-                                             PosOf&& pos_of, RowOf&& row_of) {
-    const auto lane = static_cast<int>(arch::lane_idx());
-    const uint32_t lower_lanes = (1u << lane) - 1u;
-    int pending = 0, held = 0;  // lanes holding a pair (lane l: pair[l]), rows placed
+  RAILYARD_DEVICE static int collect_sources(SharedStorage& storage, Sources& out, int n, int span, int gap,
+                                             int rank_base, PosOf&& pos_of, RowOf&& row_of) {
+    const auto me = static_cast<int>(arch::lane_idx()) - 1;  // 0..kCollectLanes-1
+    const uint32_t lower = ((1u << arch::lane_idx()) - 1u) & kCollectMask;
+    int pending = 0, held = 0;  // lanes holding a pair (lane me: pair[me]), rows placed
     const auto wait_pending = [&] {
-      const int q = lane < pending ? storage.pair[lane].load() : -1;
+      const int q = me < pending ? storage.pair[me].load() : -1;
       const int i = q / span, j = q % span;
-      const uint8_t* row = q >= 0 ? row_of(i, j, storage.pair_pos[lane].load()) : nullptr;
-      const uint32_t holders = __ballot_sync(arch::kFullWarpMask, row != nullptr);
+      const uint8_t* row = q >= 0 ? row_of(i, j, storage.pair_pos[me].load()) : nullptr;
+      const uint32_t holders = __ballot_sync(kCollectMask, row != nullptr);
       if (row != nullptr) {
-        const int k = held + __popc(holders & lower_lanes);
-        storage.sources[k + i * gap].store(row);
-        storage.source_rank[k + i * gap].store(static_cast<int16_t>(rank_base + j));
-        storage.source_row[k].store(static_cast<int16_t>(i));
+        const int k = held + __popc(holders & lower);
+        out.row[k + i * gap].store(row);
+        out.rank[k + i * gap].store(static_cast<int16_t>(rank_base + j));
+        out.job[k].store(static_cast<int16_t>(i));
       }
       held += __popc(holders);
       pending = 0;
-      __syncwarp();  // every lane has read its pair before the next hand-out
+      __syncwarp(kCollectMask);  // every lane has read its pair before the next hand-out
     };
-    for (int base = 0; base < n * span; base += static_cast<int>(arch::kWarpSize)) {
-      const int q = base + lane;
+    for (int base = 0; base < n * span; base += kCollectLanes) {
+      const int q = base + me;
       const int32_t pos = q < n * span ? pos_of(q / span, q % span) : -1;
-      const uint32_t found = __ballot_sync(arch::kFullWarpMask, pos >= 0);
-      if (pending + __popc(found) > static_cast<int>(arch::kWarpSize)) wait_pending();
+      const uint32_t found = __ballot_sync(kCollectMask, pos >= 0);
+      if (pending + __popc(found) > kCollectLanes) wait_pending();
       if (pos >= 0) {
-        const int to = pending + __popc(found & lower_lanes);
+        const int to = pending + __popc(found & lower);
         storage.pair[to].store(q);
         storage.pair_pos[to].store(pos);
       }
       pending += __popc(found);
-      __syncwarp();  // the hand-out, before the lanes read it
+      __syncwarp(kCollectMask);  // the hand-out, before the lanes read it
     }
     wait_pending();
     return held;
@@ -402,13 +415,59 @@ struct Combine {
   // Lane 0, after collect_sources: calls fn(i, first, count) for each job of the batch,
   // in order, with its rows' place in `sources` and their number.
   template <class Fn>
-  RAILYARD_DEVICE static void for_each_collected(const SharedStorage& storage, int n, int held, int gap, Fn&& fn) {
+  RAILYARD_DEVICE static void for_each_collected(const Sources& sources, int n, int held, int gap, Fn&& fn) {
     for (int i = 0, k = 0; i < n; ++i) {
       const int start = k;
-      while (k < held && storage.source_row[k].load() == i) ++k;
+      while (k < held && sources.job[k].load() == i) ++k;
       fn(i, start + i * gap, k - start);
     }
   }
+
+  // The Load warp, collectively: batches of gather or partial jobs, each step(b)
+  // collecting batch b's sources on lanes 1..31 (`collect(b, sources)`, returning the
+  // rows found) while lane 0 pushes the batch before (`push(b, sources, held)`), from
+  // the other of the two source sets, so that a batch's header round trips overlap the
+  // bulk loads of the one before; finish() pushes the last. Each step ends with a warp
+  // barrier: the collectors' acquires of a batch's headers, and their writes to its
+  // sources, are ordered before lane 0 reads them and bulk-loads the rows; lane 0's
+  // reads of a set before the collectors write it again, two steps later. The
+  // collectors may start while lane 0 pushes a stage job (from set 0), so the first
+  // batch goes to set 1.
+  template <class Batch, class Collect, class Push>
+  class Overlapped {
+   public:
+    RAILYARD_DEVICE Overlapped(SharedStorage& storage, Collect& collect, Push& push)
+        : storage_(storage), collect_(collect), push_(push) {}
+    RAILYARD_DEVICE void step(const Batch& b) {
+      int held = 0;
+      if (arch::lane_idx() == 0) {
+        if (has_pending_) push_(pending_, storage_.sources[1 - next_], pending_held_);
+      } else {
+        held = collect_(b, storage_.sources[next_]);
+      }
+      __syncwarp();
+      pending_held_ = __shfl_sync(arch::kFullWarpMask, held, 1);
+      pending_ = b;
+      has_pending_ = true;
+      next_ = 1 - next_;
+    }
+    RAILYARD_DEVICE void finish() {
+      if (arch::lane_idx() == 0 && has_pending_) push_(pending_, storage_.sources[1 - next_], pending_held_);
+      has_pending_ = false;
+      __syncwarp();
+    }
+
+   private:
+    SharedStorage& storage_;
+    Collect& collect_;
+    Push& push_;
+    Batch pending_{};
+    int pending_held_ = 0;
+    bool has_pending_ = false;
+    // The set the next batch is collected into: set 1 first, as lane 0 may still be
+    // pushing a stage job from set 0 when the first batch is collected.
+    int next_ = 1;
+  };
 
   // A lane, for collect_sources' row_of: waits for rank d's staged row `pos` (its
   // header's seq, over the peer mapping), copies its header entries' probs to
@@ -497,7 +556,7 @@ struct Combine {
         const uint32_t keepers = __ballot_sync(arch::kFullWarpMask, keep);
         if (keep) {
           const int idx = kept + __popc(keepers & lower_lanes);
-          if (p.permuted_input) storage.sources[idx].store(p.input + int64_t{entry.permuted_pos} * row_bytes);
+          if (p.permuted_input) storage.sources[0].row[idx].store(p.input + int64_t{entry.permuted_pos} * row_bytes);
           float prob = 0.0f;
           if (with_probs) {
             prob = arch::ld_global(p.permuted_input ? &p.input_probs[entry.permuted_pos]
@@ -510,7 +569,7 @@ struct Combine {
         kept += __popc(keepers);
       }
       const int num_sources = p.permuted_input ? kept : (kept > 0 ? 1 : 0);
-      if (!p.permuted_input && lane == 0) storage.sources[0].store(p.input + r * row_bytes);
+      if (!p.permuted_input && lane == 0) storage.sources[0].row[0].store(p.input + r * row_bytes);
       __syncwarp();  // sources and header entries are written
       if (lane != 0) return;
       // num_entries 0 tells home ranks the row has nothing for them (semantics.md 6:
@@ -521,7 +580,7 @@ struct Combine {
         release_with_run(r);
       } else {
         // The store warp releases seq once the row's bulk stores have completed.
-        push_job(p, storage, pipe, state, 0, num_sources, lay.stage_row(dom.self(), r), r, /*gather=*/false);
+        push_job(p, storage, pipe, state, storage.sources[0], 0, num_sources, lay.stage_row(dom.self(), r), r, /*gather=*/false);
       }
     };
 
@@ -561,25 +620,30 @@ struct Combine {
 
     // ---- gather jobs: this rank's tokens, pulled from every rank that holds them -------
     // The warp waits for the rows of a batch of tokens at once (collect_sources: a lane
-    // per (token, rank) pair with a row), so that their NVLink round trips overlap.
-    // Across domains each token keeps a place for each other domain's partial.
+    // per (token, rank) pair with a row), so that their NVLink round trips overlap,
+    // and lane 0 pushes the batch before meanwhile (Overlapped). Across domains each
+    // token keeps a place for each other domain's partial.
     const int E = R * El;
     const int span = dom.nvlink_end() - dom.nvlink_begin();
     typename Remote::Gather remote(p.remote, p.handle, storage.remote);  // lane 0's
     int gap = 0;
     if constexpr (Remote::kPartials) gap = remote.num_domains() - 1;
-    const int batch = kMaxSources / (span + gap) < kHeaderBatch ? kMaxSources / (span + gap) : kHeaderBatch;
-    for_each_batch_in_block_chunks(p.num_tokens, p.chunk_rows, batch, [&](int64_t t0, int n) {
-      // Zeros, then (row_of, after collect_sources' first warp barrier) the chosen
-      // experts' probs.
+    struct Tokens {
+      int64_t t0;
+      int n;
+    };
+    const auto collect = [&](const Tokens& b, Sources& out) {
+      // Zeros, then (row_of, after collect_sources' first barrier) the chosen experts'
+      // probs.
       if (with_probs) {
-        for (int64_t e = lane; e < int64_t{n} * E; e += 32) arch::st_global(&p.combined_probs[t0 * E + e], 0.0f);
+        for (int64_t e = lane - 1; e < int64_t{b.n} * E; e += kCollectLanes)
+          arch::st_global(&p.combined_probs[b.t0 * E + e], 0.0f);
       }
       // Across domains, only this rank's domain is pulled over NVLink: the others'
-      // rows arrive as their domains' partials (added below).
+      // rows arrive as their domains' partials (added by push).
       const auto pos_of = [&](int i, int j) {
         const int d = dom.nvlink_begin() + j;
-        const int32_t pos = arch::ld_global(&h.recv_pos[(t0 + i) * R + d]);
+        const int32_t pos = arch::ld_global(&h.recv_pos[(b.t0 + i) * R + d]);
         // A row at or past d's bound on received rows was never dispatched: its pair
         // is skipped without touching d.
         const int32_t bound =
@@ -591,26 +655,31 @@ struct Combine {
       const auto row_of = [&](int i, int j, int32_t pos) {
         const int d = dom.nvlink_begin() + j;
         return staged_source(dom, lay, d, pos, seq,
-                             with_probs ? &p.combined_probs[(t0 + i) * E + int64_t{d} * El] : nullptr);
+                             with_probs ? &p.combined_probs[(b.t0 + i) * E + int64_t{d} * El] : nullptr);
       };
-      const int held = collect_sources(storage, n, span, gap, dom.nvlink_begin(), pos_of, row_of);
-      // The lanes that acquired the headers synchronised with lane 0 (collect_sources
-      // ends with a warp barrier) before it bulk-loads the rows those headers
-      // published; its proxy fence then orders what it learned (generic proxy) before
-      // its TMA reads (async proxy).
-      if (lane == 0) {
-        arch::fence_proxy_async_global();
-        for_each_collected(storage, n, held, gap, [&](int i, int first, int num_sources) {
-          if constexpr (Remote::kPartials) {
-            // The other domains' partials, in domain order around this domain's rows;
-            // their signal waits are acquires, fenced again for the TMA loads.
-            num_sources = add_partials(p, storage, remote, t0 + i, first, num_sources);
-            arch::fence_proxy_async_global();
-          }
-          push_job(p, storage, pipe, state, first, num_sources, p.out + (t0 + i) * row_bytes, -1, /*gather=*/true);
-        });
-      }
-    });
+      return collect_sources(storage, out, b.n, span, gap, dom.nvlink_begin(), pos_of, row_of);
+    };
+    // Lane 0, after the step's warp barrier (the collectors acquired the headers): its
+    // proxy fence orders what it learned (generic proxy) before its TMA reads (async
+    // proxy) of the rows those headers published.
+    const auto push = [&](const Tokens& b, Sources& sources, int held) {
+      arch::fence_proxy_async_global();
+      for_each_collected(sources, b.n, held, gap, [&](int i, int first, int num_sources) {
+        if constexpr (Remote::kPartials) {
+          // The other domains' partials, in domain order around this domain's rows;
+          // their signal waits are acquires, fenced again for the TMA loads.
+          num_sources = add_partials(p, sources, remote, b.t0 + i, first, num_sources);
+          arch::fence_proxy_async_global();
+        }
+        push_job(p, storage, pipe, state, sources, first, num_sources, p.out + (b.t0 + i) * row_bytes, -1,
+                 /*gather=*/true);
+      });
+    };
+    Overlapped<Tokens, decltype(collect), decltype(push)> gathers(storage, collect, push);
+    const int batch = kMaxSources / (span + gap) < kHeaderBatch ? kMaxSources / (span + gap) : kHeaderBatch;
+    for_each_batch_in_block_chunks(p.num_tokens, p.chunk_rows, batch,
+                                   [&](int64_t t0, int n) { gathers.step(Tokens{t0, n}); });
+    gathers.finish();
 
     if (lane == 0) push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kDone}, nullptr);
   }
@@ -621,67 +690,79 @@ struct Combine {
   // (Remote::for_each_partial_chunk: the tokens rail peers forwarded here at dispatch):
   // its sources are the staged rows of this domain's ranks, in ascending rank order,
   // summed in fp32 and rounded once to BF16, into its send-ring row; with the probs
-  // combine, their header entries' probs after it. The warp waits for the headers of
-  // the pairs (row, rank) that have a staged row, 32 at a time, a lane each, so that
-  // their round trips overlap: a batch's pairs are scanned 32 at a time and the ones
-  // with a position handed to the next free lanes (most pairs have none: a token chose
-  // few of the domain's ranks). Before a chunk's first row, its ring slot must be free
-  // (the put of the lane's chunk S / L before it completed): this warp writes the
-  // probs, and every store into the slot follows its jobs.
+  // combine, their header entries' probs after it. Lanes 1..31 wait for the headers of
+  // a batch's pairs (row, rank) that have a staged row, a lane each, so that their
+  // round trips overlap (collect_sources; most pairs have none: a token chose few of the
+  // domain's ranks), while lane 0 pushes the batch before (Overlapped). Before a
+  // chunk's first batch, its ring slot must be free (the put of the lane's chunk S / L
+  // before it completed): the collectors write the probs, and every store into the slot
+  // follows its jobs.
   RAILYARD_DEVICE static void push_partials(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
                                             typename LoadPipeline::State& state, uint64_t seq) {
     const DomainParams& dom = p.domain;
     const layout::IntranodeLayout lay(dom.shape);
-    const uint32_t lane = arch::lane_idx();
+    const int lane = static_cast<int>(arch::lane_idx());
     const int first = dom.nvlink_begin(), span = dom.nvlink_end() - first;
     const int El = dom.shape.num_local_experts;
     const int64_t stride = Remote::partial_row_bytes(p.remote);
     const int batch = kMaxSources / span < kHeaderBatch ? kMaxSources / span : kHeaderBatch;  // rows
     const bool with_probs = p.input_probs != nullptr;
-    Remote::for_each_partial_chunk(p.remote, p.handle, [&](uint8_t* dst, const int32_t* positions, int rows,
-                                                           uint32_t chunk) {
-      __syncwarp();  // lane 0 is done with the previous job's sources
-      if (lane == 0) Remote::ring_acquire(storage.remote, p.remote, chunk);
-      __syncwarp();  // the slot is free before any lane writes probs into it
-      for (int i0 = 0; i0 < rows; i0 += batch) {
-        const int n = rows - i0 < batch ? rows - i0 : batch;
-        if (with_probs) {
-          // Zeros, then (row_of, after collect_sources' first warp barrier) the kept
-          // entries' probs.
-          for (int k = static_cast<int>(lane); k < n * span * El; k += 32)
-            arch::st_global(Remote::probs_of(p.remote, dst + (i0 + k / (span * El)) * stride) + k % (span * El), 0.0f);
-        }
-        const auto pos_of = [&](int i, int j) { return arch::ld_global(positions + int64_t{i0 + i} * span + j); };
-        const auto row_of = [&](int i, int j, int32_t pos) {
-          return staged_source(dom, lay, first + j, pos, seq,
-                               with_probs ? Remote::probs_of(p.remote, dst + (i0 + i) * stride) + j * El : nullptr);
-        };
-        const int held = collect_sources(storage, n, span, /*gap=*/0, first, pos_of, row_of);
-        // The holders' acquires (the barrier ending collect_sources), before lane 0's
-        // TMA loads of their rows.
-        if (lane == 0) {
-          arch::fence_proxy_async_global();
-          for_each_collected(storage, n, held, /*gap=*/0, [&](int i, int start, int num_sources) {
-            push_job(p, storage, pipe, state, start, num_sources, dst + (i0 + i) * stride, -1, /*gather=*/false,
-                     i0 + i == rows - 1 ? static_cast<uint32_t>(kChunkEnd) : 0u);
-          });
-        }
+    // Rows [i0, i0 + n) of a chunk of `rows` (block chunk `chunk`) into `dst`.
+    struct Rows {
+      uint8_t* dst;
+      const int32_t* positions;
+      int i0, n, rows;
+      typename Remote::RingUse use;
+    };
+    const auto collect = [&](const Rows& b, Sources& out) {
+      if (b.i0 == 0) {
+        if (lane == 1) Remote::ring_acquire(storage.remote, p.remote, b.use);
+        __syncwarp(kCollectMask);  // the slot is free before any lane writes probs into it
       }
+      if (with_probs) {
+        // Zeros, then (row_of, after collect_sources' first barrier) the kept entries'
+        // probs.
+        for (int k = lane - 1; k < b.n * span * El; k += kCollectLanes)
+          arch::st_global(Remote::probs_of(p.remote, b.dst + (b.i0 + k / (span * El)) * stride) + k % (span * El),
+                          0.0f);
+      }
+      const auto pos_of = [&](int i, int j) { return arch::ld_global(b.positions + int64_t{b.i0 + i} * span + j); };
+      const auto row_of = [&](int i, int j, int32_t pos) {
+        return staged_source(dom, lay, first + j, pos, seq,
+                             with_probs ? Remote::probs_of(p.remote, b.dst + (b.i0 + i) * stride) + j * El : nullptr);
+      };
+      return collect_sources(storage, out, b.n, span, /*gap=*/0, first, pos_of, row_of);
+    };
+    // Lane 0: the holders' acquires (the step's warp barrier), fenced before its TMA
+    // loads of their rows.
+    const auto push = [&](const Rows& b, Sources& sources, int held) {
+      arch::fence_proxy_async_global();
+      for_each_collected(sources, b.n, held, /*gap=*/0, [&](int i, int start, int num_sources) {
+        push_job(p, storage, pipe, state, sources, start, num_sources, b.dst + (b.i0 + i) * stride, -1,
+                 /*gather=*/false, b.i0 + i == b.rows - 1 ? static_cast<uint32_t>(kChunkEnd) : 0u);
+      });
+    };
+    Overlapped<Rows, decltype(collect), decltype(push)> partials(storage, collect, push);
+    Remote::for_each_partial_chunk(p.remote, p.handle, [&](uint8_t* dst, const int32_t* positions, int rows,
+                                                           typename Remote::RingUse use) {
+      for (int i0 = 0; i0 < rows; i0 += batch)
+        partials.step(Rows{dst, positions, i0, rows - i0 < batch ? rows - i0 : batch, rows, use});
     });
+    partials.finish();
   }
 
   // Lane 0: token t's partials from the other domains (Remote::Gather::row: null where
   // the token sent nothing there) put around this domain's `own` sources at `first`,
   // in ascending domain order; with the probs combine, their probs into
   // combined_probs. Returns the token's sources.
-  RAILYARD_DEVICE static int add_partials(const Params& p, SharedStorage& storage, typename Remote::Gather& remote,
+  RAILYARD_DEVICE static int add_partials(const Params& p, Sources& sources, typename Remote::Gather& remote,
                                           int64_t t, int first, int own) {
     const int D = remote.num_domains(), mine = remote.own_domain();
     int before = 0;
     for (int n = 0; n < mine; ++n) before += remote.row(t, n) != nullptr ? 1 : 0;
     for (int k = own - 1; k >= 0; --k) {
-      storage.sources[first + before + k].store(storage.sources[first + k].load());
-      storage.source_rank[first + before + k].store(storage.source_rank[first + k].load());
+      sources.row[first + before + k].store(sources.row[first + k].load());
+      sources.rank[first + before + k].store(sources.rank[first + k].load());
     }
     int idx = 0;
     for (int n = 0; n < D; ++n) {
@@ -698,8 +779,8 @@ struct Combine {
         for (int k = 0; k < span * El; ++k)
           arch::st_global(&p.combined_probs[t * E + int64_t{remote.rank_in(n)} * El + k], arch::ld_global(probs + k));
       }
-      storage.sources[first + idx].store(row);
-      storage.source_rank[first + idx].store(static_cast<int16_t>(remote.rank_in(n)));
+      sources.row[first + idx].store(row);
+      sources.rank[first + idx].store(static_cast<int16_t>(remote.rank_in(n)));
       ++idx;
     }
     return idx;
@@ -806,7 +887,6 @@ struct Combine {
     const layout::IntranodeLayout lay(p.domain.shape);
     StoreConsumer fifo(storage.store_pipe, p.domain.wait());
     int64_t staged = 0, published = 0;  // staged rows whose store is issued, and released
-    [[maybe_unused]] uint32_t chunks = 0;  // partial chunks stored (Remote)
     for (;;) {
       const uint32_t slot = fifo.wait();
       const SlotTag tag = storage.store_tags[slot].load();
@@ -824,7 +904,7 @@ struct Combine {
           // generic proxy); the barrier arrival releases them to the RDMA warp, whose
           // release before the doorbell then covers them.
           arch::bulk_wait_group<0>();
-          Remote::ring_commit(storage.remote, p.remote, chunks++);
+          Remote::ring_commit(storage.remote, p.remote, tag.dst);
         }
       }
       if (tag.publish_row >= 0) {
