@@ -73,7 +73,7 @@ struct Partials {
     for (int32_t& chunk : s.landed) chunk = -1;
   }
 
-  // Calls fn(dst, positions, rows, use) for each chunk of partial rows this block
+  // Calls fn(dst, positions, rows, use, j) for each chunk of partial rows this block
   // sends, in the order the RDMA warp puts them: in rounds, round j the j-th chunk of
   // every lane dealt to the block (HierarchicalLayout::dealt_lane), which is chunk l +
   // j L of the rows the lane's rail peer forwarded, so that each domain's chunks land
@@ -86,8 +86,25 @@ struct Partials {
     const int R = p.shape.domain.ranks_per_domain, M = p.shape.domain.max_tokens;
     for_each_round(p, H, h, [&](const RailLane& rail, int64_t j, int64_t c, int n) {
       fn(p.self + H.combine_send_row_offset(rail.r, H.ring_slot(rail.l, j), 0),
-         h.forward_pos + (int64_t{rail.peer.domain} * M + c * p.shape.chunk_tokens) * R, n, ring_use(H, rail, j));
+         h.forward_pos + (int64_t{rail.peer.domain} * M + c * p.shape.chunk_tokens) * R, n, ring_use(H, rail, j), j);
     });
+  }
+  // Warp-collective: the last round in which a rail peer puts a partial of one of this
+  // rank's tokens [t0, t0 + n) (chunk c of the token's packed rows for a domain goes in
+  // round c / L, for_each_partial_chunk); -1 if none has any.
+  RAILYARD_DEVICE static int64_t last_round(const Params& p, const layout::HandleView& h, int64_t t0, int n) {
+    const int D = p.shape.num_domains, mine = p.rank / p.shape.domain.ranks_per_domain;
+    const int per_round = p.shape.chunk_tokens * p.shape.lanes_per_peer;
+    int32_t last = -1;
+    for (int k = static_cast<int>(arch::lane_idx()); k < n * D; k += static_cast<int>(arch::kWarpSize)) {
+      const int32_t i = k % D == mine ? -1 : arch::ld_global(h.domain_pos + (t0 + k / D) * D + k % D);
+      if (i >= 0 && i / per_round > last) last = i / per_round;
+    }
+    for (int o = static_cast<int>(arch::kWarpSize) / 2; o > 0; o /= 2) {
+      const int32_t theirs = __shfl_xor_sync(arch::kFullWarpMask, last, o);
+      if (theirs > last) last = theirs;
+    }
+    return last;
   }
   RAILYARD_DEVICE static int64_t partial_row_bytes(const Params& p) {
     return layout::HierarchicalLayout(p.shape).wire_combine_row_bytes();

@@ -72,6 +72,7 @@ struct NoRemoteCombine {
   static constexpr uint32_t kWarps = 0;
   struct Params {};
   struct Storage {};
+  struct RingUse {};
   struct Gather {
     RAILYARD_HOST_DEVICE Gather(const Params&, const layout::HandleView&, Storage&) {}
   };
@@ -122,6 +123,10 @@ struct Combine {
   // together (collect_sources; fewer where their sources would pass kMaxSources): a
   // batch's first job waits for all of them.
   static constexpr int kHeaderBatch = 16;
+  // Across domains: a gather batch goes before partial round j once every partial it
+  // adds was put in a round up to j - 1 - kGatherLag (run_jobs), so that it seldom
+  // waits for one still on the wire.
+  static constexpr int64_t kGatherLag = 2;
   // Sources of one job: local experts of a received row, or ranks of a home token.
   static constexpr int kMaxSources =
       layout::kMaxLocalExperts > layout::kMaxRanksPerDomain ? layout::kMaxLocalExperts
@@ -451,10 +456,11 @@ struct Combine {
       has_pending_ = true;
       next_ = 1 - next_;
     }
+    // Lane 0 pushes the last batch; the other lanes go on (nothing of the Load warp's
+    // that follows reads or writes the sets).
     RAILYARD_DEVICE void finish() {
       if (arch::lane_idx() == 0 && has_pending_) push_(pending_, storage_.sources[1 - next_], pending_held_);
       has_pending_ = false;
-      __syncwarp();
     }
 
    private:
@@ -494,7 +500,6 @@ struct Combine {
     const DomainParams& dom = p.domain;
     const layout::IntranodeLayout lay(dom.shape);
     const layout::HandleView& h = p.handle;
-    const int R = dom.shape.ranks_per_domain;
     const int El = dom.shape.num_local_experts;
     const int Kl = lay.max_entries();
     const int64_t row_bytes = lay.combine_row_bytes();
@@ -586,10 +591,9 @@ struct Combine {
 
     // Received rows are in source rank order; [own_begin, own_end) came from this
     // NVLink domain's ranks. Across domains the others (tokens rail peers forwarded
-    // here) are staged first and published (a flush), then the partial jobs run, which
-    // wait only for such rows (here and at the domain's other ranks, which stage them
-    // first too) and for ring slots: the NIC starts before the block has staged the
-    // rows of its own domain's tokens, which follow.
+    // here, the partials' sources) are staged first, then this domain's; every row is
+    // staged before any job, at every rank, so that no job waits for a row a rank
+    // stages after a job of its own (run_jobs).
     int64_t own_begin = 0, own_end = num_recv;
     if constexpr (Remote::kPartials) {
       int64_t before = 0, own = 0;
@@ -599,40 +603,101 @@ struct Combine {
       }
       own_begin = min_i64(before, num_recv);
       own_end = min_i64(own_begin + own, num_recv);
-      for_each_in_block_chunks(num_recv - (own_end - own_begin), p.chunk_rows,
-                               [&](int64_t i) { stage(i < own_begin ? i : i - own_begin + own_end); });
-      if (lane == 0) {
-        release_run();
-        push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kFlush}, nullptr);
-      }
-      // ---- partial jobs: before the gather jobs, which may wait for other domains'
-      // partials, while partial jobs wait only for staged rows and ring slots ------------
-      push_partials(p, storage, pipe, state, seq);
     }
+    for_each_in_block_chunks(num_recv - (own_end - own_begin), p.chunk_rows,
+                             [&](int64_t i) { stage(i < own_begin ? i : i - own_begin + own_end); });
     for_each_in_block_chunks(own_end - own_begin, p.chunk_rows, [&](int64_t i) { stage(own_begin + i); });
 
-    // Every staged row is published (by the store lane, or here) before any gather job
-    // waits for one.
+    // Every staged row is published (by the store lane, or here) before any job waits
+    // for one.
     if (lane == 0) {
       release_run();
       push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kFlush}, nullptr);
     }
+    run_jobs(p, storage, pipe, state, seq);
+    if (lane == 0) push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kDone}, nullptr);
+  }
 
-    // ---- gather jobs: this rank's tokens, pulled from every rank that holds them -------
-    // The warp waits for the rows of a batch of tokens at once (collect_sources: a lane
-    // per (token, rank) pair with a row), so that their NVLink round trips overlap,
-    // and lane 0 pushes the batch before meanwhile (Overlapped). Across domains each
-    // token keeps a place for each other domain's partial.
-    const int E = R * El;
-    const int span = dom.nvlink_end() - dom.nvlink_begin();
+  // ---- gather and partial jobs -----------------------------------------------------
+
+  // A batch of jobs: gather jobs for tokens [t0, t0 + n), or (Remote) partial jobs for
+  // rows [i0, i0 + n) of a send-ring chunk of `rows` at `dst` (staged positions from
+  // `positions`, its ring place `use`).
+  struct Job {
+    bool gather;
+    int n;
+    int64_t t0;
+    uint8_t* dst;
+    const int32_t* positions;
+    int i0, rows;
+    typename Remote::RingUse use;
+  };
+
+  // Warp-collective: the gather jobs (this rank's tokens, pulled from every rank that
+  // holds them) and, across domains, the partial jobs (one per row this block sends to
+  // another domain: Remote::for_each_partial_chunk, the tokens rail peers forwarded
+  // here at dispatch), in batches through Overlapped: lanes 1..31 wait for the headers
+  // of a batch's (job, rank) pairs that have a staged row, a lane each, so that their
+  // NVLink round trips overlap (collect_sources; most pairs have none: a token chose
+  // few of the domain's ranks), while lane 0 pushes the batch before.
+  //
+  // A gather job's sources are this domain's rows of the token and, across domains,
+  // the other domains' partials, which it waits for; a partial job's the staged rows of
+  // this domain's ranks, summed in fp32 and rounded once to BF16, into its send-ring
+  // row; with the probs combine, their header entries' probs after it. Before a
+  // chunk's first batch its ring slot must be free (the put of the lane's chunk S / L
+  // before it completed): the collectors write the probs, and every store into the
+  // slot follows its jobs.
+  //
+  // Across domains the gathers go between the partial rounds (Remote: round j, the j-th
+  // chunk of each of the block's lanes): before round j, the gather batches whose
+  // partials were all put in rounds up to j - 1 - kGatherLag (Remote::last_round), the
+  // rest after the last round. No deadlock: a block at round j waits only for partials
+  // of earlier rounds, which every block makes before waiting for any of round j or
+  // later, and for rows every rank staged before its first job. Gathers do not all wait
+  // for the end of the block's partials, which the NIC paces.
+  RAILYARD_DEVICE static void run_jobs(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
+                                       typename LoadPipeline::State& state, uint64_t seq) {
+    const DomainParams& dom = p.domain;
+    const layout::IntranodeLayout lay(dom.shape);
+    const layout::HandleView& h = p.handle;
+    const int lane = static_cast<int>(arch::lane_idx());
+    const int R = dom.shape.ranks_per_domain, El = dom.shape.num_local_experts, E = R * El;
+    const int first = dom.nvlink_begin(), span = dom.nvlink_end() - first;
+    const int64_t row_bytes = lay.combine_row_bytes();
+    const bool with_probs = p.input_probs != nullptr;
     typename Remote::Gather remote(p.remote, p.handle, storage.remote);  // lane 0's
+    // Across domains each token keeps a place for each other domain's partial.
     int gap = 0;
-    if constexpr (Remote::kPartials) gap = remote.num_domains() - 1;
-    struct Tokens {
-      int64_t t0;
-      int n;
-    };
-    const auto collect = [&](const Tokens& b, Sources& out) {
+    int64_t stride = 0;  // a partial row's bytes
+    if constexpr (Remote::kPartials) {
+      gap = remote.num_domains() - 1;
+      stride = Remote::partial_row_bytes(p.remote);
+    }
+
+    const auto collect = [&](const Job& b, Sources& out) {
+      if constexpr (Remote::kPartials) {
+        if (!b.gather) {
+          if (b.i0 == 0) {
+            if (lane == 1) Remote::ring_acquire(storage.remote, p.remote, b.use);
+            __syncwarp(kCollectMask);  // the slot is free before any lane writes probs into it
+          }
+          if (with_probs) {
+            // Zeros, then (row_of, after collect_sources' first barrier) the kept
+            // entries' probs.
+            for (int k = lane - 1; k < b.n * span * El; k += kCollectLanes)
+              arch::st_global(Remote::probs_of(p.remote, b.dst + (b.i0 + k / (span * El)) * stride) + k % (span * El),
+                              0.0f);
+          }
+          const auto pos_of = [&](int i, int j) { return arch::ld_global(b.positions + int64_t{b.i0 + i} * span + j); };
+          const auto row_of = [&](int i, int j, int32_t pos) {
+            return staged_source(dom, lay, first + j, pos, seq,
+                                 with_probs ? Remote::probs_of(p.remote, b.dst + (b.i0 + i) * stride) + j * El
+                                            : nullptr);
+          };
+          return collect_sources(storage, out, b.n, span, /*gap=*/0, first, pos_of, row_of);
+        }
+      }
       // Zeros, then (row_of, after collect_sources' first barrier) the chosen experts'
       // probs.
       if (with_probs) {
@@ -642,7 +707,7 @@ struct Combine {
       // Across domains, only this rank's domain is pulled over NVLink: the others'
       // rows arrive as their domains' partials (added by push).
       const auto pos_of = [&](int i, int j) {
-        const int d = dom.nvlink_begin() + j;
+        const int d = first + j;
         const int32_t pos = arch::ld_global(&h.recv_pos[(b.t0 + i) * R + d]);
         // A row at or past d's bound on received rows was never dispatched: its pair
         // is skipped without touching d.
@@ -653,102 +718,63 @@ struct Combine {
         return pos >= 0 && (bound < 0 || pos < bound) ? pos : -1;
       };
       const auto row_of = [&](int i, int j, int32_t pos) {
-        const int d = dom.nvlink_begin() + j;
+        const int d = first + j;
         return staged_source(dom, lay, d, pos, seq,
                              with_probs ? &p.combined_probs[(b.t0 + i) * E + int64_t{d} * El] : nullptr);
       };
-      return collect_sources(storage, out, b.n, span, gap, dom.nvlink_begin(), pos_of, row_of);
+      return collect_sources(storage, out, b.n, span, gap, first, pos_of, row_of);
     };
     // Lane 0, after the step's warp barrier (the collectors acquired the headers): its
     // proxy fence orders what it learned (generic proxy) before its TMA reads (async
     // proxy) of the rows those headers published.
-    const auto push = [&](const Tokens& b, Sources& sources, int held) {
+    const auto push = [&](const Job& b, Sources& sources, int held) {
       arch::fence_proxy_async_global();
-      for_each_collected(sources, b.n, held, gap, [&](int i, int first, int num_sources) {
+      if (!b.gather) {
+        for_each_collected(sources, b.n, held, /*gap=*/0, [&](int i, int start, int num_sources) {
+          push_job(p, storage, pipe, state, sources, start, num_sources, b.dst + (b.i0 + i) * stride, -1,
+                   /*gather=*/false, b.i0 + i == b.rows - 1 ? static_cast<uint32_t>(kChunkEnd) : 0u);
+        });
+        return;
+      }
+      for_each_collected(sources, b.n, held, gap, [&](int i, int start, int num_sources) {
         if constexpr (Remote::kPartials) {
           // The other domains' partials, in domain order around this domain's rows;
           // their signal waits are acquires, fenced again for the TMA loads.
-          num_sources = add_partials(p, sources, remote, b.t0 + i, first, num_sources);
+          num_sources = add_partials(p, sources, remote, b.t0 + i, start, num_sources);
           arch::fence_proxy_async_global();
         }
-        push_job(p, storage, pipe, state, sources, first, num_sources, p.out + (b.t0 + i) * row_bytes, -1,
+        push_job(p, storage, pipe, state, sources, start, num_sources, p.out + (b.t0 + i) * row_bytes, -1,
                  /*gather=*/true);
       });
     };
-    Overlapped<Tokens, decltype(collect), decltype(push)> gathers(storage, collect, push);
+    Overlapped<Job, decltype(collect), decltype(push)> jobs(storage, collect, push);
+
     const int batch = kMaxSources / (span + gap) < kHeaderBatch ? kMaxSources / (span + gap) : kHeaderBatch;
-    for_each_batch_in_block_chunks(p.num_tokens, p.chunk_rows, batch,
-                                   [&](int64_t t0, int n) { gathers.step(Tokens{t0, n}); });
-    gathers.finish();
-
-    if (lane == 0) push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kDone}, nullptr);
-  }
-
-  // ---- partials (Remote) ----------------------------------------------------------
-
-  // Warp-collective: one partial job per row this block sends to another domain
-  // (Remote::for_each_partial_chunk: the tokens rail peers forwarded here at dispatch):
-  // its sources are the staged rows of this domain's ranks, in ascending rank order,
-  // summed in fp32 and rounded once to BF16, into its send-ring row; with the probs
-  // combine, their header entries' probs after it. Lanes 1..31 wait for the headers of
-  // a batch's pairs (row, rank) that have a staged row, a lane each, so that their
-  // round trips overlap (collect_sources; most pairs have none: a token chose few of the
-  // domain's ranks), while lane 0 pushes the batch before (Overlapped). Before a
-  // chunk's first batch, its ring slot must be free (the put of the lane's chunk S / L
-  // before it completed): the collectors write the probs, and every store into the slot
-  // follows its jobs.
-  RAILYARD_DEVICE static void push_partials(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
-                                            typename LoadPipeline::State& state, uint64_t seq) {
-    const DomainParams& dom = p.domain;
-    const layout::IntranodeLayout lay(dom.shape);
-    const int lane = static_cast<int>(arch::lane_idx());
-    const int first = dom.nvlink_begin(), span = dom.nvlink_end() - first;
-    const int El = dom.shape.num_local_experts;
-    const int64_t stride = Remote::partial_row_bytes(p.remote);
-    const int batch = kMaxSources / span < kHeaderBatch ? kMaxSources / span : kHeaderBatch;  // rows
-    const bool with_probs = p.input_probs != nullptr;
-    // Rows [i0, i0 + n) of a chunk of `rows` (block chunk `chunk`) into `dst`.
-    struct Rows {
-      uint8_t* dst;
-      const int32_t* positions;
-      int i0, n, rows;
-      typename Remote::RingUse use;
-    };
-    const auto collect = [&](const Rows& b, Sources& out) {
-      if (b.i0 == 0) {
-        if (lane == 1) Remote::ring_acquire(storage.remote, p.remote, b.use);
-        __syncwarp(kCollectMask);  // the slot is free before any lane writes probs into it
-      }
-      if (with_probs) {
-        // Zeros, then (row_of, after collect_sources' first barrier) the kept entries'
-        // probs.
-        for (int k = lane - 1; k < b.n * span * El; k += kCollectLanes)
-          arch::st_global(Remote::probs_of(p.remote, b.dst + (b.i0 + k / (span * El)) * stride) + k % (span * El),
-                          0.0f);
-      }
-      const auto pos_of = [&](int i, int j) { return arch::ld_global(b.positions + int64_t{b.i0 + i} * span + j); };
-      const auto row_of = [&](int i, int j, int32_t pos) {
-        return staged_source(dom, lay, first + j, pos, seq,
-                             with_probs ? Remote::probs_of(p.remote, b.dst + (b.i0 + i) * stride) + j * El : nullptr);
+    BatchCursor tokens(p.num_tokens, p.chunk_rows, batch);
+    Job gather{true};
+    bool more = tokens.next(gather.t0, gather.n);
+    if constexpr (Remote::kPartials) {
+      bool known = false;  // whether `last` is the next gather batch's last round
+      int64_t last = 0;
+      const auto gathers_before = [&](int64_t round) {
+        for (; more; more = tokens.next(gather.t0, gather.n), known = false) {
+          if (!known) last = Remote::last_round(p.remote, h, gather.t0, gather.n);
+          known = true;
+          if (last > round - 1 - kGatherLag) return;
+          jobs.step(gather);
+        }
       };
-      return collect_sources(storage, out, b.n, span, /*gap=*/0, first, pos_of, row_of);
-    };
-    // Lane 0: the holders' acquires (the step's warp barrier), fenced before its TMA
-    // loads of their rows.
-    const auto push = [&](const Rows& b, Sources& sources, int held) {
-      arch::fence_proxy_async_global();
-      for_each_collected(sources, b.n, held, /*gap=*/0, [&](int i, int start, int num_sources) {
-        push_job(p, storage, pipe, state, sources, start, num_sources, b.dst + (b.i0 + i) * stride, -1,
-                 /*gather=*/false, b.i0 + i == b.rows - 1 ? static_cast<uint32_t>(kChunkEnd) : 0u);
+      const int rows_batch = kMaxSources / span < kHeaderBatch ? kMaxSources / span : kHeaderBatch;
+      int64_t round = -1;
+      Remote::for_each_partial_chunk(p.remote, h, [&](uint8_t* dst, const int32_t* positions, int rows,
+                                                      typename Remote::RingUse use, int64_t j) {
+        if (j != round) gathers_before(round = j);
+        for (int i0 = 0; i0 < rows; i0 += rows_batch)
+          jobs.step(Job{false, rows - i0 < rows_batch ? rows - i0 : rows_batch, 0, dst, positions, i0, rows, use});
       });
-    };
-    Overlapped<Rows, decltype(collect), decltype(push)> partials(storage, collect, push);
-    Remote::for_each_partial_chunk(p.remote, p.handle, [&](uint8_t* dst, const int32_t* positions, int rows,
-                                                           typename Remote::RingUse use) {
-      for (int i0 = 0; i0 < rows; i0 += batch)
-        partials.step(Rows{dst, positions, i0, rows - i0 < batch ? rows - i0 : batch, rows, use});
-    });
-    partials.finish();
+    }
+    for (; more; more = tokens.next(gather.t0, gather.n)) jobs.step(gather);
+    jobs.finish();
   }
 
   // Lane 0: token t's partials from the other domains (Remote::Gather::row: null where

@@ -58,15 +58,38 @@ struct BlockChunks {
   }
 };
 
-// Calls fn(first, n) for the items of this block (BlockChunks), n <= batch consecutive
-// items at a time; a batch never crosses a chunk.
+// The items of this block (BlockChunks), n <= batch consecutive items at a time (a
+// batch never crosses a chunk): next(first, n) gives the next batch, false after the
+// last.
+class BatchCursor {
+ public:
+  RAILYARD_DEVICE BatchCursor(int64_t count, int64_t chunk_rows, int batch)
+      : chunks_(count, chunk_rows), batch_(batch), begin_(chunks_.item), at_(chunks_.item) {}
+  RAILYARD_DEVICE bool next(int64_t& first, int& n) {
+    if (at_ >= chunks_.end_of(begin_)) {
+      begin_ += chunks_.stride;
+      at_ = begin_;
+    }
+    if (at_ >= chunks_.count) return false;
+    const int64_t end = chunks_.end_of(begin_);
+    first = at_;
+    n = static_cast<int>(end - at_ < batch_ ? end - at_ : batch_);
+    at_ += n;
+    return true;
+  }
+
+ private:
+  BlockChunks chunks_;
+  int batch_;
+  int64_t begin_, at_;  // the current chunk's first item, the next batch's
+};
+// Calls fn(first, n) for each of BatchCursor's batches.
 template <class Fn>
 RAILYARD_DEVICE void for_each_batch_in_block_chunks(int64_t count, int64_t chunk_rows, int batch, Fn&& fn) {
-  const BlockChunks chunks(count, chunk_rows);
-  for (int64_t begin = chunks.item; begin < count; begin += chunks.stride) {
-    const int64_t end = chunks.end_of(begin);
-    for (int64_t i = begin; i < end; i += batch) fn(i, static_cast<int>(end - i < batch ? end - i : batch));
-  }
+  BatchCursor cursor(count, chunk_rows, batch);
+  int64_t first = 0;
+  int n = 0;
+  while (cursor.next(first, n)) fn(first, n);
 }
 
 // The same, one item at a time: fn(i).
