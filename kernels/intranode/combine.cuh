@@ -658,94 +658,14 @@ struct Combine {
   // for the end of the block's partials, which the NIC paces.
   RAILYARD_DEVICE static void run_jobs(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
                                        typename LoadPipeline::State& state, uint64_t seq) {
-    const DomainParams& dom = p.domain;
-    const layout::IntranodeLayout lay(dom.shape);
     const layout::HandleView& h = p.handle;
-    const int lane = static_cast<int>(arch::lane_idx());
-    const int R = dom.shape.ranks_per_domain, El = dom.shape.num_local_experts, E = R * El;
-    const int first = dom.nvlink_begin(), span = dom.nvlink_end() - first;
-    const int64_t row_bytes = lay.combine_row_bytes();
-    const bool with_probs = p.input_probs != nullptr;
+    const int span = p.domain.nvlink_end() - p.domain.nvlink_begin();
     typename Remote::Gather remote(p.remote, p.handle, storage.remote);  // lane 0's
-    // Across domains each token keeps a place for each other domain's partial.
-    int gap = 0;
-    int64_t stride = 0;  // a partial row's bytes
-    if constexpr (Remote::kPartials) {
-      gap = remote.num_domains() - 1;
-      stride = Remote::partial_row_bytes(p.remote);
-    }
-
-    const auto collect = [&](const Job& b, Sources& out) {
-      if constexpr (Remote::kPartials) {
-        if (!b.gather) {
-          if (b.i0 == 0) {
-            if (lane == 1) Remote::ring_acquire(storage.remote, p.remote, b.use);
-            __syncwarp(kCollectMask);  // the slot is free before any lane writes probs into it
-          }
-          if (with_probs) {
-            // Zeros, then (row_of, after collect_sources' first barrier) the kept
-            // entries' probs.
-            for (int k = lane - 1; k < b.n * span * El; k += kCollectLanes)
-              arch::st_global(Remote::probs_of(p.remote, b.dst + (b.i0 + k / (span * El)) * stride) + k % (span * El),
-                              0.0f);
-          }
-          const auto pos_of = [&](int i, int j) { return arch::ld_global(b.positions + int64_t{b.i0 + i} * span + j); };
-          const auto row_of = [&](int i, int j, int32_t pos) {
-            return staged_source(dom, lay, first + j, pos, seq,
-                                 with_probs ? Remote::probs_of(p.remote, b.dst + (b.i0 + i) * stride) + j * El
-                                            : nullptr);
-          };
-          return collect_sources(storage, out, b.n, span, /*gap=*/0, first, pos_of, row_of);
-        }
-      }
-      // Zeros, then (row_of, after collect_sources' first barrier) the chosen experts'
-      // probs.
-      if (with_probs) {
-        for (int64_t e = lane - 1; e < int64_t{b.n} * E; e += kCollectLanes)
-          arch::st_global(&p.combined_probs[b.t0 * E + e], 0.0f);
-      }
-      // Across domains, only this rank's domain is pulled over NVLink: the others'
-      // rows arrive as their domains' partials (added by push).
-      const auto pos_of = [&](int i, int j) {
-        const int d = first + j;
-        const int32_t pos = arch::ld_global(&h.recv_pos[(b.t0 + i) * R + d]);
-        // A row at or past d's bound on received rows was never dispatched: its pair
-        // is skipped without touching d.
-        const int32_t bound =
-            pos < 0 ? -1
-                    : arch::ld_global(&h.count_matrix[int64_t{d} * lay.count_row_ints() +
-                                                      static_cast<int>(layout::CountRow::MaxRecvRows)]);
-        return pos >= 0 && (bound < 0 || pos < bound) ? pos : -1;
-      };
-      const auto row_of = [&](int i, int j, int32_t pos) {
-        const int d = first + j;
-        return staged_source(dom, lay, d, pos, seq,
-                             with_probs ? &p.combined_probs[(b.t0 + i) * E + int64_t{d} * El] : nullptr);
-      };
-      return collect_sources(storage, out, b.n, span, gap, first, pos_of, row_of);
-    };
-    // Lane 0, after the step's warp barrier (the collectors acquired the headers): its
-    // proxy fence orders what it learned (generic proxy) before its TMA reads (async
-    // proxy) of the rows those headers published.
+    int gap = 0;  // across domains each token keeps a place for each other domain's partial
+    if constexpr (Remote::kPartials) gap = remote.num_domains() - 1;
+    const auto collect = [&](const Job& b, Sources& out) { return collect_batch(p, storage, b, out, gap, seq); };
     const auto push = [&](const Job& b, Sources& sources, int held) {
-      arch::fence_proxy_async_global();
-      if (!b.gather) {
-        for_each_collected(sources, b.n, held, /*gap=*/0, [&](int i, int start, int num_sources) {
-          push_job(p, storage, pipe, state, sources, start, num_sources, b.dst + (b.i0 + i) * stride, -1,
-                   /*gather=*/false, b.i0 + i == b.rows - 1 ? static_cast<uint32_t>(kChunkEnd) : 0u);
-        });
-        return;
-      }
-      for_each_collected(sources, b.n, held, gap, [&](int i, int start, int num_sources) {
-        if constexpr (Remote::kPartials) {
-          // The other domains' partials, in domain order around this domain's rows;
-          // their signal waits are acquires, fenced again for the TMA loads.
-          num_sources = add_partials(p, sources, remote, b.t0 + i, start, num_sources);
-          arch::fence_proxy_async_global();
-        }
-        push_job(p, storage, pipe, state, sources, start, num_sources, p.out + (b.t0 + i) * row_bytes, -1,
-                 /*gather=*/true);
-      });
+      push_batch(p, storage, pipe, state, remote, b, sources, held, gap);
     };
     Overlapped<Job, decltype(collect), decltype(push)> jobs(storage, collect, push);
 
@@ -775,6 +695,97 @@ struct Combine {
     }
     for (; more; more = tokens.next(gather.t0, gather.n)) jobs.step(gather);
     jobs.finish();
+  }
+
+  // Lanes 1..31 (Overlapped's collect): batch b's sources into `out` (run_jobs).
+  RAILYARD_DEVICE static int collect_batch(const Params& p, SharedStorage& storage, const Job& b, Sources& out,
+                                           int gap, uint64_t seq) {
+    const DomainParams& dom = p.domain;
+    const layout::IntranodeLayout lay(dom.shape);
+    const layout::HandleView& h = p.handle;
+    const int lane = static_cast<int>(arch::lane_idx());
+    const int R = dom.shape.ranks_per_domain, El = dom.shape.num_local_experts, E = R * El;
+    const int first = dom.nvlink_begin(), span = dom.nvlink_end() - first;
+    const bool with_probs = p.input_probs != nullptr;
+    if constexpr (Remote::kPartials) {
+      if (!b.gather) {
+        const int64_t stride = Remote::partial_row_bytes(p.remote);
+        if (b.i0 == 0) {
+          if (lane == 1) Remote::ring_acquire(storage.remote, p.remote, b.use);
+          __syncwarp(kCollectMask);  // the slot is free before any lane writes probs into it
+        }
+        if (with_probs) {
+          // Zeros, then (row_of, after collect_sources' first barrier) the kept
+          // entries' probs.
+          for (int k = lane - 1; k < b.n * span * El; k += kCollectLanes)
+            arch::st_global(Remote::probs_of(p.remote, b.dst + (b.i0 + k / (span * El)) * stride) + k % (span * El),
+                            0.0f);
+        }
+        const auto pos_of = [&](int i, int j) { return arch::ld_global(b.positions + int64_t{b.i0 + i} * span + j); };
+        const auto row_of = [&](int i, int j, int32_t pos) {
+          return staged_source(dom, lay, first + j, pos, seq,
+                               with_probs ? Remote::probs_of(p.remote, b.dst + (b.i0 + i) * stride) + j * El
+                                          : nullptr);
+        };
+        return collect_sources(storage, out, b.n, span, /*gap=*/0, first, pos_of, row_of);
+      }
+    }
+    // Zeros, then (row_of, after collect_sources' first barrier) the chosen experts'
+    // probs.
+    if (with_probs) {
+      for (int64_t e = lane - 1; e < int64_t{b.n} * E; e += kCollectLanes)
+        arch::st_global(&p.combined_probs[b.t0 * E + e], 0.0f);
+    }
+    // Across domains, only this rank's domain is pulled over NVLink: the others'
+    // rows arrive as their domains' partials (added by push).
+    const auto pos_of = [&](int i, int j) {
+      const int d = first + j;
+      const int32_t pos = arch::ld_global(&h.recv_pos[(b.t0 + i) * R + d]);
+      // A row at or past d's bound on received rows was never dispatched: its pair
+      // is skipped without touching d.
+      const int32_t bound =
+          pos < 0 ? -1
+                  : arch::ld_global(&h.count_matrix[int64_t{d} * lay.count_row_ints() +
+                                                    static_cast<int>(layout::CountRow::MaxRecvRows)]);
+      return pos >= 0 && (bound < 0 || pos < bound) ? pos : -1;
+    };
+    const auto row_of = [&](int i, int j, int32_t pos) {
+      const int d = first + j;
+      return staged_source(dom, lay, d, pos, seq,
+                           with_probs ? &p.combined_probs[(b.t0 + i) * E + int64_t{d} * El] : nullptr);
+    };
+    return collect_sources(storage, out, b.n, span, gap, first, pos_of, row_of);
+  }
+
+  // Lane 0 (Overlapped's push), after the step's warp barrier (the collectors acquired
+  // the headers): batch b's jobs from `sources` (run_jobs). Its proxy fence orders what
+  // it learned (generic proxy) before its TMA reads (async proxy) of the rows those
+  // headers published.
+  RAILYARD_DEVICE static void push_batch(const Params& p, SharedStorage& storage, LoadPipeline& pipe,
+                                         typename LoadPipeline::State& state, typename Remote::Gather& remote,
+                                         const Job& b, Sources& sources, int held, int gap) {
+    arch::fence_proxy_async_global();
+    if constexpr (Remote::kPartials) {
+      if (!b.gather) {
+        const int64_t stride = Remote::partial_row_bytes(p.remote);
+        for_each_collected(sources, b.n, held, /*gap=*/0, [&](int i, int start, int num_sources) {
+          push_job(p, storage, pipe, state, sources, start, num_sources, b.dst + (b.i0 + i) * stride, -1,
+                   /*gather=*/false, b.i0 + i == b.rows - 1 ? static_cast<uint32_t>(kChunkEnd) : 0u);
+        });
+        return;
+      }
+    }
+    const int64_t row_bytes = layout::IntranodeLayout(p.domain.shape).combine_row_bytes();
+    for_each_collected(sources, b.n, held, gap, [&](int i, int start, int num_sources) {
+      if constexpr (Remote::kPartials) {
+        // The other domains' partials, in domain order around this domain's rows;
+        // their signal waits are acquires, fenced again for the TMA loads.
+        num_sources = add_partials(p, sources, remote, b.t0 + i, start, num_sources);
+        arch::fence_proxy_async_global();
+      }
+      push_job(p, storage, pipe, state, sources, start, num_sources, p.out + (b.t0 + i) * row_bytes, -1,
+               /*gather=*/true);
+    });
   }
 
   // Lane 0: token t's partials from the other domains (Remote::Gather::row: null where
