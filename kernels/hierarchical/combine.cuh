@@ -145,20 +145,23 @@ struct Partials {
     const layout::HierarchicalLayout H(p.shape);
     const auto row_bytes = static_cast<uint32_t>(H.wire_combine_row_bytes());
     const int slots = p.shape.slots_per_lane();
-    const auto free_slot = [&](const RailLane& rail, int64_t j) {  // round j posted
-      if (j + 1 < slots) return;
-      typename T::Lane lane = T::lane(p.lanes, rail.q, p.wait);
-      lane.quiet(lane.ticket() - T::kTicketsPerPutSignal * (slots - 1));
-      if (arch::lane_idx() == 0) (void)arch::mbarrier_arrive(&s.sent[ring_use(H, rail, j + 1 - slots).slot]);
-    };
-    for_each_dealt_lane(H, p.rank, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), [&](const RailLane& rail) {
+    const int block = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
+    for_each_dealt_lane(H, p.rank, block, blocks, [&](const RailLane& rail) {
       typename T::Lane lane = T::lane(p.lanes, rail.q, p.wait);
       post_rail_entry(H, lane, rail.peer.rank, rail.peer_lane);
     });
-    int64_t round = -1;
+    // Once round j is posted: the put of round j + 1 - S / L of each lane that had a
+    // chunk in round j completes, and its slot goes back to the Load warp.
     const auto free_round = [&](int64_t j) {
-      for_each_round(p, H, h, j, [&](const RailLane& rail, int64_t, int64_t, int) { free_slot(rail, j); });
+      if (j + 1 < slots) return;
+      for_each_dealt_lane(H, p.rank, block, blocks, [&](const RailLane& rail) {
+        if (chunk_rows(p, H, h, rail, j) == 0) return;
+        typename T::Lane lane = T::lane(p.lanes, rail.q, p.wait);
+        lane.quiet(lane.ticket() - T::kTicketsPerPutSignal * (slots - 1));
+        if (arch::lane_idx() == 0) (void)arch::mbarrier_arrive(&s.sent[ring_use(H, rail, j + 1 - slots).slot]);
+      });
     };
+    int64_t round = -1;
     for_each_round(p, H, h, [&](const RailLane& rail, int64_t j, int64_t c, int n) {
       if (j != round) {
         if (round >= 0) free_round(round);
@@ -185,9 +188,8 @@ struct Partials {
     });
     // A lane without chunks still counts the peer's entry (both sides count one per
     // lane); then every lane's puts complete: its ring is free for the next operation.
-    const int R = p.shape.domain.ranks_per_domain, mine = p.rank / R;
-    for_each_dealt_lane(H, p.rank, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), [&](const RailLane& rail) {
-      if (rows_from(p, H, h, rail.peer.domain, mine) <= rail.l * p.shape.chunk_tokens)
+    for_each_dealt_lane(H, p.rank, block, blocks, [&](const RailLane& rail) {
+      if (chunk_rows(p, H, h, rail, 0) == 0)
         await_rail_entry<T>(H, p.self, p.lanes, rail.q, rail.peer.rank, p.handshake_wait);
       T::lane(p.lanes, rail.q, p.wait).quiet();
     });
@@ -252,30 +254,30 @@ struct Partials {
     return {rail.r * H.shape().chunks_in_flight + H.ring_slot(rail.l, j),
             static_cast<uint32_t>(j / H.shape().slots_per_lane())};
   }
-  // Calls fn(rail, j, c, n) for the j-th chunk of each lane dealt to this block that
-  // has one (chunk c = l + j L of the rows its rail peer forwarded, n rows): every
-  // round from 0 on, or only `round`.
-  template <class Fn>
-  RAILYARD_DEVICE static void for_each_round(const Params& p, const layout::HierarchicalLayout& H,
-                                             const layout::HandleView& h, int64_t round, Fn&& fn) {
-    const int R = p.shape.domain.ranks_per_domain, mine = p.rank / R, C = p.shape.chunk_tokens;
-    const int L = p.shape.lanes_per_peer;
-    for (int64_t j = round < 0 ? 0 : round, more = 1; more && (round < 0 || j == round); ++j) {
-      more = 0;
-      for_each_dealt_lane(H, p.rank, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
-                          [&](const RailLane& rail) {
-                            const int32_t rows = rows_from(p, H, h, rail.peer.domain, mine);
-                            const int64_t c = rail.l + j * L;
-                            if (c * C >= rows) return;
-                            more = 1;
-                            fn(rail, j, c, rows - c * C < C ? static_cast<int>(rows - c * C) : C);
-                          });
-    }
+  // Rows of lane `rail`'s j-th chunk (chunk l + j L of the rows its rail peer
+  // forwarded), 0 if it has none.
+  RAILYARD_DEVICE static int chunk_rows(const Params& p, const layout::HierarchicalLayout& H,
+                                        const layout::HandleView& h, const RailLane& rail, int64_t j) {
+    const int C = p.shape.chunk_tokens;
+    const int32_t rows = rows_from(p, H, h, rail.peer.domain, p.rank / p.shape.domain.ranks_per_domain);
+    const int64_t first = (rail.l + j * p.shape.lanes_per_peer) * C;
+    return first >= rows ? 0 : rows - first < C ? static_cast<int>(rows - first) : C;
   }
+  // Calls fn(rail, j, c, n) for the j-th chunk of each lane dealt to this block that
+  // has one (chunk c = l + j L, n rows), round j = 0, 1, ... until no lane has one.
   template <class Fn>
   RAILYARD_DEVICE static void for_each_round(const Params& p, const layout::HierarchicalLayout& H,
                                              const layout::HandleView& h, Fn&& fn) {
-    for_each_round(p, H, h, -1, fn);
+    for (int64_t j = 0, more = 1; more; ++j) {
+      more = 0;
+      for_each_dealt_lane(H, p.rank, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
+                          [&](const RailLane& rail) {
+                            const int n = chunk_rows(p, H, h, rail, j);
+                            if (n == 0) return;
+                            more = 1;
+                            fn(rail, j, rail.l + j * p.shape.lanes_per_peer, n);
+                          });
+    }
   }
   // Chunks of this rank's rows for domain n (its count row): the partials that come back.
   RAILYARD_DEVICE static int64_t chunks_to(const Params& p, const layout::HierarchicalLayout& H,
