@@ -100,14 +100,18 @@ class Lane {
   RAILYARD_DEVICE void submit(RAILYARD_LOC_ONLY_PARAM) {}
 
   RAILYARD_DEVICE void quiet(RAILYARD_LOC_ONLY_PARAM) {
-    if (flushed_ != posted_) backend_.flush(policy_ RAILYARD_LOC_ARG);
+    if (!flushed_once_ || flushed_ != posted_) backend_.flush(policy_ RAILYARD_LOC_ARG);
     flushed_ = posted_;
+    flushed_once_ = true;
   }
   // The operations posted so far. A flush covers every earlier put, so quiet(ticket)
-  // flushes unless nothing before the ticket is outstanding.
+  // flushes unless nothing before the ticket is outstanding. The counts are this
+  // object's: a warp makes a new Lane for the same lane between its turns (the
+  // senders' rounds), and what earlier objects posted may still be in flight, so a
+  // new Lane's first quiet always flushes.
   RAILYARD_DEVICE uint64_t ticket() const { return posted_; }
   RAILYARD_DEVICE void quiet(uint64_t ticket RAILYARD_LOC_PARAM) {
-    if (flushed_ < ticket) quiet(RAILYARD_LOC_ONLY_ARG);
+    if (!flushed_once_ || flushed_ < ticket) quiet(RAILYARD_LOC_ONLY_ARG);
   }
 
  private:
@@ -129,6 +133,7 @@ class Lane {
   pipeline::WaitPolicy policy_;
   uint64_t posted_ = 0;   // every lane holds the same counts
   uint64_t flushed_ = 0;
+  bool flushed_once_ = false;  // earlier objects' operations are flushed too
 };
 
 // Receiver: waits until this rank's signal at `offset` of the signal area reaches
