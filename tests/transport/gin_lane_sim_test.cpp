@@ -8,6 +8,9 @@
 //    relaxed ordering (WRITEs placed in any order), NIC stalls, sequentially
 //    consistent and weak memory modes, seeds, two kernels (the lanes' indices carry
 //    over); every byte against the reference;
+//  - a new Lane object for a lane whose earlier object posted puts: its quiet (and its
+//    quiet(ticket)) flushes them, so their sources may be overwritten at once (the
+//    senders' rounds make a new Lane between turns);
 //  - a signal offset outside the signal area, and a put naming another peer than the
 //    lane's, are errors naming them.
 #include <gtest/gtest.h>
@@ -133,6 +136,53 @@ TEST(GinLane, ManyToManyWithWeakSignalsRelaxedOrderingAndNicDelays) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     run_many_to_many(seed, sim::MemoryModel::SequentiallyConsistent);
     run_many_to_many(seed, sim::MemoryModel::Weak);
+  }
+}
+
+// A warp puts through one Lane object, then quiets through a new one for the same
+// lane (quiet() or quiet(ticket)) and overwrites the sources at once. The NIC reads a
+// put's source when it moves the put's pieces, late under stalls, so without the flush
+// it would send the overwritten bytes.
+enum class NewLaneQuiet { Quiet, QuietTicket };
+void run_quiet_by_a_new_lane(uint64_t seed, NewLaneQuiet how) {
+  constexpr uint32_t kLong = 4096;  // 64 pieces at the MTU below
+  FabricConfig config{.num_domains = 2, .seed = seed, .buffer_bytes = 64 << 10};
+  config.nic.mtu_bytes = 64;
+  config.nic.stall_probability = 0.5;
+  config.fetch_scratch_offset = kScratch;
+  Fabric f(config);
+  const gin::QueuePairGin backend = backend_for(f, 0, 1);
+  uint8_t* buf = f.buffer(0);
+  test::run_kernels_or_throw(
+      f,
+      [&](int r) -> std::function<void()> {
+        if (r != 0) return [] {};
+        return [=] {
+          const pipeline::WaitPolicy policy(uint64_t{1} << 30, nullptr, 0);
+          auto* w = reinterpret_cast<uint32_t*>(buf + kSend);
+          for (uint32_t i = arch::lane_idx(); i < kLong / 4; i += 32) arch::st_global(w + i, word(0, 1, 0, i));
+          __syncwarp();
+          {
+            gin::Lane<gin::QueuePairGin> first(backend, 1, policy);
+            first.put(LocalRef{kSend}, RemoteRef{1, kRecv}, kLong);
+          }
+          gin::Lane<gin::QueuePairGin> second(backend, 1, policy);
+          if (how == NewLaneQuiet::Quiet) second.quiet();
+          else second.quiet(second.ticket());
+          for (uint32_t i = arch::lane_idx(); i < kLong / 4; i += 32) arch::st_global(w + i, ~word(0, 1, 0, i));
+          __syncwarp();
+        };
+      },
+      [](int) { return 1u; });
+  const auto* got = reinterpret_cast<const uint32_t*>(f.buffer(1) + kRecv);
+  for (uint32_t i = 0; i < kLong / 4; ++i) ASSERT_EQ(got[i], word(0, 1, 0, i)) << "word " << i;
+}
+
+TEST(GinLane, ANewLaneObjectsQuietFlushesWhatEarlierObjectsPosted) {
+  for (uint64_t seed : test::seeds(3)) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    run_quiet_by_a_new_lane(seed, NewLaneQuiet::Quiet);
+    run_quiet_by_a_new_lane(seed, NewLaneQuiet::QuietTicket);
   }
 }
 

@@ -39,6 +39,9 @@
 //   ticket(), quiet(ticket)           the same for the operations posted before ticket()
 //                                     was taken only, so that a sender reuses one
 //                                     buffer while later puts are still in flight.
+// "Earlier" counts every operation of the lane, not of the object: a warp may make a
+// new object for the same lane between turns (the senders' rounds), and its quiet()
+// and quiet(ticket) must cover what the earlier objects posted.
 // Before a put, the bytes at src must be visible to the lane's warp (the protocol's
 // mbarrier or block barrier hand-off; where TMA wrote them, the writing thread's
 // completed bulk_wait_group, which PTX follows with an implicit generic-async proxy
