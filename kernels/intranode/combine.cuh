@@ -116,9 +116,6 @@ struct Combine {
   static constexpr int kPublishBatch = 4;
   static constexpr int kPendingRows = 16;
   static_assert(kPublishBatch < kPendingRows);
-  // Rows the Load warp releases itself (no source, or in place: nothing to wait for),
-  // up to this many consecutive ones per fence.acq_rel.sys.
-  static constexpr int64_t kSelfReleaseBatch = 32;
   // Jobs (gather or partial) per batch whose sources' headers the Load warp waits for
   // together (collect_sources; fewer where their sources would pass kMaxSources): a
   // batch's first job waits for all of them.
@@ -523,34 +520,15 @@ struct Combine {
     // Received layout: a row exists as input iff the caller passes it.
     const int64_t rows_with_input = p.permuted_input ? described : min_i64(described, p.num_input_rows);
 
-    // Rows whose seq this warp releases itself (no source, or already in place), lane 0:
-    // a run [run_begin, run_end) of consecutive rows, kSelfReleaseBatch at most, released
-    // with one fence.acq_rel.sys (as the store lane releases staged rows).
-    int64_t run_begin = 0, run_end = 0;
-    const auto release_run = [&] {
-      if (run_begin == run_end) return;
-      arch::fence_acq_rel_sys();
-      for (int64_t i = run_begin; i < run_end; ++i) arch::st_relaxed_sys(&lay.header(dom.self(), i)->seq, seq);
-      run_begin = run_end;
-    };
-    const auto release_with_run = [&](int64_t r) {
-      if (r != run_end || run_end - run_begin >= kSelfReleaseBatch) release_run();
-      if (run_begin == run_end) run_begin = run_end = r;
-      ++run_end;
-    };
-
-    const auto stage = [&](int64_t r) {
-      __syncwarp();  // lane 0 is done with the previous job's sources
-      layout::RowHeader* header = lay.header(dom.self(), r);
+    // Row r's entries whose input exists, in handle order (local expert ascending, the
+    // unpermute's summation order), described in its header for the probs combine, and
+    // (permuted layout) their input rows as the stage job's sources in set 0. Returns
+    // how many. Warp-collective, lane-uniform r and n.
+    const bool describe = p.permuted_input || with_probs;
+    const auto describe_row = [&](int64_t r, int n) {
       layout::HeaderEntry* entries = lay.header_entries(dom.self(), r);
-      const int n = r < rows_with_input ? arch::ld_global(&h.recv_num_entries[r]) : 0;
-      // Keep the entries whose input exists, in handle order (local expert
-      // ascending, the unpermute's summation order), and describe them in the
-      // header for the probs combine. The received layout without probs keeps every
-      // entry and no rank reads the entries: the count is all.
-      const bool describe = p.permuted_input || with_probs;
-      int kept = describe ? 0 : n;
-      for (int base = 0; describe && base < n; base += 32) {
+      int kept = 0;
+      for (int base = 0; base < n; base += 32) {
         const int i = base + static_cast<int>(lane);
         layout::RecvEntry entry{-1, -1};
         bool keep = false;
@@ -573,19 +551,69 @@ struct Combine {
         }
         kept += __popc(keepers);
       }
-      const int num_sources = p.permuted_input ? kept : (kept > 0 ? 1 : 0);
-      if (!p.permuted_input && lane == 0) storage.sources[0].row[0].store(p.input + r * row_bytes);
-      __syncwarp();  // sources and header entries are written
-      if (lane != 0) return;
-      // num_entries 0 tells home ranks the row has nothing for them (semantics.md 6:
-      // dropped rows contribute nothing).
-      arch::st_global(&header->num_entries, static_cast<int16_t>(kept));
-      if (num_sources == 0 || p.input_in_staging) {
-        // No row, or the row is already where staging puts it: the header is all.
-        release_with_run(r);
+      return kept;
+    };
+    // Lane 0: the stage job of row r, whose input rows are its sources (set 0).
+    const auto push_stage_job = [&](int64_t r, int num_sources) {
+      if (!p.permuted_input) storage.sources[0].row[0].store(p.input + r * row_bytes);
+      push_job(p, storage, pipe, state, storage.sources[0], 0, num_sources, lay.stage_row(dom.self(), r), r,
+               /*gather=*/false);
+    };
+    // The stage jobs of rows row_of(first), ..., row_of(first + count - 1), count <= 32;
+    // lane k reads row k's entry count. The received layout without probs keeps every
+    // entry and no rank reads the entries: lane k writes row k's count in its header.
+    // Otherwise the warp describes one row at a time. num_entries 0 tells home ranks the
+    // row has nothing for them (semantics.md 6: dropped rows contribute nothing). A row
+    // with a source that is not already where staging puts it goes through the pipeline
+    // (lane 0), and the store warp releases it once its bulk stores completed; lane k
+    // releases row k otherwise (stage_all): returns whether it has one to release.
+    const auto stage = [&](int64_t first, int count, auto row_of) {
+      __syncwarp();  // lane 0 is done with the previous job's sources
+      const int64_t mine = static_cast<int>(lane) < count ? row_of(first + lane) : -1;
+      const int n = mine >= 0 && mine < rows_with_input ? arch::ld_global(&h.recv_num_entries[mine]) : 0;
+      uint32_t pushed = 0;
+      if (!describe) {
+        if (mine >= 0) arch::st_global(&lay.header(dom.self(), mine)->num_entries, static_cast<int16_t>(n));
+        pushed = __ballot_sync(arch::kFullWarpMask, n > 0 && !p.input_in_staging);
+        if (lane == 0)
+          for (int k = 0; k < count; ++k)
+            if (pushed >> k & 1u) push_stage_job(row_of(first + k), 1);
       } else {
-        // The store warp releases seq once the row's bulk stores have completed.
-        push_job(p, storage, pipe, state, storage.sources[0], 0, num_sources, lay.stage_row(dom.self(), r), r, /*gather=*/false);
+        for (int k = 0; k < count; ++k) {
+          const int64_t r = row_of(first + k);
+          const int kept = describe_row(r, __shfl_sync(arch::kFullWarpMask, n, k));
+          const int num_sources = p.permuted_input ? kept : (kept > 0 ? 1 : 0);
+          const bool push = num_sources > 0 && !p.input_in_staging;
+          __syncwarp();  // sources and header entries are written
+          if (lane == 0) {
+            arch::st_global(&lay.header(dom.self(), r)->num_entries, static_cast<int16_t>(kept));
+            if (push) push_stage_job(r, num_sources);
+          }
+          pushed |= static_cast<uint32_t>(push) << k;
+          __syncwarp();  // lane 0 is done with the row's sources
+        }
+      }
+      __syncwarp();  // every header of the batch is written
+      return mine >= 0 && !(pushed >> lane & 1u);
+    };
+    // The stage jobs of the block's rows row_of(i), i < count, 32 at a time. Each lane
+    // releases its rows of up to 32 batches with one fence.acq_rel.sys: every row is
+    // published before any job, so nothing waits for one sooner.
+    const auto stage_all = [&](int64_t count, auto row_of) {
+      BatchCursor cursor(count, p.chunk_rows, arch::kWarpSize);
+      int64_t first = 0;
+      int n = 0;
+      for (bool more = true; more;) {
+        BatchCursor group = cursor;
+        uint32_t releases = 0;  // bit b: this lane releases its row of the group's batch b
+        int batches = 0;
+        for (; batches < 32 && (more = cursor.next(first, n)); ++batches)
+          releases |= static_cast<uint32_t>(stage(first, n, row_of)) << batches;
+        if (releases == 0) continue;
+        arch::fence_acq_rel_sys();
+        for (int b = 0; b < batches; ++b)
+          if (group.next(first, n) && (releases >> b & 1u))
+            arch::st_relaxed_sys(&lay.header(dom.self(), row_of(first + lane))->seq, seq);
       }
     };
 
@@ -604,16 +632,12 @@ struct Combine {
       own_begin = min_i64(before, num_recv);
       own_end = min_i64(own_begin + own, num_recv);
     }
-    for_each_in_block_chunks(num_recv - (own_end - own_begin), p.chunk_rows,
-                             [&](int64_t i) { stage(i < own_begin ? i : i - own_begin + own_end); });
-    for_each_in_block_chunks(own_end - own_begin, p.chunk_rows, [&](int64_t i) { stage(own_begin + i); });
+    stage_all(num_recv - (own_end - own_begin), [&](int64_t i) { return i < own_begin ? i : i - own_begin + own_end; });
+    stage_all(own_end - own_begin, [&](int64_t i) { return own_begin + i; });
 
     // Every staged row is published (by the store lane, or here) before any job waits
     // for one.
-    if (lane == 0) {
-      release_run();
-      push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kFlush}, nullptr);
-    }
+    if (lane == 0) push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kFlush}, nullptr);
     run_jobs(p, storage, pipe, state, seq);
     if (lane == 0) push_slot(storage, pipe, state, SlotTag{nullptr, -1, 0, kDone}, nullptr);
   }
