@@ -568,17 +568,19 @@ struct Combine {
     // (lane 0), and the store warp releases it once its bulk stores completed; lane k
     // releases row k otherwise (stage_all): returns whether it has one to release.
     const auto stage = [&](int64_t first, int count, auto row_of) {
-      __syncwarp();  // lane 0 is done with the previous job's sources
       const int64_t mine = static_cast<int>(lane) < count ? row_of(first + lane) : -1;
       const int n = mine >= 0 && mine < rows_with_input ? arch::ld_global(&h.recv_num_entries[mine]) : 0;
       uint32_t pushed = 0;
       if (!describe) {
-        if (mine >= 0) arch::st_global(&lay.header(dom.self(), mine)->num_entries, static_cast<int16_t>(n));
         pushed = __ballot_sync(arch::kFullWarpMask, n > 0 && !p.input_in_staging);
+        if (mine >= 0) arch::st_global(&lay.header(dom.self(), mine)->num_entries, static_cast<int16_t>(n));
+        __syncwarp();  // every header is written before lane 0 pushes the rows the store warp releases
         if (lane == 0)
           for (int k = 0; k < count; ++k)
             if (pushed >> k & 1u) push_stage_job(row_of(first + k), 1);
       } else {
+        // Lane 0 writes each header; the warp barrier after it orders it before every
+        // lane's release (stage_all) and hands the sources back.
         for (int k = 0; k < count; ++k) {
           const int64_t r = row_of(first + k);
           const int kept = describe_row(r, __shfl_sync(arch::kFullWarpMask, n, k));
@@ -590,10 +592,9 @@ struct Combine {
             if (push) push_stage_job(r, num_sources);
           }
           pushed |= static_cast<uint32_t>(push) << k;
-          __syncwarp();  // lane 0 is done with the row's sources
+          __syncwarp();  // lane 0 is done with the row's sources, and its header is written
         }
       }
-      __syncwarp();  // every header of the batch is written
       return mine >= 0 && !(pushed >> lane & 1u);
     };
     // The stage jobs of the block's rows row_of(i), i < count, 32 at a time. Each lane
