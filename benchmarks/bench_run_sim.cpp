@@ -82,12 +82,18 @@ uint64_t check_dispatch(const Params& p, const DispatchResult& d, const Expected
   if (d.num_rows != want_n) return 1 + static_cast<uint64_t>(std::llabs(d.num_rows - want_n));
   const std::size_t n = static_cast<std::size_t>(want_n);
   // Rows in the buffer are at the staging pitch (hidden.cols()), each row's bytes first.
-  const auto pitch = static_cast<std::size_t>(d.hidden.cols());
-  const std::vector<uint8_t> at_pitch = to_host(reinterpret_cast<const uint8_t*>(d.hidden.data()), n * pitch, stream);
-  std::vector<uint8_t> got_rows(n * row_bytes);
-  for (std::size_t r = 0; r < n; ++r)
-    std::memcpy(got_rows.data() + r * row_bytes, at_pitch.data() + r * pitch, static_cast<std::size_t>(row_bytes));
-  uint64_t bad = count_diff(got_rows, want_rows.bytes);
+  // Compared a piece at a time: every rank checks at once, and at the seed's sizes a
+  // host copy of every rank's rows is gigabytes.
+  const auto pitch = static_cast<std::size_t>(d.hidden.cols()), rb = static_cast<std::size_t>(row_bytes);
+  constexpr std::size_t kRowsPerPiece = 256;
+  uint64_t bad = 0;
+  for (std::size_t r0 = 0; r0 < n; r0 += kRowsPerPiece) {
+    const std::size_t rows = std::min(kRowsPerPiece, n - r0);
+    const std::vector<uint8_t> at_pitch =
+        to_host(reinterpret_cast<const uint8_t*>(d.hidden.data()) + r0 * pitch, rows * pitch, stream);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t b = 0; b < rb; ++b) bad += at_pitch[r * pitch + b] != want_rows.bytes[(r0 + r) * rb + b];
+  }
   if (fp8) bad += count_diff(to_host(d.scales.data(), n * blocks, stream), want_rows.scales);
   if (e.grouped.empty()) {
     const ref::ReceivedRows& rr = e.received.ranks[rank];
@@ -361,9 +367,10 @@ Pass run_pass(const Params& p, const std::vector<ref::RankInput>& inputs, const 
       });
       pass.mismatches[op0 + 1][rank] = check_dispatch(p, d, e, rank, stream);
 
-      const auto y = to_device(alloc, e.y[rank], d.num_rows, p.hidden, stream);
-      // Rows in the buffer: the expert step in place, its outputs over the received rows.
-      if (stay) gpu::memcpy_async(d.hidden.data(), y.data(), e.y[rank].size() * sizeof(bf16), stream);
+      // Rows in the buffer: the expert step in place, its outputs over the received rows
+      // (BF16 rows at the staging pitch); otherwise an array of their own.
+      const auto y = stay ? DeviceArray<bf16>() : to_device(alloc, e.y[rank], d.num_rows, p.hidden, stream);
+      if (stay) gpu::memcpy_async(d.hidden.data(), e.y[rank].data(), e.y[rank].size() * sizeof(bf16), stream);
       gpu::stream_synchronize(stream);
       sample();
       window(op0 + 2, [&] {
