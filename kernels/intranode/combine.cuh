@@ -561,8 +561,10 @@ struct Combine {
     };
     // The stage jobs of rows row_of(first), ..., row_of(first + count - 1), count <= 32;
     // lane k reads row k's entry count. The received layout without probs keeps every
-    // entry and no rank reads the entries: lane k writes row k's count in its header.
-    // Otherwise the warp describes one row at a time. num_entries 0 tells home ranks the
+    // entry and no rank reads the entries: the count goes in the row's header, written
+    // by the lane that then releases it (lane k) or pushes it (lane 0), so nothing
+    // orders one lane's header before another's release. Otherwise the warp describes
+    // one row at a time. num_entries 0 tells home ranks the
     // row has nothing for them (semantics.md 6: dropped rows contribute nothing). A row
     // with a source that is not already where staging puts it goes through the pipeline
     // (lane 0), and the store warp releases it once its bulk stores completed; lane k
@@ -573,11 +575,17 @@ struct Combine {
       uint32_t pushed = 0;
       if (!describe) {
         pushed = __ballot_sync(arch::kFullWarpMask, n > 0 && !p.input_in_staging);
-        if (mine >= 0) arch::st_global(&lay.header(dom.self(), mine)->num_entries, static_cast<int16_t>(n));
-        __syncwarp();  // every header is written before lane 0 pushes the rows the store warp releases
-        if (lane == 0)
-          for (int k = 0; k < count; ++k)
-            if (pushed >> k & 1u) push_stage_job(row_of(first + k), 1);
+        if (mine >= 0 && !(pushed >> lane & 1u))
+          arch::st_global(&lay.header(dom.self(), mine)->num_entries, static_cast<int16_t>(n));
+        for (uint32_t rest = pushed; rest != 0; rest &= rest - 1) {
+          const int k = __ffs(static_cast<int>(rest)) - 1;
+          const int entries = __shfl_sync(arch::kFullWarpMask, n, k);
+          if (lane == 0) {
+            const int64_t r = row_of(first + k);
+            arch::st_global(&lay.header(dom.self(), r)->num_entries, static_cast<int16_t>(entries));
+            push_stage_job(r, 1);
+          }
+        }
       } else {
         // Lane 0 writes each header; the warp barrier after it orders it before every
         // lane's release (stage_all) and hands the sources back.
