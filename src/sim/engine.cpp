@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <sstream>
+#include <stdexcept>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -107,7 +109,16 @@ Fiber::~Fiber() {
 StackPool::~StackPool() { release_all(); }
 
 bctx::stack_context StackPool::allocate() {
-  if (free_.empty()) return allocator_.allocate();
+  if (free_.empty()) {
+    try {
+      bctx::stack_context sctx = allocator_.allocate();
+      ++mapped_;
+      return sctx;
+    } catch (const std::bad_alloc&) {
+      // The engine's thread has no caller to report to: the process ends with this.
+      throw std::runtime_error(stack_failure(mapped_, stack_bytes_));
+    }
+  }
   bctx::stack_context sctx = free_.back();
   free_.pop_back();
   return sctx;
@@ -120,7 +131,23 @@ void StackPool::deallocate(bctx::stack_context& sctx) {
 
 void StackPool::release_all() {
   for (auto& sctx : free_) allocator_.deallocate(sctx);
+  mapped_ -= free_.size();
   free_.clear();
+}
+
+std::string StackPool::stack_failure(std::size_t mapped, std::size_t stack_bytes) {
+  std::size_t maps = 0;
+  std::ifstream self("/proc/self/maps");
+  for (std::string line; std::getline(self, line);) ++maps;
+  long limit = -1;
+  std::ifstream("/proc/sys/vm/max_map_count") >> limit;
+  std::ostringstream os;
+  os << "railyard simulator: cannot map a stack for one more simulated thread (" << mapped << " stacks of "
+     << stack_bytes / 1024 << " KiB are mapped, two memory mappings each with its guard page; the process has "
+     << maps << " mappings, vm.max_map_count is " << limit
+     << ", and an address-space limit (ulimit -v) counts too): run fewer blocks or threads at once (a benchmark: "
+        "fewer --sms or ranks), or raise vm.max_map_count (sysctl -w vm.max_map_count=262144)";
+  return os.str();
 }
 
 // ---- world protocol ---------------------------------------------------------------------

@@ -294,14 +294,20 @@ struct HostSleeper {
 // threads, and mapping and unmapping a stack for each one costs more than running it.
 class StackPool {
  public:
-  explicit StackPool(std::size_t stack_bytes = 256 * 1024) : allocator_(stack_bytes) {}
+  explicit StackPool(std::size_t stack_bytes = 256 * 1024) : allocator_(stack_bytes), stack_bytes_(stack_bytes) {}
   ~StackPool();
+  // A stack, from the free ones or newly mapped; a mapping that fails (the process's
+  // memory mappings at vm.max_map_count, or its address space at its limit) throws a
+  // std::runtime_error that says so.
   bctx::stack_context allocate();
   void deallocate(bctx::stack_context& sctx);
   void release_all();  // unmaps the free stacks
 
  private:
+  static std::string stack_failure(std::size_t mapped, std::size_t stack_bytes);
   bctx::protected_fixedsize_stack allocator_;
+  std::size_t stack_bytes_;
+  std::size_t mapped_ = 0;  // stacks mapped, in use or free
   std::vector<bctx::stack_context> free_;
 };
 

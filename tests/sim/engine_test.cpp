@@ -3,6 +3,7 @@
 // Device code here uses the CUDA builtins and the raw device hooks; the arch wrappers
 // have their own tests in tests/arch.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -11,6 +12,7 @@
 #include <mutex>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -161,6 +163,33 @@ TEST_F(SimEngine, StreamQueryRunsWhatCanRunAndReportsPending) {
   *flag = 1;                           // the host holds the world: it may write
   sim::stream_synchronize(s);
   EXPECT_EQ(*done, 1);
+}
+
+// A thread's stack that cannot be mapped (here the address space at its limit; on
+// large runs, vm.max_map_count) ends the process with a message saying what to do,
+// not a bare std::bad_alloc.
+// 1,024 threads alive at once (the barrier), 256 MiB of stacks, in an address space
+// limited to 64 MiB more than it uses.
+void run_threads_past_the_address_space() {
+  std::size_t pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;  // the address space in use, in pages
+  rlimit limit;
+  limit.rlim_cur = limit.rlim_max = pages * 4096 + (rlim_t{64} << 20);
+  setrlimit(RLIMIT_AS, &limit);
+  sim::reset();
+  sim::add_device();
+  sim::launch(sim::default_stream(0), {1, 1024, 0, "many_threads"}, [] { __syncthreads(); });
+  sim::device_synchronize(0);
+}
+
+TEST(SimEngineDeathTest, AStackThatCannotBeMappedIsNamed) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's own mappings do not fit an address-space limit";
+#endif
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(run_threads_past_the_address_space(),
+               "cannot map a stack for one more simulated thread \\([0-9]+ stacks of 256 KiB are mapped.*raise "
+               "vm.max_map_count");
 }
 
 // Two devices in one NVLink domain pass a message through peer memory while both
