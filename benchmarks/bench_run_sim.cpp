@@ -32,13 +32,19 @@ using Clock = std::chrono::steady_clock;
 
 sim::DeviceProps sim_props(const Params& p) { return p.sim_gpu == "b200" ? sim::b200_props() : sim::h100_props(); }
 
-// Elements of `got` that differ from `want`, bytewise; a length difference counts.
+// Of n elements at `got` and `want`, those that differ, bytewise.
+template <class T>
+uint64_t count_diff(const T* got, const T* want, std::size_t n) {
+  uint64_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) bad += std::memcmp(&got[i], &want[i], sizeof(T)) != 0;
+  return bad;
+}
+// Elements of `got` that differ from `want`; a length difference counts.
 template <class T>
 uint64_t count_diff(const std::vector<T>& got, const std::vector<T>& want) {
-  uint64_t bad = got.size() > want.size() ? got.size() - want.size() : want.size() - got.size();
-  for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i)
-    bad += std::memcmp(&got[i], &want[i], sizeof(T)) != 0;
-  return bad;
+  const std::size_t n = std::min(got.size(), want.size());
+  return (got.size() > want.size() ? got.size() - want.size() : want.size() - got.size()) +
+         count_diff(got.data(), want.data(), n);
 }
 
 // Everything the reference says about one layout.
@@ -92,7 +98,7 @@ uint64_t check_dispatch(const Params& p, const DispatchResult& d, const Expected
     const std::vector<uint8_t> at_pitch =
         to_host(reinterpret_cast<const uint8_t*>(d.hidden.data()) + r0 * pitch, rows * pitch, stream);
     for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t b = 0; b < rb; ++b) bad += at_pitch[r * pitch + b] != want_rows.bytes[(r0 + r) * rb + b];
+      bad += count_diff(at_pitch.data() + r * pitch, want_rows.bytes.data() + (r0 + r) * rb, rb);
   }
   if (fp8) bad += count_diff(to_host(d.scales.data(), n * blocks, stream), want_rows.scales);
   if (e.grouped.empty()) {

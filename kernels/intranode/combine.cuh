@@ -564,11 +564,11 @@ struct Combine {
     // entry and no rank reads the entries: the count goes in the row's header, written
     // by the lane that then releases it (lane k) or pushes it (lane 0), so nothing
     // orders one lane's header before another's release. Otherwise the warp describes
-    // one row at a time. num_entries 0 tells home ranks the
-    // row has nothing for them (semantics.md 6: dropped rows contribute nothing). A row
-    // with a source that is not already where staging puts it goes through the pipeline
-    // (lane 0), and the store warp releases it once its bulk stores completed; lane k
-    // releases row k otherwise (stage_all): returns whether it has one to release.
+    // one row at a time. num_entries 0 tells home ranks the row has nothing for them
+    // (semantics.md 6: dropped rows contribute nothing). A row with a source that is
+    // not already where staging puts it goes through the pipeline (lane 0), and the
+    // store warp releases it once its bulk stores completed; lane k releases row k
+    // otherwise (stage_all): returns whether it has one to release.
     const auto stage = [&](int64_t first, int count, auto row_of) {
       const int64_t mine = static_cast<int>(lane) < count ? row_of(first + lane) : -1;
       const int n = mine >= 0 && mine < rows_with_input ? arch::ld_global(&h.recv_num_entries[mine]) : 0;

@@ -116,7 +116,7 @@ bctx::stack_context StackPool::allocate() {
       return sctx;
     } catch (const std::bad_alloc&) {
       // The engine's thread has no caller to report to: the process ends with this.
-      throw std::runtime_error(stack_failure(mapped_, stack_bytes_));
+      throw std::runtime_error(stack_failure());
     }
   }
   bctx::stack_context sctx = free_.back();
@@ -135,15 +135,15 @@ void StackPool::release_all() {
   free_.clear();
 }
 
-std::string StackPool::stack_failure(std::size_t mapped, std::size_t stack_bytes) {
+std::string StackPool::stack_failure() const {
   std::size_t maps = 0;
   std::ifstream self("/proc/self/maps");
   for (std::string line; std::getline(self, line);) ++maps;
   long limit = -1;
   std::ifstream("/proc/sys/vm/max_map_count") >> limit;
   std::ostringstream os;
-  os << "railyard simulator: cannot map a stack for one more simulated thread (" << mapped << " stacks of "
-     << stack_bytes / 1024 << " KiB are mapped, two memory mappings each with its guard page; the process has "
+  os << "railyard simulator: cannot map a stack for one more simulated thread (" << mapped_ << " stacks of "
+     << stack_bytes_ / 1024 << " KiB are mapped, two memory mappings each with its guard page; the process has "
      << maps << " mappings, vm.max_map_count is " << limit
      << ", and an address-space limit (ulimit -v) counts too): run fewer blocks or threads at once (a benchmark: "
         "fewer --sms or ranks), or raise vm.max_map_count (sysctl -w vm.max_map_count=262144)";

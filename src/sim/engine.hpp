@@ -304,7 +304,7 @@ class StackPool {
   void release_all();  // unmaps the free stacks
 
  private:
-  static std::string stack_failure(std::size_t mapped, std::size_t stack_bytes);
+  std::string stack_failure() const;  // why allocate() failed, and what to do
   bctx::protected_fixedsize_stack allocator_;
   std::size_t stack_bytes_;
   std::size_t mapped_ = 0;  // stacks mapped, in use or free
