@@ -7,18 +7,18 @@
 //   other domain into wire rows and puts them, a chunk of C rows with a signal at a
 //   time, into its rail peer's receive area there. A token crosses each NIC once per
 //   destination domain.
-// - After its own tokens, the send side forwards the wire rows its rail peers put into
-//   this rank's receive areas, chunk by chunk, each chunk once its signal has counted
-//   this operation: exactly as the source would have sent the row within its own
-//   domain (the same staging row, header, entries and scales).
+// - Beside its own tokens, two Forward warps per block forward the wire rows its rail
+//   peers put into this rank's receive areas, chunk by chunk, each chunk once its
+//   signal has counted this operation: exactly as the source would have sent the row
+//   within its own domain (the same staging row, header, entries and scales).
 // Copy-out is the intra-node one: every received row, local or forwarded, lands at
 // the position the group's metadata gave it.
 //
 // A chunk signal grows only in the operations whose source packed that chunk, so the
-// receiver keeps, per forwarding role (SendLoad, SendStore) and chunk, how far it has
-// consumed the signal (HierarchicalLayout counters): each role waits for its own
-// count + 1. A chunk is dealt to one block per operation; blocks may differ between
-// operations, the counts live in global memory and the kernel boundary orders them.
+// receiver keeps, per chunk, how far it has consumed the signal (HierarchicalLayout
+// counters): the warp it is dealt to waits for the count + 1. A chunk is dealt to one
+// Forward warp per operation; warps may differ between operations, the counts live in
+// global memory and the kernel boundary orders them.
 #pragma once
 
 #include <cstdint>
@@ -80,16 +80,16 @@ struct Forwarding {
   }
   RAILYARD_DEVICE static const uint8_t* payload(const Params& p, const uint8_t* row) { return row + p.wire.payload; }
 
-  // Warp-collective, by forwarding role `role` (0 or 1): fn(rows, n, stride, forwarded)
-  // for each chunk of received wire rows dealt to this block, once its signal has
+  // Warp-collective, by Forward warp f of this block's F: fn(rows, n, stride,
+  // forwarded) for each chunk of received wire rows dealt to it, once its signal has
   // counted this operation; `forwarded` is the chunk's first row in the handle's
-  // forward_pos (source domain x M + packed row). Chunks are dealt to blocks round
-  // robin in the order the rail peers send them: in rounds, round j the j-th chunk of
-  // every lane (chunk l + j L of lane l), lanes in HierarchicalLayout::dealt_lane order.
-  // The count of rows comes from the rail peer's count row (count_to_domain of this
-  // domain), which the metadata relayed.
+  // forward_pos (source domain x M + packed row). Chunks are dealt round robin in the
+  // order the rail peers send them (in rounds, round j the j-th chunk of every lane:
+  // chunk l + j L of lane l, lanes in HierarchicalLayout::dealt_lane order), to every
+  // block's warp 0, then every block's warp 1, ... The count of rows comes from the
+  // rail peer's count row (count_to_domain of this domain), which the metadata relayed.
   template <class Fn>
-  RAILYARD_DEVICE static void for_each_chunk(const Params& p, int role, Fn&& fn) {
+  RAILYARD_DEVICE static void for_each_chunk(const Params& p, int f, int F, Fn&& fn) {
     const RdmaSendParams<T>& q = p.send;
     const layout::HierarchicalLayout H(q.shape);
     int64_t dealt = 0;
@@ -100,7 +100,7 @@ struct Forwarding {
         const int64_t c = in.l + j * q.shape.lanes_per_peer;
         if (c * q.shape.chunk_tokens >= in.rows) continue;
         more = 1;
-        if (dealt++ % gridDim.x == blockIdx.x) forward_chunk(p, H, role, in, c, fn);
+        if (dealt++ % (int64_t{gridDim.x} * F) == int64_t{f} * gridDim.x + blockIdx.x) forward_chunk(p, H, in, c, fn);
       }
     }
   }
@@ -125,12 +125,12 @@ struct Forwarding {
 
   // Chunk c of the lane: waited for, then fn on its rows.
   template <class Fn>
-  RAILYARD_DEVICE static void forward_chunk(const Params& p, const layout::HierarchicalLayout& H, int role,
+  RAILYARD_DEVICE static void forward_chunk(const Params& p, const layout::HierarchicalLayout& H,
                                             const ReceivedLane& in, int64_t c, Fn&& fn) {
     const RdmaSendParams<T>& q = p.send;
     const int C = q.shape.chunk_tokens;
     if (arch::lane_idx() == 0) {
-      auto* consumed = reinterpret_cast<uint64_t*>(q.self + H.dispatch_consumed_offset(role, in.r, c));
+      auto* consumed = reinterpret_cast<uint64_t*>(q.self + H.dispatch_consumed_offset(in.r, c));
       const uint64_t target = arch::ld_global(consumed) + 1;
       T::wait_signal(q.lanes, in.q, q.self, H.dispatch_signal_offset(in.r, c), target,
                      {"dispatch forwarding: wire rows of chunk (index) from rank (value)", c, in.src},
@@ -138,7 +138,7 @@ struct Forwarding {
       arch::st_global(consumed, target);
     }
     // Lane 0's acquire, then the warp barrier: every lane reads the rows; the proxy
-    // fence orders them before the TMA loads of their bytes (SendLoad).
+    // fence orders them before the TMA loads of their bytes (the leader's).
     __syncwarp();
     arch::fence_proxy_async_global();
     const int n = in.rows - c * C < C ? static_cast<int>(in.rows - c * C) : C;

@@ -2,7 +2,7 @@
 // staging rows of the ranks that host their experts, and copies the rows it received
 // out of its own staging into the caller's output. See docs/design-intranode.md.
 //
-// One block is one channel; it never waits on another block of its rank. Four warps:
+// One block is one channel; it never waits on another block of its rank. Five warps:
 //   SendLoad     (G2S)  TMA-loads this block's token rows, piece by piece, into the
 //                       send FIFO;
 //   SendStore    (S2G)  TMA-stores each piece into the staging row of every
@@ -25,9 +25,10 @@
 //
 // Across NVLink domains (the Remote parameter: kernels/hierarchical/dispatch.cuh) the
 // same kernel sends only to the ranks of its own domain (DomainParams::nvlink_*), a
-// sixth warp puts this rank's rows for the other domains over RDMA, and the send side
-// forwards, after this rank's own tokens, the wire rows its rail peers put into its
-// receive areas, each as the source would have sent it. NoRemote: one domain.
+// sixth warp puts this rank's rows for the other domains over RDMA, and two Forward
+// warps forward the wire rows its rail peers put into its receive areas, each as the
+// source would have sent it, beside this rank's own tokens: SendStore's code, each on
+// a FIFO of its own that it fills itself (no load warp). NoRemote: one domain.
 #pragma once
 
 #include <cstddef>
@@ -79,8 +80,17 @@ struct Dispatch {
     CopyOutStore = 3,
     RowFields = 4,
     RdmaSend = 5,  // Remote::kWarps == 1 only
+    Forward = 6,   // Remote::kForwards only: kForwarders warps from here
   };
-  static constexpr uint32_t kNumWarps = 5 + Remote::kWarps;
+  // Send sides, each with its FIFO, ring and bulk groups: side 0 SendLoad -> SendStore
+  // for this rank's tokens; across domains side 1 + f for Forward warp f, which loads
+  // its own FIFO. Forwarding starts when the first chunk lands and runs beside the own
+  // tokens; two warps, because one warp's work per row (routing, pieces, header,
+  // publication: about 1.2 us in the timed simulation) is slower than the NIC brings
+  // the rows in.
+  static constexpr int kForwarders = Remote::kForwards ? 2 : 0;
+  static constexpr int kSendSides = 1 + kForwarders;
+  static constexpr uint32_t kNumWarps = 5 + Remote::kWarps + kForwarders;
   static constexpr uint32_t kMaxThreadsPerBlock = kNumWarps * arch::kWarpSize;
   static constexpr uint32_t kMinBlocksPerSm = 1;
 
@@ -106,24 +116,28 @@ struct Dispatch {
   static_assert(kPublishBatch < kPendingTokens);
   using BulkConsumer = pipeline::BulkConsumer<Stages, kReadLag>;
 
-  struct SharedStorage {
-    alignas(128) uint8_t send_slots[Stages][SlotBytes];  // SendLoad -> SendStore
-    alignas(128) uint8_t copy_slots[Stages][SlotBytes];  // CopyOutLoad -> CopyOutStore
-    alignas(128) uint8_t zero_slot[SlotBytes];           // source of the padding rows
-    typename Pipeline::SharedStorage send_pipe;
-    typename Pipeline::SharedStorage copy_pipe;
-    arch::SharedVar<int32_t> recv_bound[kMaxRanks];  // every rank's max_recv_rows, -1: none
-    // SendStore's tokens whose headers are not yet published, a ring written by its
-    // lanes: each token's row at each destination (-1: no header there), and the bulk
-    // groups its leader had committed once the token's pieces were issued.
-    arch::SharedVar<int32_t> send_pos[kPendingTokens][kMaxRanks];
-    arch::SharedVar<uint32_t> send_groups[kPendingTokens];
+  // One send side: its load warp (or its store warp's leader) -> its store warp.
+  struct SendSide {
+    alignas(128) uint8_t slots[Stages][SlotBytes];
+    typename Pipeline::SharedStorage pipe;
+    // The store warp's tokens whose headers are not yet published, a ring written by
+    // its lanes: each token's row at each destination (-1: no header there), and the
+    // bulk groups its leader had committed once the token's pieces were issued.
+    arch::SharedVar<int32_t> pos[kPendingTokens][kMaxRanks];
+    arch::SharedVar<uint32_t> groups[kPendingTokens];
     // Which destinations copy the current token's row out (else only the header
     // travels), a bit each (bit i of word w: dest_begin + 32 w + i), how many of the
     // token's experts each hosts, and how many pending tokens the leader found landed.
-    arch::SharedVar<uint32_t> send_bytes[kMaskWords];
-    arch::SharedVar<int16_t> send_entries[kMaxRanks];
+    arch::SharedVar<uint32_t> bytes[kMaskWords];
+    arch::SharedVar<int16_t> entries[kMaxRanks];
     arch::SharedVar<int32_t> publish_count;
+  };
+  struct SharedStorage {
+    SendSide send[kSendSides];
+    alignas(128) uint8_t copy_slots[Stages][SlotBytes];  // CopyOutLoad -> CopyOutStore
+    alignas(128) uint8_t zero_slot[SlotBytes];           // source of the padding rows
+    typename Pipeline::SharedStorage copy_pipe;
+    arch::SharedVar<int32_t> recv_bound[kMaxRanks];  // every rank's max_recv_rows, -1: none
     typename Remote::template Storage<SlotBytes> remote;
   };
   static_assert(sizeof(SharedStorage) <= arch::kMaxDynamicSmemBytes,
@@ -209,7 +223,7 @@ struct Dispatch {
     const uint64_t seq = op_begin(params.domain);
     const uint32_t thread = arch::linear_thread_idx();
     if (thread == 0) {
-      Pipeline::init(storage.send_pipe, /*producer_arrivals=*/1, /*consumer_arrivals=*/1);
+      for (SendSide& side : storage.send) Pipeline::init(side.pipe, /*producer_arrivals=*/1, /*consumer_arrivals=*/1);
       Pipeline::init(storage.copy_pipe, /*producer_arrivals=*/1, /*consumer_arrivals=*/1);
       if constexpr (Remote::kWarps > 0) Remote::init(storage.remote);
       arch::fence_mbarrier_init_release_cluster();  // the TMA completes on the barriers
@@ -238,12 +252,16 @@ struct Dispatch {
     const auto role = static_cast<WarpRole>(arch::warp_idx());
     switch (role) {
       case WarpRole::SendLoad: send_load(params, ctx, storage); break;
-      case WarpRole::SendStore: send_store(params, ctx, storage, seq); break;
+      case WarpRole::SendStore: send_store(params, ctx, storage, 0, seq); break;
       case WarpRole::CopyOutLoad: copy_out_load(params, ctx, storage, seq); break;
       case WarpRole::CopyOutStore: copy_out_store(params, ctx, storage); break;
       case WarpRole::RowFields: row_fields(params, ctx, seq); break;
       case WarpRole::RdmaSend:
         if constexpr (Remote::kWarps > 0) Remote::send(params.remote, storage.remote);
+        break;
+      default:  // Forward + f: send side 1 + f
+        if constexpr (kForwarders > 0)
+          send_store(params, ctx, storage, 1 + static_cast<int>(role) - static_cast<int>(WarpRole::Forward), seq);
         break;
     }
     op_end(params.domain, seq);
@@ -387,23 +405,26 @@ struct Dispatch {
     v.prob = load_prob(p, c, v, lane);
     return v;
   }
-  // Calls fn(view) for this block's tokens in order, each token's view loaded before
+  // Calls fn(view) for the tokens of send side `side`, each token's view loaded before
   // fn runs on the one before it: a role spends one token's work, not its own, waiting
-  // for the next token's loads. Then, across domains, the same for the wire rows of
-  // this block's received chunks, each chunk once its signal says it landed (`role`
-  // counts the signals it consumed). Warp-collective.
+  // for the next token's loads. Side 0: this block's tokens in order. Side 1 + f
+  // (across domains): the wire rows of the received chunks dealt to this block's
+  // Forward warp f, each chunk once its signal says it landed. Warp-collective.
   template <class Fn>
-  RAILYARD_DEVICE static void for_each_token_view(const Params& p, const Context& c, WarpRole role, Fn&& fn) {
-    BlockChunks tokens(p.num_tokens, p.chunk_rows);
-    TokenView next = tokens.valid() ? view_token(p, c, tokens.item, nullptr) : TokenView{};
-    while (tokens.valid()) {
-      const TokenView current = next;
-      tokens.advance();
-      if (tokens.valid()) next = view_token(p, c, tokens.item, nullptr);
-      fn(current);
+  RAILYARD_DEVICE static void for_each_token_view(const Params& p, const Context& c, int side, Fn&& fn) {
+    if (side == 0) {
+      BlockChunks tokens(p.num_tokens, p.chunk_rows);
+      TokenView next = tokens.valid() ? view_token(p, c, tokens.item, nullptr) : TokenView{};
+      while (tokens.valid()) {
+        const TokenView current = next;
+        tokens.advance();
+        if (tokens.valid()) next = view_token(p, c, tokens.item, nullptr);
+        fn(current);
+      }
+      return;
     }
     if constexpr (Remote::kForwards) {
-      Remote::for_each_chunk(p.remote, static_cast<int>(role),
+      Remote::for_each_chunk(p.remote, side - 1, kForwarders,
                              [&](const uint8_t* rows, int n, int64_t stride, int64_t forwarded) {
                                TokenView ahead = view_token(p, c, 0, rows, forwarded);
                                for (int i = 0; i < n; ++i) {
@@ -463,35 +484,65 @@ struct Dispatch {
 
   RAILYARD_DEVICE static void send_load(const Params& p, const Context& c, SharedStorage& s) {
     const bool leader = arch::elect_one_sync();
-    Pipeline pipe(s.send_pipe, p.domain.wait());  // used by the leader only
+    SendSide& out = s.send[0];
+    Pipeline pipe(out.pipe, p.domain.wait());  // used by the leader only
     PipelineState state;
-    for_each_token_view(p, c, WarpRole::SendLoad, [&](const TokenView& view) {
+    for_each_token_view(p, c, 0, [&](const TokenView& view) {
       if (!token_sends_row(p, c, s, view) || !leader) return;
       const uint8_t* src = row_of(p, c, view);
       for (uint32_t offset = 0; offset < c.row_bytes; offset += SlotBytes) {
         const uint32_t bytes = piece_bytes(c.row_bytes, offset);
         pipe.producer_acquire(state, bytes);
-        arch::bulk_copy_g2s(s.send_slots[state.index], src + offset, bytes, pipe.full_barrier(state));
+        arch::bulk_copy_g2s(out.slots[state.index], src + offset, bytes, pipe.full_barrier(state));
         ++state;
       }
     });
   }
 
-  // SendStore's leader: issues each piece to every destination that copies the row
-  // out, and finds the tokens whose rows have landed.
+  // SendStore's leader (and each Forward warp's): issues each piece to every
+  // destination that copies the row out, and finds the tokens whose rows have landed.
+  // A Forward warp's leader also fills its FIFO: load() starts a row's pieces, as many
+  // as free slots allow, and each piece() loads more as slots come back, so a load
+  // never waits for a slot only this thread would free.
   struct SendIssuer {
     BulkConsumer fifo;
+    Pipeline loads;          // the FIFO's producer side (Forward warps)
+    PipelineState loaded;    // the next slot to load
+    uint32_t pieces_loaded = 0;
+    const uint8_t* src = nullptr;
+    uint32_t src_bytes = 0, src_offset = 0;  // the row being loaded, and how much of it is
 
-    RAILYARD_DEVICE SendIssuer(SharedStorage& s, const pipeline::WaitPolicy& wait) : fifo(s.send_pipe, wait) {}
+    RAILYARD_DEVICE SendIssuer(SendSide& s, const pipeline::WaitPolicy& wait)
+        : fifo(s.pipe, wait), loads(s.pipe, wait) {}
 
-    RAILYARD_DEVICE void piece(const Params& p, const Context& c, SharedStorage& s, int ring, uint32_t offset) {
+    RAILYARD_DEVICE void load(SendSide& s, const uint8_t* row, uint32_t row_bytes) {
+      src = row;
+      src_bytes = row_bytes;
+      src_offset = 0;
+      load_more(s);
+    }
+    RAILYARD_DEVICE void load_more(SendSide& s) {
+      // Slots held: loaded and not stored from (pieces_loaded - committed), and at most
+      // kReadLag stored from and not given back.
+      for (; src_offset < src_bytes && pieces_loaded - fifo.committed < static_cast<uint32_t>(Stages - kReadLag);
+           ++pieces_loaded) {
+        const uint32_t bytes = piece_bytes(src_bytes, src_offset);
+        loads.producer_acquire(loaded, bytes);
+        arch::bulk_copy_g2s(s.slots[loaded.index], src + src_offset, bytes, loads.full_barrier(loaded));
+        ++loaded;
+        src_offset += bytes;
+      }
+    }
+
+    RAILYARD_DEVICE void piece(const Params& p, const Context& c, SendSide& s, int ring, uint32_t offset) {
       const uint32_t bytes = piece_bytes(c.row_bytes, offset);
       const uint32_t slot = fifo.wait();
       for_each_byte_dest(c, s, [&](int d) {
-        uint8_t* row = c.layout.stage_row(p.domain.peers.base(d), s.send_pos[ring][d].load());
-        transport::nvlink::put_bulk(row + offset, s.send_slots[slot], bytes);
+        uint8_t* row = c.layout.stage_row(p.domain.peers.base(d), s.pos[ring][d].load());
+        transport::nvlink::put_bulk(row + offset, s.slots[slot], bytes);
       });
       fifo.commit();
+      load_more(s);
     }
 
     // How many of the pending tokens [published, issued) to publish now: those whose
@@ -499,7 +550,7 @@ struct Dispatch {
     // (after waiting for every group). A completed wait is followed by an implicit
     // generic-async proxy fence (PTX, "Async proxy"), so the lanes' release after the
     // warp barrier that follows publishes the rows.
-    RAILYARD_DEVICE int landed(const SharedStorage& s, int64_t published, int64_t issued, bool all) {
+    RAILYARD_DEVICE int landed(const SendSide& s, int64_t published, int64_t issued, bool all) {
       const uint32_t committed = fifo.committed;
       uint32_t done;
       if (all) {
@@ -511,26 +562,30 @@ struct Dispatch {
         done = committed > kWriteLag ? committed - kWriteLag : 0;
       }
       int64_t n = published;
-      while (n < issued && s.send_groups[n % kPendingTokens].load() <= done) ++n;
+      while (n < issued && s.groups[n % kPendingTokens].load() <= done) ++n;
       return all || n - published >= kPublishBatch ? static_cast<int>(n - published) : 0;
     }
   };
 
-  RAILYARD_DEVICE static void send_store(const Params& p, const Context& c, SharedStorage& s, uint64_t seq) {
+  RAILYARD_DEVICE static void send_store(const Params& p, const Context& c, SharedStorage& storage, int side,
+                                         uint64_t seq) {
     const bool leader = arch::elect_one_sync();
+    SendSide& s = storage.send[side];
     SendIssuer issuer(s, p.domain.wait());  // used by the leader only
-    int64_t issued = 0, published = 0;      // this block's tokens so far
-    for_each_token_view(p, c, WarpRole::SendStore, [&](const TokenView& view) {
+    int64_t issued = 0, published = 0;      // this side's tokens so far
+    for_each_token_view(p, c, side, [&](const TokenView& view) {
       const int ring = static_cast<int>(issued % kPendingTokens);
-      route_token(p, c, s, view, ring);
-      const bool sends = token_sends_row(p, c, s, view);
+      const bool sends = token_sends_row(p, c, storage, view);
+      // A Forward warp's row loads while the warp routes it.
+      if (side > 0 && leader && sends) issuer.load(s, row_of(p, c, view), c.row_bytes);
+      route_token(p, c, storage, s, view, ring);
       // The row, piece by piece, to every destination that copies it out, each once
       // however many of its experts the token chose.
       if (leader) {
         if (sends) {
           for (uint32_t offset = 0; offset < c.row_bytes; offset += SlotBytes) issuer.piece(p, c, s, ring, offset);
         }
-        s.send_groups[ring].store(issuer.fifo.committed);
+        s.groups[ring].store(issuer.fifo.committed);
       }
       // Publish the earlier tokens whose rows have landed (all of them when the ring
       // would be full at the next token), then write this token's header: a lane's
@@ -554,15 +609,15 @@ struct Dispatch {
   // destination gets the header when it waits for it (every row in the grouped layout,
   // rows below its bound otherwise) and the row bytes when it copies them out. Ends
   // with a warp barrier: the leader reads every destination's entry.
-  RAILYARD_DEVICE static void route_token(const Params& p, const Context& c, SharedStorage& s, const TokenView& v,
-                                          int ring) {
+  RAILYARD_DEVICE static void route_token(const Params& p, const Context& c, const SharedStorage& storage, SendSide& s,
+                                          const TokenView& v, int ring) {
     __syncwarp();  // every lane has read the previous token's entries (write_header)
     // A lane per destination d of this rank's domain, 32 a round (every lane takes
     // every round: the slots come by shuffles).
     for (int base = c.dest_begin; base < c.dest_end; base += static_cast<int>(arch::kWarpSize)) {
       const int d = base + static_cast<int>(arch::lane_idx());
       const int32_t pos = base == c.dest_begin ? v.pos : load_pos(p, c, v, d);
-      const int32_t bound = d < c.dest_end ? s.recv_bound[d].load() : -1;
+      const int32_t bound = d < c.dest_end ? storage.recv_bound[d].load() : -1;
       int entries = 0;      // the token's experts on d
       bool kept = false;    // one of them has a kept permuted position (grouped)
       for_each_slot(p, c, v, [&](int, uint64_t slot, int32_t dest) {
@@ -584,9 +639,9 @@ struct Dispatch {
       const bool bytes = header && (!c.grouped || kept);
       const uint32_t mask = __ballot_sync(arch::kFullWarpMask, d < c.dest_end && bytes);
       if (d >= c.dest_end) continue;
-      s.send_pos[ring][d].store(header ? pos : -1);
-      s.send_entries[d].store(static_cast<int16_t>(entries));
-      if (d == base) s.send_bytes[(base - c.dest_begin) / 32].store(mask);
+      s.pos[ring][d].store(header ? pos : -1);
+      s.entries[d].store(static_cast<int16_t>(entries));
+      if (d == base) s.bytes[(base - c.dest_begin) / 32].store(mask);
     }
     __syncwarp();
   }
@@ -594,9 +649,9 @@ struct Dispatch {
   // Calls fn(d) for every destination d the current token's row bytes go to, in
   // ascending order (route_token's bits).
   template <class Fn>
-  RAILYARD_DEVICE static void for_each_byte_dest(const Context& c, const SharedStorage& s, Fn&& fn) {
+  RAILYARD_DEVICE static void for_each_byte_dest(const Context& c, const SendSide& s, Fn&& fn) {
     for (int base = c.dest_begin; base < c.dest_end; base += static_cast<int>(arch::kWarpSize)) {
-      for (uint32_t mask = s.send_bytes[(base - c.dest_begin) / 32].load(); mask != 0; mask &= mask - 1)
+      for (uint32_t mask = s.bytes[(base - c.dest_begin) / 32].load(); mask != 0; mask &= mask - 1)
         fn(base + __ffs(static_cast<int>(mask)) - 1);
     }
   }
@@ -605,16 +660,16 @@ struct Dispatch {
   // scales, at every destination. Entries are in ascending local expert order, the
   // order combine sums in. `seq` is not written here: publish() does, once the row
   // has landed.
-  RAILYARD_DEVICE static void write_header(const Params& p, const Context& c, SharedStorage& s, const TokenView& v,
+  RAILYARD_DEVICE static void write_header(const Params& p, const Context& c, const SendSide& s, const TokenView& v,
                                            int ring) {
     const int lane = static_cast<int>(arch::lane_idx());
     const int K = c.max_topk, El = c.num_local_experts;
     for (int d = c.dest_begin + lane; d < c.dest_end; d += static_cast<int>(arch::kWarpSize)) {
-      const int32_t pos = s.send_pos[ring][d].load();
+      const int32_t pos = s.pos[ring][d].load();
       if (pos < 0) continue;
       layout::RowHeader* header = c.layout.header(p.domain.peers.base(d), pos);
       transport::nvlink::put(&header->src_token, static_cast<int32_t>(v.t));
-      transport::nvlink::put(&header->num_entries, s.send_entries[d].load());
+      transport::nvlink::put(&header->num_entries, s.entries[d].load());
       transport::nvlink::put(&header->src_rank, static_cast<int16_t>(v.src_rank));
     }
     // A lane per slot k, 32 a round (every lane takes every round: the other slots
@@ -629,7 +684,7 @@ struct Dispatch {
         index += (other_dest == d && expert_of(other) < e) ? 1 : 0;
       });
       if (e < 0 || !sends_to(c, d)) continue;
-      const int32_t pos = s.send_pos[ring][d].load();
+      const int32_t pos = s.pos[ring][d].load();
       if (pos < 0) continue;
       layout::HeaderEntry* entry = c.layout.header_entries(p.domain.peers.base(d), pos) + index;
       transport::nvlink::put(&entry->local_expert, static_cast<int32_t>(e - d * El));
@@ -639,7 +694,7 @@ struct Dispatch {
     for (int i = lane; i < c.num_scales; i += static_cast<int>(arch::kWarpSize)) {
       const float scale = arch::ld_global(scales_of(p, c, v) + i);
       for_each_byte_dest(c, s, [&](int d) {
-        transport::nvlink::put(c.layout.stage_scales(p.domain.peers.base(d), s.send_pos[ring][d].load()) + i, scale);
+        transport::nvlink::put(c.layout.stage_scales(p.domain.peers.base(d), s.pos[ring][d].load()) + i, scale);
       });
     }
   }
@@ -650,14 +705,14 @@ struct Dispatch {
   // pattern, which covers every lane's header writes (the warp barrier) and the
   // leader's completed bulk stores. Each lane reads and writes only its own
   // destinations' ring entries, so the next token's route_token needs no barrier.
-  RAILYARD_DEVICE static int publish(const Params& p, const Context& c, const SharedStorage& s, uint64_t seq,
+  RAILYARD_DEVICE static int publish(const Params& p, const Context& c, const SendSide& s, uint64_t seq,
                                      int64_t published) {
     const int count = s.publish_count.load();
     for (int d = c.dest_begin + static_cast<int>(arch::lane_idx()); d < c.dest_end;
          d += static_cast<int>(arch::kWarpSize)) {
       bool fenced = false;
       for (int i = 0; i < count; ++i) {
-        const int32_t pos = s.send_pos[(published + i) % kPendingTokens][d].load();
+        const int32_t pos = s.pos[(published + i) % kPendingTokens][d].load();
         if (pos < 0) continue;
         if (!fenced) arch::fence_acq_rel_sys();
         fenced = true;

@@ -200,10 +200,9 @@ TEST(BufferFootprint, AcrossDomainsRegionsAreOrderedAndEveryIndexFallsInItsRegio
       EXPECT_EQ(L.lanes(), D1 * 2);  // two lanes per rail peer by default
       EXPECT_LE(L.rail_entry_signal_offset(L.lanes() - 1) + 8, L.counters_offset());
       EXPECT_EQ(L.rail_entries_offset(0), L.counters_offset());
-      EXPECT_EQ(L.dispatch_consumed_offset(0, 0, 0), L.rail_entries_offset(L.lanes() - 1) + 8);
-      EXPECT_EQ(L.dispatch_consumed_offset(1, 0, 0), L.dispatch_consumed_offset(0, D1 - 1, L.chunks_per_domain() - 1) + 8);
+      EXPECT_EQ(L.dispatch_consumed_offset(0, 0), L.rail_entries_offset(L.lanes() - 1) + 8);
       const int64_t last_chunk = L.chunks_per_domain() - 1;
-      EXPECT_EQ(L.combine_consumed_offset(0, 0), L.dispatch_consumed_offset(1, D1 - 1, last_chunk) + 8);
+      EXPECT_EQ(L.combine_consumed_offset(0, 0), L.dispatch_consumed_offset(D1 - 1, last_chunk) + 8);
       EXPECT_EQ(L.combine_consumed_offset(D1 - 1, last_chunk) + 8, L.counters_offset() + L.num_counters() * 8);
       EXPECT_LE(L.counters_offset() + L.num_counters() * 8, L.dispatch_recv_offset());
       EXPECT_EQ(L.dispatch_recv_row_offset(D1 - 1, M - 1) + L.wire_dispatch_row_bytes(), L.dispatch_send_offset());

@@ -133,7 +133,7 @@ class HierarchicalLayout {
   // [count_rows: 2 parities x D-1 x count_row_ints int32, each remote rail peer's row]
   // [signals: D-1 metadata, D-1 x chunks dispatch, D-1 x chunks combine, a rail entry
   //  per lane; uint64, monotonic]
-  // [counters: rail entries per lane, 2 roles x D-1 x chunks dispatch signals consumed,
+  // [counters: rail entries per lane, D-1 x chunks dispatch signals consumed,
   //  D-1 x chunks combine signals consumed]
   // [dispatch_recv: D-1 x M packed rows] [dispatch_send: D-1 x S x C packed rows]
   // [combine_recv: D-1 x M BF16 rows]    [combine_send: D-1 x S x C BF16 rows]
@@ -151,7 +151,7 @@ class HierarchicalLayout {
   // How far this rank has waited each signal it shares between kernels: values only
   // this rank reads and writes (a monotonic signal's next target is the last one + 1).
   RAILYARD_HOST_DEVICE int64_t counters_offset() const { return signals_offset() + round_up(num_signals() * 8, 128); }
-  RAILYARD_HOST_DEVICE int64_t num_counters() const { return lanes() + remote_domains() * 3 * chunks_per_domain(); }
+  RAILYARD_HOST_DEVICE int64_t num_counters() const { return lanes() + remote_domains() * 2 * chunks_per_domain(); }
   RAILYARD_HOST_DEVICE int64_t dispatch_recv_offset() const {
     return counters_offset() + round_up(num_counters() * 8, 128);
   }
@@ -188,16 +188,15 @@ class HierarchicalLayout {
     return signals_offset() + (remote_domains() * (1 + 2 * chunks_per_domain()) + int64_t{q}) * 8;
   }
   // Counters: the rail entries seen so far on lane q, and the dispatch signals of (r,
-  // chunk) consumed so far by forwarding role `role` (0: the loads of the row bytes, 1:
-  // the stores of the rows' fields; each waits for itself).
+  // chunk) consumed so far by the forwarding (one warp forwards a chunk).
   RAILYARD_HOST_DEVICE int64_t rail_entries_offset(int q) const { return counters_offset() + int64_t{q} * 8; }
-  RAILYARD_HOST_DEVICE int64_t dispatch_consumed_offset(int role, int r, int64_t chunk) const {
-    return counters_offset() + (lanes() + (int64_t{role} * remote_domains() + r) * chunks_per_domain() + chunk) * 8;
+  RAILYARD_HOST_DEVICE int64_t dispatch_consumed_offset(int r, int64_t chunk) const {
+    return counters_offset() + (lanes() + int64_t{r} * chunks_per_domain() + chunk) * 8;
   }
   // The puts of (r, chunk)'s combine signal consumed by the combines so far: any block
   // may read any chunk, so the combine's last block counts them once per combine.
   RAILYARD_HOST_DEVICE int64_t combine_consumed_offset(int r, int64_t chunk) const {
-    return counters_offset() + (lanes() + (2 * int64_t{remote_domains()} + r) * chunks_per_domain() + chunk) * 8;
+    return counters_offset() + (lanes() + (int64_t{remote_domains()} + r) * chunks_per_domain() + chunk) * 8;
   }
   // Remote domain r's rail peer's count row of the metadata operation whose index
   // (metadata_ops before it) has this parity: a rail peer can start the next metadata

@@ -19,8 +19,9 @@ namespace railyard::runtime {
 class Bootstrap;
 
 // Bumped whenever the registered buffer's layout changes, so that ranks running
-// different Railyard builds refuse to share a buffer instead of misreading it.
-inline constexpr int64_t kBufferLayoutVersion = 1;
+// different Railyard builds refuse to share a buffer instead of misreading it. 2: one
+// dispatch counter per received chunk (the forwarding's), not two.
+inline constexpr int64_t kBufferLayoutVersion = 2;
 
 // Bytes every dispatched and combined row is padded to a multiple of: TMA bulk copies
 // move 16-byte multiples between 16-byte aligned addresses.
