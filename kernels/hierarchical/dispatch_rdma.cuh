@@ -180,15 +180,35 @@ class RdmaSender {
     arch::st_global(&header->reserved[0], int32_t{0});
     arch::st_global(&header->reserved[1], int32_t{0});
     layout::WireSlot* slots = H_.wire_slots(dst);
-    for (int k = 0; k < K; ++k) {
-      arch::st_global(&slots[k].expert, arch::ld_global(p_.handle.slot_expert + t * K + k));
-      arch::st_global(&slots[k].permuted_pos, arch::ld_global(p_.handle.slot_pos + t * K + k));
-      arch::st_global(&slots[k].prob, arch::ld_global(p_.handle.slot_prob + t * K + k));
+    const int64_t first = t * K;
+    for_each_loaded(p_.handle.slot_expert + first, K, [&](int k, int32_t e) { arch::st_global(&slots[k].expert, e); });
+    for_each_loaded(p_.handle.slot_pos + first, K, [&](int k, int32_t q) {
+      arch::st_global(&slots[k].permuted_pos, q);
+    });
+    for_each_loaded(p_.handle.slot_prob + first, K, [&](int k, float w) { arch::st_global(&slots[k].prob, w); });
+    int32_t* recv_pos = H_.wire_recv_pos(dst);
+    const int32_t* pos = p_.handle.recv_pos + t * G + other * R_;
+    for_each_loaded(pos, R_, [&](int j, int32_t q) { arch::st_global(recv_pos + j, q); });
+    float* scales = H_.wire_scales(dst);
+    const int S = L.num_scales();
+    for_each_loaded(p_.scales + t * S, S, [&](int j, float x) { arch::st_global(scales + j, x); });
+  }
+
+  // fn(i, src[i]) for i < n, the 4-byte words loaded 16 bytes at a time where aligned:
+  // a lane's loads here are independent, and one vector load waits once for four.
+  template <class W, class Fn>
+  RAILYARD_DEVICE static void for_each_loaded(const W* src, int n, Fn&& fn) {
+    static_assert(sizeof(W) == 4);
+    struct alignas(16) Four {
+      W w[4];
+    };
+    int i = 0;
+    for (; i < n && reinterpret_cast<uintptr_t>(src + i) % sizeof(Four) != 0; ++i) fn(i, arch::ld_global(src + i));
+    for (; i + 4 <= n; i += 4) {
+      const Four four = arch::ld_global(reinterpret_cast<const Four*>(src + i));
+      for (int j = 0; j < 4; ++j) fn(i + j, four.w[j]);
     }
-    for (int j = 0; j < R_; ++j)
-      arch::st_global(&H_.wire_recv_pos(dst)[j], arch::ld_global(p_.handle.recv_pos + t * G + other * R_ + j));
-    for (int j = 0; j < L.num_scales(); ++j)
-      arch::st_global(&H_.wire_scales(dst)[j], arch::ld_global(p_.scales + t * L.num_scales() + j));
+    for (; i < n; ++i) fn(i, arch::ld_global(src + i));
   }
 
   // Lane 0: `bytes` from `src` to `dst` through the slots, a slot's worth a piece. The
