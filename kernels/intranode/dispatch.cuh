@@ -523,7 +523,9 @@ struct Dispatch {
     }
     RAILYARD_DEVICE void load_more(SendSide& s) {
       // Slots held: loaded and not stored from (pieces_loaded - committed), and at most
-      // kReadLag stored from and not given back.
+      // kReadLag stored from and not given back. So the slot producer_acquire waits for
+      // is one this thread gave back after its stores read it (bulk_wait_group_read):
+      // the wait never blocks (deleting it changes nothing); it arms the full barrier.
       for (; src_offset < src_bytes && pieces_loaded - fifo.committed < static_cast<uint32_t>(Stages - kReadLag);
            ++pieces_loaded) {
         const uint32_t bytes = piece_bytes(src_bytes, src_offset);
