@@ -86,12 +86,18 @@ struct Forwarding {
   // forward_pos (source domain x M + packed row). Chunks are dealt round robin in the
   // order the rail peers send them (in rounds, round j the j-th chunk of every lane:
   // chunk l + j L of lane l, lanes in HierarchicalLayout::dealt_lane order), to every
-  // block's warp 0, then every block's warp 1, ... The count of rows comes from the
-  // rail peer's count row (count_to_domain of this domain), which the metadata relayed.
+  // block's warp 0, then every block's warp 1, ..., except that the blocks whose RDMA
+  // warp drives one lane more than others (blocks below lanes mod blocks: it deals
+  // lanes round robin) leave out their last Forward warp: their SM's TMA also carries
+  // that lane's packing. The count of rows comes from the rail peer's count row
+  // (count_to_domain of this domain), which the metadata relayed.
   template <class Fn>
   RAILYARD_DEVICE static void for_each_chunk(const Params& p, int f, int F, Fn&& fn) {
     const RdmaSendParams<T>& q = p.send;
     const layout::HierarchicalLayout H(q.shape);
+    const int64_t B = gridDim.x, b = blockIdx.x, busy = F > 1 ? H.lanes() % B : 0;
+    if (f == F - 1 && b < busy) return;
+    const int64_t warps = F * B - busy, mine = f == F - 1 ? f * B + b - busy : f * B + b;
     int64_t dealt = 0;
     for (int64_t j = 0, more = 1; more; ++j) {
       more = 0;
@@ -100,7 +106,7 @@ struct Forwarding {
         const int64_t c = in.l + j * q.shape.lanes_per_peer;
         if (c * q.shape.chunk_tokens >= in.rows) continue;
         more = 1;
-        if (dealt++ % (int64_t{gridDim.x} * F) == int64_t{f} * gridDim.x + blockIdx.x) forward_chunk(p, H, in, c, fn);
+        if (dealt++ % warps == mine) forward_chunk(p, H, in, c, fn);
       }
     }
   }
