@@ -97,7 +97,7 @@ struct Forwarding {
     const layout::HierarchicalLayout H(q.shape);
     const int64_t B = gridDim.x, b = blockIdx.x, busy = F > 1 ? H.lanes() % B : 0;
     if (f == F - 1 && b < busy) return;
-    const int64_t warps = F * B - busy, mine = f == F - 1 ? f * B + b - busy : f * B + b;
+    const int64_t warps = F * B - busy, mine = f * B + b - (f == F - 1 ? busy : 0);
     int64_t dealt = 0;
     for (int64_t j = 0, more = 1; more; ++j) {
       more = 0;
