@@ -50,14 +50,16 @@ struct HierarchicalShape {
   int num_domains = 1;       // D
   // C: tokens per RDMA put and signal. Smaller chunks land and are forwarded sooner
   // (the NIC sends a packet of each busy queue pair in turn, so a rank's chunks land
-  // together near the end of its transfer); 32 rather than 64 gave 421.8 -> 373.4 us
-  // (dispatch) and 375.5 -> 354.1 us (combine) on 4 domains of 1 rank at 256 tokens,
-  // top-4, 4 SMs, SIMULATED; 16 gave 361.2 and 380.8 us.
-  int chunk_tokens = 32;
-  // S: send-ring chunks per remote domain, 1..kMaxChunksInFlight. Four keep a 400 Gb/s
-  // NIC about 90% busy in the timed simulation (tests/kernels/hierarchical_dispatch_rdma_test.cpp);
-  // two, 84%.
-  int chunks_in_flight = 4;
+  // together near the end of its transfer), and the last to land leaves less to
+  // forward after the NIC is done. 32 rather than 64 gave 421.8 -> 373.4 us (dispatch)
+  // and 375.5 -> 354.1 us (combine) on 4 domains of 1 rank at 256 tokens, top-4, 4 SMs,
+  // SIMULATED. 16 (with S = 8, the same ring bytes) rather than 32 gave, on the seed
+  // 4 x 8 at 256 tokens: dispatch 337.6 -> 311.3 us, combine 320.4 -> 306.1 us.
+  int chunk_tokens = 16;
+  // S: send-ring chunks per remote domain, 1..kMaxChunksInFlight; S x C rows of ring.
+  // Four chunks of 64 rows kept a 400 Gb/s NIC about 90% busy in the timed simulation
+  // (tests/kernels/hierarchical_dispatch_rdma_test.cpp); two, 84%.
+  int chunks_in_flight = 8;
   // L: lanes (queue pairs) towards each rail peer, a divisor of S. Chunk c of a remote
   // domain goes on its lane c mod L, which owns S / L of the domain's ring slots; the
   // kernels deal the (remote domain, lane) pairs to blocks, so L blocks can pack one
