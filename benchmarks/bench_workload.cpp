@@ -162,7 +162,7 @@ std::vector<std::vector<uint64_t>> nic_minimum(const Params& p, const PairCounts
   shape.num_domains = p.domains;
   const layout::HierarchicalLayout H(shape);
   const uint64_t wire = static_cast<uint64_t>(op == Op::Dispatch ? H.wire_dispatch_row_bytes() : H.wire_combine_row_bytes());
-  const uint64_t C = static_cast<uint64_t>(shape.chunk_tokens);
+  const uint64_t C = static_cast<uint64_t>(op == Op::Dispatch ? shape.dispatch.chunk_tokens : shape.combine.chunk_tokens);
   const int Rd = p.ranks_per_domain();
   for (int g = 0; g < p.ranks; ++g) {
     for (int q = 0; q < p.ranks; ++q) {

@@ -126,8 +126,8 @@ uint64_t combine_minimum(const Params& p, const PairCounts& pairs, int s, int d)
 // The NIC minimum across domains (docs/design-internode.md), [g][q]: bytes rank g's
 // NIC sends to rail peer q, each (token, remote domain) pair once. Dispatch: the wire
 // rows of g's tokens with an expert in q's domain; combine: the partials of q's tokens
-// with an expert in g's domain; each with an 8-byte signal per chunk of
-// `chunk_tokens` and a rail entry per lane, and with `metadata` g's count row and its signal.
+// with an expert in g's domain; each with an 8-byte signal per chunk (the operation's
+// RdmaChunks::chunk_tokens) and a rail entry per lane, and with `metadata` g's count row and its signal.
 // Zero for every other pair (one domain: every pair).
 std::vector<std::vector<uint64_t>> nic_minimum(const Params& p, const PairCounts& pairs, Op op, bool metadata,
                                                int64_t tokens);

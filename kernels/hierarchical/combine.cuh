@@ -85,8 +85,8 @@ struct Partials {
     const layout::HierarchicalLayout H(p.shape);
     const int R = p.shape.domain.ranks_per_domain, M = p.shape.domain.max_tokens;
     for_each_round(p, H, h, [&](const RailLane& rail, int64_t j, int64_t c, int n) {
-      fn(p.self + H.combine_send_row_offset(rail.r, H.ring_slot(rail.l, j), 0),
-         h.forward_pos + (int64_t{rail.peer.domain} * M + c * p.shape.chunk_tokens) * R, n, ring_use(H, rail, j), j);
+      fn(p.self + H.combine_send_row_offset(rail.r, H.ring_slot(p.shape.combine, rail.l, j), 0),
+         h.forward_pos + (int64_t{rail.peer.domain} * M + c * p.shape.combine.chunk_tokens) * R, n, ring_use(H, rail, j), j);
     });
   }
   // Warp-collective: the last round in which a rail peer puts a partial of one of this
@@ -94,7 +94,7 @@ struct Partials {
   // round c / L, for_each_partial_chunk); -1 if none has any.
   RAILYARD_DEVICE static int64_t last_round(const Params& p, const layout::HandleView& h, int64_t t0, int n) {
     const int D = p.shape.num_domains, mine = p.rank / p.shape.domain.ranks_per_domain;
-    const int per_round = p.shape.chunk_tokens * p.shape.lanes_per_peer;
+    const int per_round = p.shape.combine.chunk_tokens * p.shape.lanes_per_peer;
     int32_t last = -1;
     for (int k = static_cast<int>(arch::lane_idx()); k < n * D; k += static_cast<int>(arch::kWarpSize)) {
       const int32_t i = k % D == mine ? -1 : arch::ld_global(h.domain_pos + (t0 + k / D) * D + k % D);
@@ -130,7 +130,7 @@ struct Partials {
   }
   RAILYARD_DEVICE static void ring_commit(Storage& s, const Params& p, const uint8_t* last_row) {
     const layout::HierarchicalLayout H(p.shape);
-    const int64_t chunk_bytes = int64_t{p.shape.chunk_tokens} * H.wire_combine_row_bytes();
+    const int64_t chunk_bytes = int64_t{p.shape.combine.chunk_tokens} * H.wire_combine_row_bytes();
     const auto slot = static_cast<int>((last_row - (p.self + H.combine_send_row_offset(0, 0, 0))) / chunk_bytes);
     (void)arch::mbarrier_arrive(&s.stored[slot]);
   }
@@ -144,7 +144,7 @@ struct Partials {
   RAILYARD_DEVICE static void send(const Params& p, const layout::HandleView& h, Storage& s) {
     const layout::HierarchicalLayout H(p.shape);
     const auto row_bytes = static_cast<uint32_t>(H.wire_combine_row_bytes());
-    const int slots = p.shape.slots_per_lane();
+    const int slots = p.shape.slots_per_lane(p.shape.combine);
     const int block = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
     for_each_dealt_lane(H, p.rank, block, blocks, [&](const RailLane& rail) {
       typename T::Lane lane = T::lane(p.lanes, rail.q, p.wait);
@@ -180,8 +180,8 @@ struct Partials {
       if (j == 0) await_rail_entry<T>(H, p.self, p.lanes, rail.q, rail.peer.rank, p.handshake_wait);
       // Lane 0 acquired the rows (the mbarrier wait) and rings the doorbell: its
       // system-scope release covers them; no other lane takes part.
-      lane.put_signal({static_cast<uint64_t>(H.combine_send_row_offset(rail.r, H.ring_slot(rail.l, j), 0))},
-                      {rail.peer.rank, static_cast<uint64_t>(H.combine_recv_row_offset(rail.peer.at_peer, c * p.shape.chunk_tokens))},
+      lane.put_signal({static_cast<uint64_t>(H.combine_send_row_offset(rail.r, H.ring_slot(p.shape.combine, rail.l, j), 0))},
+                      {rail.peer.rank, static_cast<uint64_t>(H.combine_recv_row_offset(rail.peer.at_peer, c * p.shape.combine.chunk_tokens))},
                       static_cast<uint32_t>(n) * row_bytes,
                       {rail.peer.rank, static_cast<uint64_t>(H.combine_signal_offset(rail.peer.at_peer, c))}, 1);
       lane.submit();
@@ -211,7 +211,7 @@ struct Partials {
       const int32_t i = arch::ld_global(h_.domain_pos + t * num_domains() + n);
       if (i < 0) return nullptr;
       const int r = layout::HierarchicalLayout::remote_index(mine_, n);
-      const int32_t chunk = i / p_.shape.chunk_tokens;
+      const int32_t chunk = i / p_.shape.combine.chunk_tokens;
       if (s_.landed[r] != chunk) {
         T::wait_signal(p_.lanes, H_.lane_index(r, 0), p_.self, H_.combine_signal_offset(r, chunk),
                        consumed(p_, H_, r, chunk) + 1,
@@ -251,14 +251,14 @@ struct Partials {
   }
   // The ring slot of lane `rail`'s j-th chunk, and its use.
   RAILYARD_DEVICE static RingUse ring_use(const layout::HierarchicalLayout& H, const RailLane& rail, int64_t j) {
-    return {rail.r * H.shape().chunks_in_flight + H.ring_slot(rail.l, j),
-            static_cast<uint32_t>(j / H.shape().slots_per_lane())};
+    const layout::RdmaChunks& op = H.shape().combine;
+    return {rail.r * op.chunks_in_flight + H.ring_slot(op, rail.l, j), static_cast<uint32_t>(j / H.shape().slots_per_lane(op))};
   }
   // Rows of lane `rail`'s j-th chunk (chunk l + j L of the rows its rail peer
   // forwarded), 0 if it has none.
   RAILYARD_DEVICE static int chunk_rows(const Params& p, const layout::HierarchicalLayout& H,
                                         const layout::HandleView& h, const RailLane& rail, int64_t j) {
-    const int C = p.shape.chunk_tokens;
+    const int C = p.shape.combine.chunk_tokens;
     const int32_t rows = rows_from(p, H, h, rail.peer.domain, p.rank / p.shape.domain.ranks_per_domain);
     const int64_t first = (rail.l + j * p.shape.lanes_per_peer) * C;
     return first >= rows ? 0 : rows - first < C ? static_cast<int>(rows - first) : C;
@@ -286,7 +286,7 @@ struct Partials {
     const int32_t rows = arch::ld_global(h.count_matrix + int64_t{p.rank} * L.count_row_ints() +
                                          layout::count_to_domain(L.shape().ranks_per_domain,
                                                                  L.shape().num_local_experts, n));
-    return (int64_t{rows} + p.shape.chunk_tokens - 1) / p.shape.chunk_tokens;
+    return (int64_t{rows} + p.shape.combine.chunk_tokens - 1) / p.shape.combine.chunk_tokens;
   }
   RAILYARD_DEVICE static uint64_t consumed(const Params& p, const layout::HierarchicalLayout& H, int r, int64_t chunk) {
     return arch::ld_global(reinterpret_cast<const uint64_t*>(p.self + H.combine_consumed_offset(r, chunk)));

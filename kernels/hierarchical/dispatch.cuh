@@ -104,7 +104,7 @@ struct Forwarding {
       for (int d = 0; d < H.lanes(); ++d) {
         const ReceivedLane in = received_lane(q, H, H.dealt_lane(d));
         const int64_t c = in.l + j * q.shape.lanes_per_peer;
-        if (c * q.shape.chunk_tokens >= in.rows) continue;
+        if (c * q.shape.dispatch.chunk_tokens >= in.rows) continue;
         more = 1;
         if (dealt++ % warps == mine) forward_chunk(p, H, in, c, fn);
       }
@@ -134,7 +134,7 @@ struct Forwarding {
   RAILYARD_DEVICE static void forward_chunk(const Params& p, const layout::HierarchicalLayout& H,
                                             const ReceivedLane& in, int64_t c, Fn&& fn) {
     const RdmaSendParams<T>& q = p.send;
-    const int C = q.shape.chunk_tokens;
+    const int C = q.shape.dispatch.chunk_tokens;
     if (arch::lane_idx() == 0) {
       auto* consumed = reinterpret_cast<uint64_t*>(q.self + H.dispatch_consumed_offset(in.r, c));
       const uint64_t target = arch::ld_global(consumed) + 1;

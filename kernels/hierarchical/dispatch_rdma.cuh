@@ -93,7 +93,7 @@ class RdmaSender {
       for_each_dealt_lane(H_, p_.rank, block, blocks, [&](const RailLane& rail) {
         const int64_t c = rail.l + j * p_.shape.lanes_per_peer;
         const int32_t packed = packed_rows(rail);
-        if (c * p_.shape.chunk_tokens < packed) {
+        if (c * p_.shape.dispatch.chunk_tokens < packed) {
           send_chunk(rail, j, c, packed);
           more = 1;
         } else if (j == 0) {
@@ -123,13 +123,13 @@ class RdmaSender {
   // its queue pair (the Lane stores it back), so the block's lanes take turns without
   // keeping any.
   RAILYARD_DEVICE void send_chunk(const RailLane& rail, int64_t j, int64_t c, int32_t packed) {
-    const int C = p_.shape.chunk_tokens, slots = p_.shape.slots_per_lane();
+    const int C = p_.shape.dispatch.chunk_tokens, slots = p_.shape.slots_per_lane(p_.shape.dispatch);
     typename T::Lane lane = T::lane(p_.lanes, rail.q, p_.wait);
     // The slot's previous chunk (j - slots) was put before the last slots - 1 chunks,
     // each a put_signal's tickets: once those before them completed, its bytes were read.
     if (j >= slots) lane.quiet(lane.ticket() - T::kTicketsPerPutSignal * (slots - 1));
     const int rows = packed - c * C < C ? static_cast<int>(packed - c * C) : C;
-    const int64_t ring = H_.dispatch_send_row_offset(rail.r, H_.ring_slot(rail.l, j), 0);
+    const int64_t ring = H_.dispatch_send_row_offset(rail.r, H_.ring_slot(p_.shape.dispatch, rail.l, j), 0);
     pack_chunk(rail.peer.domain, c * C, rows, p_.self + ring);
     if (arch::lane_idx() == 0) {
       drain();

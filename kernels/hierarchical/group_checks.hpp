@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "kernels/intranode/domain.hpp"
 #include "kernels/intranode/domain_checks.hpp"
@@ -26,14 +27,17 @@ inline Status check_group(const std::string& who, const std::string& domain_arg,
     return Status::invalid_argument(at + "shape.domain.ranks_per_domain is " + std::to_string(R) + "; expected 1.." +
                                     std::to_string(layout::kMaxRanksPerDomain / D) + " (at most " +
                                     std::to_string(layout::kMaxRanksPerDomain) + " ranks in the group)");
-  if (h.chunk_tokens < 1 || h.chunks_in_flight < 1 || h.chunks_in_flight > layout::kMaxChunksInFlight)
-    return Status::invalid_argument(at + "shape.chunk_tokens and shape.chunks_in_flight are " +
-                                    std::to_string(h.chunk_tokens) + ", " + std::to_string(h.chunks_in_flight) +
-                                    "; expected >= 1 and 1.." + std::to_string(layout::kMaxChunksInFlight));
-  if (h.lanes_per_peer < 1 || h.chunks_in_flight % h.lanes_per_peer != 0)
-    return Status::invalid_argument(at + "shape.lanes_per_peer is " + std::to_string(h.lanes_per_peer) +
-                                    "; expected a divisor of shape.chunks_in_flight (" +
-                                    std::to_string(h.chunks_in_flight) + "): each lane owns as many ring slots");
+  for (const auto& [name, op] : {std::pair{"dispatch", h.dispatch}, std::pair{"combine", h.combine}}) {
+    const std::string arg = std::string("shape.") + name;
+    if (op.chunk_tokens < 1 || op.chunks_in_flight < 1 || op.chunks_in_flight > layout::kMaxChunksInFlight)
+      return Status::invalid_argument(at + arg + ".chunk_tokens and " + arg + ".chunks_in_flight are " +
+                                      std::to_string(op.chunk_tokens) + ", " + std::to_string(op.chunks_in_flight) +
+                                      "; expected >= 1 and 1.." + std::to_string(layout::kMaxChunksInFlight));
+    if (h.lanes_per_peer < 1 || op.chunks_in_flight % h.lanes_per_peer != 0)
+      return Status::invalid_argument(at + "shape.lanes_per_peer is " + std::to_string(h.lanes_per_peer) +
+                                      "; expected a divisor of " + arg + ".chunks_in_flight (" +
+                                      std::to_string(op.chunks_in_flight) + "): each lane owns as many ring slots");
+  }
   if (dom.shape != layout::HierarchicalLayout(h).nvlink().shape())
     return Status::invalid_argument(at + domain_arg + ".shape is not the group's: expected HierarchicalLayout(shape).nvlink().shape(), " +
                                     std::to_string(D * R) + " ranks");

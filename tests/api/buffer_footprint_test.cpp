@@ -179,13 +179,14 @@ TEST(BufferFootprint, AcrossDomainsRegionsAreOrderedAndEveryIndexFallsInItsRegio
     for (DType dtype : {DType::BF16, DType::FP8_E4M3}) {
       BufferConfig c = across(domains, 4, 1024, 3);
       c.dispatch_dtype = dtype;
-      c.max_tokens_per_rank = 130;  // not a multiple of the 16-token chunk
+      c.max_tokens_per_rank = 130;  // not a multiple of the 16- or 32-token chunks
       const layout::HierarchicalLayout L(detail::hierarchical_shape(c));
       SCOPED_TRACE(std::to_string(domains) + " domains, " + dtype_name(dtype));
       const int D1 = domains - 1;
       const int64_t M = c.max_tokens_per_rank;
       EXPECT_EQ(L.remote_domains(), D1);
-      EXPECT_EQ(L.chunks_per_domain(), 9);  // 8 x 16 + 2
+      EXPECT_EQ(L.dispatch_chunks(), 9);  // 8 x 16 + 2
+      EXPECT_EQ(L.combine_chunks(), 5);   // 4 x 32 + 2
       EXPECT_EQ(L.rdma_offset() % 4096, 0);
       EXPECT_GE(L.rdma_offset(), L.nvlink().registered_bytes());
       // Each region's last element ends where the next region begins, or before.
@@ -201,30 +202,34 @@ TEST(BufferFootprint, AcrossDomainsRegionsAreOrderedAndEveryIndexFallsInItsRegio
       EXPECT_LE(L.rail_entry_signal_offset(L.lanes() - 1) + 8, L.counters_offset());
       EXPECT_EQ(L.rail_entries_offset(0), L.counters_offset());
       EXPECT_EQ(L.dispatch_consumed_offset(0, 0), L.rail_entries_offset(L.lanes() - 1) + 8);
-      const int64_t last_chunk = L.chunks_per_domain() - 1;
-      EXPECT_EQ(L.combine_consumed_offset(0, 0), L.dispatch_consumed_offset(D1 - 1, last_chunk) + 8);
-      EXPECT_EQ(L.combine_consumed_offset(D1 - 1, last_chunk) + 8, L.counters_offset() + L.num_counters() * 8);
+      EXPECT_EQ(L.combine_consumed_offset(0, 0), L.dispatch_consumed_offset(D1 - 1, L.dispatch_chunks() - 1) + 8);
+      EXPECT_EQ(L.combine_consumed_offset(D1 - 1, L.combine_chunks() - 1) + 8, L.counters_offset() + L.num_counters() * 8);
       EXPECT_LE(L.counters_offset() + L.num_counters() * 8, L.dispatch_recv_offset());
       EXPECT_EQ(L.dispatch_recv_row_offset(D1 - 1, M - 1) + L.wire_dispatch_row_bytes(), L.dispatch_send_offset());
       EXPECT_LE(L.dispatch_send_row_offset(D1 - 1, 7, 15) + L.wire_dispatch_row_bytes(), L.combine_recv_offset());
       EXPECT_EQ(L.combine_recv_row_offset(D1 - 1, M - 1) + L.wire_combine_row_bytes(), L.combine_send_offset());
-      EXPECT_LE(L.combine_send_row_offset(D1 - 1, 7, 15) + L.wire_combine_row_bytes(), L.registered_bytes());
+      EXPECT_LE(L.combine_send_row_offset(D1 - 1, 3, 31) + L.wire_combine_row_bytes(), L.registered_bytes());
       // Signals: distinct 8-byte slots, all of them used.
       std::set<int64_t> slots;
       for (int r = 0; r < D1; ++r) {
         slots.insert(L.metadata_signal_offset(r));
-        for (int64_t ch = 0; ch < L.chunks_per_domain(); ++ch) {
-          slots.insert(L.dispatch_signal_offset(r, ch));
-          slots.insert(L.combine_signal_offset(r, ch));
-        }
+        for (int64_t ch = 0; ch < L.dispatch_chunks(); ++ch) slots.insert(L.dispatch_signal_offset(r, ch));
+        for (int64_t ch = 0; ch < L.combine_chunks(); ++ch) slots.insert(L.combine_signal_offset(r, ch));
       }
       for (int q = 0; q < L.lanes(); ++q) slots.insert(L.rail_entry_signal_offset(q));
-      // A domain's S = 8 ring slots split between its two lanes, each lane's wrapping.
-      std::set<int> ring[2];
-      for (int l = 0; l < 2; ++l)
-        for (int64_t j = 0; j < 10; ++j) ring[l].insert(L.ring_slot(l, j));
-      EXPECT_EQ(ring[0], (std::set<int>{0, 1, 2, 3}));
-      EXPECT_EQ(ring[1], (std::set<int>{4, 5, 6, 7}));
+      // A domain's S ring slots split between its two lanes, each lane's wrapping: the
+      // dispatch's 8, the combine's 4.
+      std::set<int> dispatch_ring[2], combine_ring[2];
+      for (int l = 0; l < 2; ++l) {
+        for (int64_t j = 0; j < 10; ++j) {
+          dispatch_ring[l].insert(L.ring_slot(L.shape().dispatch, l, j));
+          combine_ring[l].insert(L.ring_slot(L.shape().combine, l, j));
+        }
+      }
+      EXPECT_EQ(dispatch_ring[0], (std::set<int>{0, 1, 2, 3}));
+      EXPECT_EQ(dispatch_ring[1], (std::set<int>{4, 5, 6, 7}));
+      EXPECT_EQ(combine_ring[0], (std::set<int>{0, 1}));
+      EXPECT_EQ(combine_ring[1], (std::set<int>{2, 3}));
       EXPECT_EQ(static_cast<int64_t>(slots.size()), L.num_signals());
       EXPECT_EQ(*slots.rbegin(), L.signals_offset() + (L.num_signals() - 1) * 8);
       // A wire row: header and entries, scales, the row; 16-byte multiples.

@@ -133,7 +133,9 @@ enum class Direction { Dispatch, Combine };
 inline void expect_rail_nic_bytes(const Group& group, const Case& c, const ReferenceCall& ref, Direction direction,
                                   int64_t row_bytes) {
   const layout::IntranodeLayout& L = group.layout().nvlink();
-  const int G = c.group(), R = c.ranks_per_domain, C = c.chunk_tokens;
+  const layout::HierarchicalShape& shape = group.layout().shape();
+  const int G = c.group(), R = c.ranks_per_domain;
+  const int C = direction == Direction::Dispatch ? shape.dispatch.chunk_tokens : shape.combine.chunk_tokens;
   const sim::Traffic traffic = sim::traffic();
   for (int g = 0; g < G; ++g) {
     for (int q = 0; q < G; ++q) {
@@ -145,7 +147,7 @@ inline void expect_rail_nic_bytes(const Group& group, const Case& c, const Refer
         const int64_t rows =
             want.count_matrix[packer * L.count_row_ints() + layout::count_to_domain(G, c.local_experts, to / R)];
         // The rows, a signal per chunk, a rail entry per lane.
-        expected = static_cast<uint64_t>(rows * row_bytes + 8 * ((rows + C - 1) / C + group.layout().shape().lanes_per_peer));
+        expected = static_cast<uint64_t>(rows * row_bytes + 8 * ((rows + C - 1) / C + shape.lanes_per_peer));
       }
       EXPECT_EQ(traffic.nic_sent(g, q), expected) << "NIC bytes from rank " << g << " to " << q;
     }

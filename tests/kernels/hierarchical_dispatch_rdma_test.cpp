@@ -153,7 +153,7 @@ void run_case(const Case& c, uint64_t seed, const GroupSetup& setup, int blocks,
         const std::vector<uint8_t> bytes = test::reference_handle(L, meta.ref, src, 0);
         const layout::HandleView want = layout::HandleView::carve(L, const_cast<uint8_t*>(bytes.data()), 0);
         const int64_t packed = want.count_matrix[src * L.count_row_ints() + layout::count_to_domain(G, c.local_experts, n)];
-        for (int64_t ch = 0; ch < H.chunks_per_domain(); ++ch) {
+        for (int64_t ch = 0; ch < H.dispatch_chunks(); ++ch) {
           uint64_t& expected = signals[g][static_cast<std::size_t>(H.dispatch_signal_offset(r, ch) - H.signals_offset()) / 8];
           expected += ch * C < packed ? 1 : 0;
           uint64_t got;

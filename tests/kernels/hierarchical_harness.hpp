@@ -36,8 +36,8 @@ struct Case {
   CallOptions options;
   int hidden = 16;
   DType dtype = DType::BF16;
-  int chunk_tokens = 64;
-  int chunks_in_flight = HierarchicalShape{}.chunks_in_flight;
+  int chunk_tokens = 64;    // both operations' C and S (layout::RdmaChunks)
+  int chunks_in_flight = 4;
   int lanes_per_peer = 0;  // 0: the default where it divides chunks_in_flight, else 1
 
   int group() const { return domains * ranks_per_domain; }
@@ -176,8 +176,7 @@ inline HierarchicalShape shape_of(const Case& c, int max_tokens) {
   HierarchicalShape s;
   s.domain = {c.ranks_per_domain, c.local_experts, max_tokens, c.hidden, c.topk, c.dtype};
   s.num_domains = c.domains;
-  s.chunk_tokens = c.chunk_tokens;
-  s.chunks_in_flight = c.chunks_in_flight;
+  s.dispatch = s.combine = {c.chunk_tokens, c.chunks_in_flight};
   const int lanes = HierarchicalShape{}.lanes_per_peer;
   s.lanes_per_peer = c.lanes_per_peer > 0 ? c.lanes_per_peer : c.chunks_in_flight % lanes == 0 ? lanes : 1;
   return s;

@@ -181,10 +181,10 @@ TEST(HierarchicalMetadata, ArgumentErrorsNameTheArgument) {
   } refusals[] = {
       {[](Args& a, int) { a.shape.num_domains = 1; }, "shape.num_domains is 1; expected 2..64"},
       {[](Args& a, int) { a.shape.domain.ranks_per_domain = 40; }, "shape.domain.ranks_per_domain is 40; expected 1..36"},
-      {[](Args& a, int) { a.shape.chunk_tokens = 0; }, "shape.chunk_tokens and shape.chunks_in_flight are 0, 8"},
-      {[](Args& a, int) { a.shape.chunks_in_flight = 9; }, "are 64, 9; expected >= 1 and 1..8"},
+      {[](Args& a, int) { a.shape.dispatch.chunk_tokens = 0; }, "shape.dispatch.chunk_tokens and shape.dispatch.chunks_in_flight are 0, 4"},
+      {[](Args& a, int) { a.shape.combine.chunks_in_flight = 9; }, "shape.combine.chunks_in_flight are 64, 9; expected >= 1 and 1..8"},
       {[](Args& a, int) { a.shape.lanes_per_peer = 3; },
-       "shape.lanes_per_peer is 3; expected a divisor of shape.chunks_in_flight (8)"},
+       "shape.lanes_per_peer is 3; expected a divisor of shape.dispatch.chunks_in_flight (4)"},
       {[](Args& a, int) { a.shape.lanes_per_peer = 0; }, "shape.lanes_per_peer is 0; expected a divisor"},
       {[](Args& a, int) { a.metadata.domain.shape.ranks_per_domain = 2; }, "metadata.domain.shape is not the group's"},
       {[](Args& a, int) { a.metadata.domain.nvlink_first = 0; }, "metadata.domain.nvlink_first, nvlink_ranks are 0, 2; expected 2, 2"},
