@@ -20,8 +20,9 @@ class Bootstrap;
 
 // Bumped whenever the registered buffer's layout changes, so that ranks running
 // different Railyard builds refuse to share a buffer instead of misreading it. 2: one
-// dispatch counter per received chunk (the forwarding's), not two.
-inline constexpr int64_t kBufferLayoutVersion = 2;
+// dispatch counter per received chunk (the forwarding's), not two. 3: the dispatch and
+// the combine each with their chunking (HierarchicalShape::dispatch, combine).
+inline constexpr int64_t kBufferLayoutVersion = 3;
 
 // Bytes every dispatched and combined row is padded to a multiple of: TMA bulk copies
 // move 16-byte multiples between 16-byte aligned addresses.
