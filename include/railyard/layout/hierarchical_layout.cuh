@@ -143,13 +143,13 @@ class HierarchicalLayout {
   // ---- the RDMA part ---------------------------------------------------------------
   // [state: 64 B: metadata operations done (uint64), the lanes' fetch-and-add scratch]
   // [count_rows: 2 parities x D-1 x count_row_ints int32, each remote rail peer's row]
-  // [signals: D-1 metadata, D-1 x chunks dispatch, D-1 x chunks combine, a rail entry
-  //  per lane; uint64, monotonic]
-  // [counters: rail entries per lane, D-1 x chunks dispatch signals consumed,
-  //  D-1 x chunks combine signals consumed]
+  // [signals: D-1 metadata, D-1 x dispatch_chunks() dispatch, D-1 x combine_chunks()
+  //  combine, a rail entry per lane; uint64, monotonic]
+  // [counters: rail entries per lane, D-1 x dispatch_chunks() dispatch signals consumed,
+  //  D-1 x combine_chunks() combine signals consumed]
   // [dispatch_recv: D-1 x M packed rows] [dispatch_send: D-1 x S x C packed rows]
   // [combine_recv: D-1 x M BF16 rows]    [combine_send: D-1 x S x C BF16 rows]
-  // (each send ring with its operation's S and C)
+  // (each send ring with its operation's S and C: HierarchicalShape::dispatch, combine)
   RAILYARD_HOST_DEVICE int64_t rdma_offset() const { return round_up(nvlink_.registered_bytes(), 4096); }
   // Metadata operations this rank has finished: what its metadata signals have counted
   // up to (each rail peer adds 1 per operation). Only this rank touches it.
