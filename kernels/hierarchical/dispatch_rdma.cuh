@@ -24,8 +24,8 @@
 // lanes' last puts are waited for at the end. A lane's state (its queue indices) stays
 // in its queue pair between its turns, so the rounds keep no per-lane registers. Lane
 // 0 moves the row bytes with TMA (global -> shared -> send ring, pieces streaming
-// through four shared-memory slots); the other fields are plain stores of the warp's
-// lanes. Before a put the ring's bytes must be visible to lane 0, which rings the
+// through four shared-memory slots) while lanes 1..31 write the other fields (plain
+// stores), so that the rows' copies and their fields' loads overlap. Before a put the ring's bytes must be visible to lane 0, which rings the
 // doorbell: its bulk writes are waited for (bulk_wait_group, whose completion PTX
 // follows with an implicit generic-async proxy fence), the other lanes' stores ordered
 // by a warp barrier; the lane's system-scope release then covers both.
@@ -58,13 +58,14 @@ struct RdmaSendParams {
 };
 
 // The role's shared memory: kSlots slots the row bytes pass through, each with the
-// barrier its load completes on.
+// barrier its load completes on, and the tokens of the 32 rows being packed.
 template <uint32_t SlotBytes>
 struct RdmaSendStorage {
   static_assert(SlotBytes > 0 && SlotBytes % arch::kBulkCopyAlign == 0);
   static constexpr int kSlots = 4;
   alignas(128) uint8_t slot[kSlots][SlotBytes];
   uint64_t loaded[kSlots];
+  int32_t token[32];
 
   // By one thread, before a block barrier (and the fence the pipelines' inits take).
   RAILYARD_DEVICE void init() {
@@ -148,25 +149,27 @@ class RdmaSender {
   }
 
   // Warp-collective: packed rows [first, first + rows) for domain `other` as wire rows
-  // from `ring` on, 32 at a time: each lane writes its row's fields (latency-bound
-  // loads and stores, in parallel), then lane 0 streams the 32 rows' bytes.
+  // from `ring` on, 32 at a time: the rows' tokens through shared memory, then lane 0
+  // streams the rows' bytes while lanes 1..31 write their fields (latency-bound loads
+  // and stores, a row each in turn), so that the two overlap.
   RAILYARD_DEVICE void pack_chunk(int other, int64_t first, int rows, uint8_t* ring) {
     const layout::IntranodeLayout& L = H_.nvlink();
     const int64_t wire_bytes = H_.wire_dispatch_row_bytes(), row_bytes = L.dispatch_row_bytes();
     const int lane = static_cast<int>(arch::lane_idx());
     const int32_t* tokens = p_.handle.domain_tokens + int64_t{other} * L.shape().max_tokens + first;
     for (int base = 0; base < rows; base += 32) {
-      const int i = base + lane;
-      const int64_t t = i < rows ? arch::ld_global(tokens + i) : -1;
-      if (i < rows) pack_fields(other, t, ring + i * wire_bytes);
       const int n = rows - base < 32 ? rows - base : 32;
-      for (int j = 0; j < n; ++j) {
-        const int64_t tj = __shfl_sync(arch::kFullWarpMask, t, j);
-        if (lane == 0) {
-          copy_row(p_.hidden + tj * row_bytes, H_.wire_payload(ring + (base + j) * wire_bytes),
+      if (lane < n) s_.token[lane] = arch::ld_global(tokens + base + lane);
+      __syncwarp();
+      uint8_t* group = ring + base * wire_bytes;
+      if (lane == 0) {
+        for (int i = 0; i < n; ++i)
+          copy_row(p_.hidden + int64_t{s_.token[i]} * row_bytes, H_.wire_payload(group + i * wire_bytes),
                    static_cast<uint32_t>(row_bytes));
-        }
+      } else {
+        for (int i = lane - 1; i < n; i += 31) pack_fields(other, s_.token[i], group + i * wire_bytes);
       }
+      __syncwarp();  // lane 0 has read the tokens before the next group's
     }
   }
 

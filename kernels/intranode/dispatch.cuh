@@ -16,9 +16,11 @@
 //                       copy-out FIFO;
 //   CopyOutStore (S2G)  TMA-stores it to the caller's output (its received row, or
 //                       each of its permuted positions); zeroes padding rows;
-//   RowFields           one lane per received row, 32 rows at a time: waits for its
-//                       header `seq` (acquire, bounded) and writes the row's probs,
-//                       routing map, source, scales and the handle's expert side.
+//   RowFields           each source's rows in its token order, the sources' rows
+//                       interleaved over the lanes (a share of them per block): waits
+//                       for each row's header `seq` (acquire, bounded) and writes the
+//                       row's probs, routing map, source, scales and the handle's
+//                       expert side.
 // Only each role's elected lane touches the FIFOs and the bulk copies (bulk groups
 // belong to the issuing thread); the other lanes of SendStore write the small
 // per-token fields in parallel.
@@ -138,6 +140,7 @@ struct Dispatch {
     alignas(128) uint8_t zero_slot[SlotBytes];           // source of the padding rows
     typename Pipeline::SharedStorage copy_pipe;
     arch::SharedVar<int32_t> recv_bound[kMaxRanks];  // every rank's max_recv_rows, -1: none
+    arch::SharedVar<int32_t> first_row[kMaxRanks + 1];  // RowFields: each source's first received row
     typename Remote::template Storage<SlotBytes> remote;
   };
   static_assert(sizeof(SharedStorage) <= arch::kMaxDynamicSmemBytes,
@@ -255,7 +258,7 @@ struct Dispatch {
       case WarpRole::SendStore: send_store(params, ctx, storage, 0, seq); break;
       case WarpRole::CopyOutLoad: copy_out_load(params, ctx, storage, seq); break;
       case WarpRole::CopyOutStore: copy_out_store(params, ctx, storage); break;
-      case WarpRole::RowFields: row_fields(params, ctx, seq); break;
+      case WarpRole::RowFields: row_fields(params, ctx, storage, seq); break;
       case WarpRole::RdmaSend:
         if constexpr (Remote::kWarps > 0) Remote::send(params.remote, storage.remote);
         break;
@@ -807,14 +810,45 @@ struct Dispatch {
     if (leader) arch::bulk_wait_group_read<0>();
   }
 
-  // RowFields: lane l takes the block's received rows l, l + 32, ... (in the order of
-  // its chunks), waits for each one's header and writes its small fields.
-  RAILYARD_DEVICE static void row_fields(const Params& p, const Context& c, uint64_t seq) {
-    const int64_t lane = arch::lane_idx();
-    int64_t k = 0;
-    for_each_in_block_chunks(c.copy_rows, p.chunk_rows, [&](int64_t r) {
-      if (k++ % arch::kWarpSize == lane) row_fields_of(p, c, seq, r);
-    });
+  // RowFields: the rows from each source in the order they land. Source s's rows are
+  // received rows [first_s, first_s + n_s) in its token order, and land in about that
+  // order (its SendStore's, or its rail peer's forwarding, chunk by chunk). The block
+  // takes rows k = blockIdx.x + m gridDim.x of every source, m = 0, 1, ..., in the order
+  // (m, s), dealt to the lanes round robin; a lane waits for each row's header and
+  // writes the row's small fields. So the lanes take the sources' rows in about the
+  // order they land, not behind a row that lands after the ones following it (taken in
+  // position order, a lane waited for a source's last rows, forwarded at the end of a
+  // dispatch across domains, before any row of the next source).
+  RAILYARD_DEVICE static void row_fields(const Params& p, const Context& c, SharedStorage& s, uint64_t seq) {
+    const int lane = static_cast<int>(arch::lane_idx()), G = c.ranks_per_domain, W = arch::kWarpSize;
+    // first_row[src] = first_src, 32 sources a round (an inclusive scan of their counts);
+    // first_row[G]: every received row.
+    int32_t before = 0, most = 0;
+    for (int round = 0; round < G; round += W) {
+      const int src = round + lane;
+      const int32_t n = src < G ? arch::ld_global(c.count_row(p, src) + layout::count_to_rank(p.domain.rank)) : 0;
+      int32_t upto = n;
+      for (int o = 1; o < W; o *= 2) {
+        const int32_t theirs = __shfl_up_sync(arch::kFullWarpMask, upto, o);
+        if (lane >= o) upto += theirs;
+      }
+      if (src < G) s.first_row[src].store(before + upto - n);
+      before += __shfl_sync(arch::kFullWarpMask, upto, W - 1);
+      most = n > most ? n : most;
+    }
+    for (int o = W / 2; o > 0; o /= 2) {
+      const int32_t theirs = __shfl_xor_sync(arch::kFullWarpMask, most, o);
+      most = theirs > most ? theirs : most;
+    }
+    if (lane == 0) s.first_row[G].store(before);
+    __syncwarp();  // every lane's first_row stores before any lane reads them
+    for (int64_t i = lane;; i += W) {
+      const int64_t k = blockIdx.x + int64_t{gridDim.x} * (i / G);
+      if (k >= most) break;
+      const int src = static_cast<int>(i % G);
+      const int32_t first = s.first_row[src].load(), n = s.first_row[src + 1].load() - first;
+      if (k < n && first + k < c.copy_rows) row_fields_of(p, c, seq, first + k);
+    }
   }
 
   RAILYARD_DEVICE static void row_fields_of(const Params& p, const Context& c, uint64_t seq, int64_t r) {
