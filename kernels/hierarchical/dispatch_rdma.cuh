@@ -25,10 +25,11 @@
 // in its queue pair between its turns, so the rounds keep no per-lane registers. Lane
 // 0 moves the row bytes with TMA (global -> shared -> send ring, pieces streaming
 // through four shared-memory slots) while lanes 1..31 write the other fields (plain
-// stores), so that the rows' copies and their fields' loads overlap. Before a put the ring's bytes must be visible to lane 0, which rings the
-// doorbell: its bulk writes are waited for (bulk_wait_group, whose completion PTX
-// follows with an implicit generic-async proxy fence), the other lanes' stores ordered
-// by a warp barrier; the lane's system-scope release then covers both.
+// stores), so that the rows' copies and their fields' loads overlap. Before a put the
+// ring's bytes must be visible to lane 0, which rings the doorbell: its bulk writes
+// are waited for (bulk_wait_group, whose completion PTX follows with an implicit
+// generic-async proxy fence), the other lanes' stores ordered by a warp barrier; the
+// lane's system-scope release then covers both.
 #pragma once
 
 #include <cstdint>
