@@ -214,6 +214,11 @@ TEST(HierarchicalDispatchRdma, WeakMemoryNicReorderingAndCallsBackToBack) {
            test::weak_with_nic_delays(256), 2, 3);
   if (HasFatalFailure()) return;
   run_case({2, 2, {25}, 8, 8, true, test::Routing::Uniform, {}, 64, DType::BF16, 8}, 3, test::weak_with_nic_delays(256), 1, 2);
+  if (HasFatalFailure()) return;
+  // Chunks of more than 32 rows: the sender packs a chunk 32 rows (their tokens in
+  // shared memory) at a time.
+  run_case({2, 1, {70, 45}, 2, 2, false, test::Routing::Uniform, {}, 64, DType::BF16, 64}, 4,
+           test::weak_with_nic_delays(256), 1, 2);
 }
 
 // SIMULATED (timed mode, H100 and ConnectX-7 model): one rank per domain, 4096 tokens
