@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/warp_reduce.cuh"
 #include "kernels/hierarchical/rail.cuh"
 #include "kernels/intranode/combine.cuh"
 #include "railyard/arch/mbarrier.cuh"
@@ -100,11 +101,7 @@ struct Partials {
       const int32_t i = k % D == mine ? -1 : arch::ld_global(h.domain_pos + (t0 + k / D) * D + k % D);
       if (i >= 0 && i / per_round > last) last = i / per_round;
     }
-    for (int o = static_cast<int>(arch::kWarpSize) / 2; o > 0; o /= 2) {
-      const int32_t theirs = __shfl_xor_sync(arch::kFullWarpMask, last, o);
-      if (theirs > last) last = theirs;
-    }
-    return last;
+    return warp_max(last);
   }
   RAILYARD_DEVICE static int64_t partial_row_bytes(const Params& p) {
     return layout::HierarchicalLayout(p.shape).wire_combine_row_bytes();

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/common/warp_reduce.cuh"
 #include "kernels/intranode/dispatch.hpp"
 #include "kernels/intranode/domain_checks.hpp"
 #include "kernels/intranode/protocol.cuh"
@@ -836,10 +837,7 @@ struct Dispatch {
       before += __shfl_sync(arch::kFullWarpMask, upto, W - 1);
       most = n > most ? n : most;
     }
-    for (int o = W / 2; o > 0; o /= 2) {
-      const int32_t theirs = __shfl_xor_sync(arch::kFullWarpMask, most, o);
-      most = theirs > most ? theirs : most;
-    }
+    most = warp_max(most);
     if (lane == 0) s.first_row[G].store(before);
     __syncwarp();  // every lane's first_row stores before any lane reads them
     for (int64_t i = lane;; i += W) {

@@ -31,6 +31,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/warp_reduce.cuh"
 #include "kernels/intranode/metadata.hpp"
 #include "kernels/intranode/protocol.cuh"
 #include "railyard/arch/fault.cuh"
@@ -499,18 +500,6 @@ struct MetadataKernel {
     }
   }
 
-  RAILYARD_DEVICE static int warp_min(int v) {
-    for (int offset = 16; offset > 0; offset /= 2) {
-      const int other = __shfl_xor_sync(arch::kFullWarpMask, v, offset);
-      v = other < v ? other : v;
-    }
-    return v;
-  }
-
-  RAILYARD_DEVICE static int64_t warp_sum(int64_t v) {
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(arch::kFullWarpMask, v, offset);
-    return v;
-  }
   // Writes token t's slots (expert, prob, local position -1) into the handle, checks
   // them, and marks its destination ranks in `ranks`.
   RAILYARD_DEVICE static void normalise_token(const Params& p, const layout::HandleView& h, int t, int E, int El,
