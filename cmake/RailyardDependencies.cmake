@@ -24,6 +24,51 @@ if(NOT RAILYARD_BUILD_CUDA STREQUAL "OFF")
   endif()
 endif()
 
+# NCCL's GIN device API as transport/gin/nccl_backend.cuh and runtime/nccl_gin_setup.cpp
+# use it (NCCL 2.28.9's headers: ncclGin with its signal actions, the device
+# communicator's GIN requirements), compiled once by nvcc (the CUDA language is enabled
+# later, in RailyardCuda.cmake). Older NCCL releases lack it or name it otherwise: there
+# the bootstrap stays and the GIN transport is left out, with a message.
+function(railyard_check_nccl_gin)
+  if(NOT RAILYARD_NCCL_GIN_CHECKED STREQUAL "${RAILYARD_NCCL_INCLUDE}")
+    set(check "${CMAKE_BINARY_DIR}/CMakeFiles/railyard_nccl_gin_check.cu")
+    file(WRITE "${check}" [=[
+#include <nccl.h>
+#include <nccl_device.h>
+__global__ void gin_api(ncclDevComm comm, ncclWindow_t window) {
+  ncclGin gin(comm, 0);
+  gin.put(ncclTeamWorld(comm), 0, window, 0, window, 0, 8, ncclGin_SignalAdd{0, 1}, ncclGin_None{}, ncclCoopWarp{});
+  gin.signal(ncclTeamWorld(comm), 0, ncclGin_SignalAdd{0, 1}, ncclCoopWarp{});
+  gin.flush(ncclCoopWarp{});
+  (void)gin.readSignal(0);
+}
+void requirements() {
+  ncclDevCommRequirements r{};
+  r.ginForceEnable = true;
+  r.ginContextCount = 1;
+  r.ginSignalCount = 1;
+}
+]=])
+    execute_process(COMMAND "${CMAKE_CUDA_COMPILER}" -std=c++20 -arch=sm_90 "-I${RAILYARD_NCCL_INCLUDE}" -c "${check}"
+                            -o "${check}.o"
+                    RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+    if(rc EQUAL 0)
+      set(RAILYARD_NCCL_GIN_API ON CACHE INTERNAL "NCCL in RAILYARD_NCCL_INCLUDE has the GIN device API")
+    else()
+      set(RAILYARD_NCCL_GIN_API OFF CACHE INTERNAL "NCCL in RAILYARD_NCCL_INCLUDE has the GIN device API")
+    endif()
+    set(RAILYARD_NCCL_GIN_CHECKED "${RAILYARD_NCCL_INCLUDE}" CACHE INTERNAL "the NCCL include folder checked")
+  endif()
+  set(RAILYARD_HAVE_NCCL_GIN ${RAILYARD_NCCL_GIN_API} PARENT_SCOPE)
+  if(RAILYARD_NCCL_GIN_API)
+    message(STATUS "railyard: NCCL's GIN device API found; the NCCL GIN transport is enabled")
+  else()
+    message(STATUS "railyard: the NCCL in ${RAILYARD_NCCL_INCLUDE} lacks the GIN device API as Railyard uses it "
+                   "(NCCL 2.28.9's); the NCCL GIN transport is left out, the NCCL bootstrap stays")
+  endif()
+endfunction()
+
+set(RAILYARD_HAVE_NCCL_GIN OFF)
 if(RAILYARD_ENABLE_CUDA)
   find_package(CUDAToolkit REQUIRED)
   find_path(RAILYARD_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
@@ -31,6 +76,7 @@ if(RAILYARD_ENABLE_CUDA)
   if(RAILYARD_NCCL_INCLUDE AND RAILYARD_NCCL_LIBRARY)
     set(RAILYARD_HAVE_NCCL ON)
     message(STATUS "railyard: NCCL found (${RAILYARD_NCCL_LIBRARY}); NCCL bootstrap enabled")
+    railyard_check_nccl_gin()
   else()
     set(RAILYARD_HAVE_NCCL OFF)
     message(STATUS "railyard: NCCL not found; the NCCL bootstrap is disabled")

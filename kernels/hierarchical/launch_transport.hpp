@@ -1,7 +1,7 @@
 // Railyard hierarchical kernels: a launcher's choice of the kernel instantiation by the
 // lanes' transport (rail_lanes.hpp, rail_transport.cuh). Both flavours build mlx5's;
 // GIN's is GinTransport<QueuePairGin> in the simulator and GinTransport<NcclGin> in the
-// CUDA flavour where NCCL's device API is found (RAILYARD_HAVE_NCCL).
+// CUDA flavour where NCCL's GIN device API is found (RAILYARD_HAVE_NCCL_GIN).
 #pragma once
 
 #include <string>
@@ -13,7 +13,7 @@
 #if RAILYARD_IS_SIM
 #include "railyard/transport/gin/queue_pair_backend.cuh"
 #define RAILYARD_GIN_KERNELS 1
-#elif defined(RAILYARD_HAVE_NCCL) && RAILYARD_HAVE_NCCL
+#elif defined(RAILYARD_HAVE_NCCL_GIN) && RAILYARD_HAVE_NCCL_GIN
 #include "railyard/transport/gin/nccl_backend.cuh"
 #define RAILYARD_GIN_KERNELS 1
 #endif

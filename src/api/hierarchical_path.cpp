@@ -27,7 +27,7 @@
 #include "transport_choice.hpp"
 #if RAILYARD_IS_SIM
 #include "kernels/hierarchical/launch_transport.hpp"  // the simulator's GIN lane descriptions
-#elif defined(RAILYARD_HAVE_NCCL) && RAILYARD_HAVE_NCCL
+#elif defined(RAILYARD_HAVE_NCCL_GIN) && RAILYARD_HAVE_NCCL_GIN
 #include "kernels/hierarchical/nccl_lanes.hpp"
 #include "railyard/runtime/nccl_gin_setup.hpp"
 #define RAILYARD_NCCL_GIN_PATH 1

@@ -2,7 +2,7 @@
 // needs from NCCL on the host, over a communicator the caller made (in Python, the
 // process group's): the registered buffer registered as one window, and a device
 // communicator with GIN contexts and signals. CUDA flavour, where NCCL is found
-// (RAILYARD_HAVE_NCCL); every call is checked and named on failure.
+// (RAILYARD_HAVE_NCCL_GIN); every call is checked and named on failure.
 #pragma once
 
 #include <nccl.h>
