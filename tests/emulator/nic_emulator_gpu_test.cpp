@@ -183,7 +183,7 @@ INSTANTIATE_TEST_SUITE_P(
     Rings, NicEmulatorGpu,
     ::testing::Values(GpuCase{"ring8_every_wqe_signalled", 3, 1, false, false, 0.0, 256, 4096, 4},
                       GpuCase{"ring16_big_endian_relaxed_stalls", 4, 5, true, true, 0.2, 192, 1000, 3},
-                      GpuCase{"ring64_large_chunks_relaxed", 6, 32, false, true, 0.0, 64, 65536, 2}),
+                      GpuCase{"ring64_large_chunks_relaxed", 6, 32, false, true, 0.0, 160, 65536, 2}),
     [](const ::testing::TestParamInfo<GpuCase>& info) { return std::string(info.param.name); });
 
 }  // namespace
