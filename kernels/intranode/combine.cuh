@@ -51,6 +51,7 @@
 #include "kernels/intranode/domain_checks.hpp"
 #include "kernels/intranode/protocol.cuh"
 #include "railyard/arch/bulk_copy.cuh"
+#include "railyard/arch/convert.cuh"
 #include "railyard/arch/fault.cuh"
 #include "railyard/arch/mbarrier.cuh"
 #include "railyard/arch/memory.cuh"
@@ -309,7 +310,6 @@ struct Combine {
   RAILYARD_DEVICE static uint32_t piece_bytes(uint32_t row_bytes, uint32_t offset) {
     return row_bytes - offset < SlotBytes ? row_bytes - offset : SlotBytes;
   }
-  RAILYARD_DEVICE static float round_to_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 
   // ---- Load ------------------------------------------------------------------------------
 
@@ -916,7 +916,7 @@ struct Combine {
         // partial is rounded, the home domain's too.
         RAILYARD_UNROLL
         for (uint32_t k = 0; k < kAccumulators; ++k) {
-          total[k] += round_to_bf16(partial[k]);
+          total[k] += arch::round_to_bf16(partial[k]);
           partial[k] = 0.0f;
         }
       }
@@ -935,9 +935,7 @@ struct Combine {
           const uint32_t k = v * kElemsPerVector + 2 * w;
           // A select per element, not a pointer to one array: a pointer would force
           // both arrays out of registers into local memory.
-          const uint32_t lo = float_to_bf16(rounded ? total[k] : partial[k]).bits;
-          const uint32_t hi = float_to_bf16(rounded ? total[k + 1] : partial[k + 1]).bits;
-          y.word[w] = lo | (hi << 16);
+          y.word[w] = arch::bf16x2_rn(rounded ? total[k] : partial[k], rounded ? total[k + 1] : partial[k + 1]);
         }
         arch::st_shared(reinterpret_cast<Bf16x8*>(out_slot + vector * kVectorBytes), y);
       }

@@ -7,6 +7,7 @@
 
 #include "railyard/arch/barrier.cuh"
 #include "railyard/arch/bulk_copy.cuh"
+#include "railyard/arch/convert.cuh"
 #include "railyard/arch/fault.cuh"
 #include "railyard/arch/mbarrier.cuh"
 #include "railyard/arch/memory.cuh"
@@ -54,6 +55,7 @@ __global__ void ptx_wrappers_check(uint32_t* g32, uint64_t* g64, int32_t* gs32, 
   st_mmio_relaxed_sys(g64 + 2, ld_global(g64));
   exercise_words(gs32, -1, gs32 + 1);
   exercise_words(gf, 1.0f, gf + 1);
+  st_global(g32 + 3, bf16x2_rn(ld_global(gf), round_to_bf16(ld_global(gf + 1))));
   st_global(g8, static_cast<uint8_t>(ld_global(g8) + 1));
   st_global(g16, static_cast<uint16_t>(ld_global(g16) + 1));
   st_global(g128 + 1, ld_global(g128));
