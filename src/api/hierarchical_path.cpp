@@ -235,7 +235,7 @@ TransportCandidates candidates(const RailNic* nic, const PathOptions& options) {
   c.gin = options.nccl_comm != nullptr;
   c.gin_problem = "options.nccl_comm is null; expected the group's NCCL communicator (ncclComm_t)";
 #else
-  c.gin_problem = "this build has no NCCL GIN (nccl.h and nccl_device.h were not found)";
+  c.gin_problem = "this build has no NCCL GIN (no NCCL with the GIN device API, 2.28.9's, was found at configure)";
 #endif
   return c;
 }
