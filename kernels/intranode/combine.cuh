@@ -559,19 +559,17 @@ struct Combine {
       push_job(p, storage, pipe, state, storage.sources[0], 0, num_sources, lay.stage_row(dom.self(), r), r,
                /*gather=*/false);
     };
-    // The stage jobs of rows row_of(first), ..., row_of(first + count - 1), count <= 32;
-    // lane k reads row k's entry count. The received layout without probs keeps every
-    // entry and no rank reads the entries: the count goes in the row's header, written
-    // by the lane that then releases it (lane k) or pushes it (lane 0), so nothing
-    // orders one lane's header before another's release. Otherwise the warp describes
-    // one row at a time. num_entries 0 tells home ranks the row has nothing for them
-    // (semantics.md 6: dropped rows contribute nothing). A row with a source that is
-    // not already where staging puts it goes through the pipeline (lane 0), and the
-    // store warp releases it once its bulk stores completed; lane k releases row k
-    // otherwise (stage_all): returns whether it has one to release.
-    const auto stage = [&](int64_t first, int count, auto row_of) {
-      const int64_t mine = static_cast<int>(lane) < count ? row_of(first + lane) : -1;
-      const int n = mine >= 0 && mine < rows_with_input ? arch::ld_global(&h.recv_num_entries[mine]) : 0;
+    // The stage jobs of the warp's rows: lane k's row `mine` (-1: none) with n entries.
+    // The received layout without probs keeps every entry and no rank reads the
+    // entries: the count goes in the row's header, written by the lane that then
+    // releases it (lane k) or pushes it (lane 0), so nothing orders one lane's header
+    // before another's release. Otherwise the warp describes one row at a time.
+    // num_entries 0 tells home ranks the row has nothing for them (semantics.md 6:
+    // dropped rows contribute nothing). A row with a source that is not already where
+    // staging puts it goes through the pipeline (lane 0), and the store warp releases it
+    // once its bulk stores completed; lane k releases its row otherwise (stage_rows):
+    // returns whether it has one to release.
+    const auto stage = [&](int64_t mine, int n) {
       uint32_t pushed = 0;
       if (!describe) {
         pushed = __ballot_sync(arch::kFullWarpMask, n > 0 && !p.input_in_staging);
@@ -580,17 +578,18 @@ struct Combine {
         for (uint32_t rest = pushed; rest != 0; rest &= rest - 1) {
           const int k = __ffs(static_cast<int>(rest)) - 1;
           const int entries = __shfl_sync(arch::kFullWarpMask, n, k);
+          const int64_t r = __shfl_sync(arch::kFullWarpMask, mine, k);
           if (lane == 0) {
-            const int64_t r = row_of(first + k);
             arch::st_global(&lay.header(dom.self(), r)->num_entries, static_cast<int16_t>(entries));
             push_stage_job(r, 1);
           }
         }
       } else {
         // Lane 0 writes each header; the warp barrier after it orders it before every
-        // lane's release (stage_all) and hands the sources back.
-        for (int k = 0; k < count; ++k) {
-          const int64_t r = row_of(first + k);
+        // lane's release (stage_rows) and hands the sources back.
+        for (int k = 0; k < static_cast<int>(arch::kWarpSize); ++k) {
+          const int64_t r = __shfl_sync(arch::kFullWarpMask, mine, k);
+          if (r < 0) continue;
           const int kept = describe_row(r, __shfl_sync(arch::kFullWarpMask, n, k));
           const int num_sources = p.permuted_input ? kept : (kept > 0 ? 1 : 0);
           const bool push = num_sources > 0 && !p.input_in_staging;
@@ -605,25 +604,78 @@ struct Combine {
       }
       return mine >= 0 && !(pushed >> lane & 1u);
     };
-    // The stage jobs of the block's rows row_of(i), i < count, 32 at a time. Each lane
-    // releases its rows of up to 32 batches with one fence.acq_rel.sys: every row is
-    // published before any job, so nothing waits for one sooner.
-    const auto stage_all = [&](int64_t count, auto row_of) {
-      BatchCursor cursor(count, p.chunk_rows, arch::kWarpSize);
+    // Lane k's four entry counts of rows base, ..., base + 3 of [a, b) (0 past
+    // rows_with_input), in one 16-byte load where all four have input.
+    const bool counts_aligned = reinterpret_cast<uintptr_t>(h.recv_num_entries) % 16 == 0;
+    const auto entry_counts = [&](int64_t base, int64_t a, int64_t b, int32_t (&n)[4]) {
+      if (counts_aligned && base >= a && base + 3 < b && base + 3 < rows_with_input) {
+        const uint4 v = arch::ld_global(reinterpret_cast<const uint4*>(h.recv_num_entries + base));
+        n[0] = static_cast<int32_t>(v.x), n[1] = static_cast<int32_t>(v.y);
+        n[2] = static_cast<int32_t>(v.z), n[3] = static_cast<int32_t>(v.w);
+        return;
+      }
+      for (int e = 0; e < 4; ++e) {
+        const int64_t r = base + e;
+        n[e] = r >= a && r < b && r < rows_with_input ? arch::ld_global(&h.recv_num_entries[r]) : 0;
+      }
+    };
+    // Each lane releases its rows of up to 32 batches with one fence.acq_rel.sys: every
+    // row is published before any job, so nothing waits for one sooner.
+    //
+    // Rows [a, b) where a block has fewer than 128 of them: the blocks' chunks of at
+    // most 32 rows (BatchCursor, so that few rows still spread over every block), lane k
+    // taking row k of each.
+    const auto stage_narrow = [&](int64_t a, int64_t b) {
+      BatchCursor cursor(b - a, p.chunk_rows, arch::kWarpSize);
       int64_t first = 0;
       int n = 0;
       for (bool more = true; more;) {
         BatchCursor group = cursor;
-        uint32_t releases = 0;  // bit b: this lane releases its row of the group's batch b
+        uint32_t releases = 0;  // bit i: this lane releases its row of the group's batch i
         int batches = 0;
-        for (; batches < 32 && (more = cursor.next(first, n)); ++batches)
-          releases |= static_cast<uint32_t>(stage(first, n, row_of)) << batches;
+        for (; batches < 32 && (more = cursor.next(first, n)); ++batches) {
+          const int64_t mine = static_cast<int>(lane) < n ? a + first + lane : -1;
+          const int count = mine >= 0 && mine < rows_with_input ? arch::ld_global(&h.recv_num_entries[mine]) : 0;
+          releases |= static_cast<uint32_t>(stage(mine, count)) << batches;
+        }
         if (releases == 0) continue;
         arch::fence_acq_rel_sys();
-        for (int b = 0; b < batches; ++b)
-          if (group.next(first, n) && (releases >> b & 1u))
-            arch::st_relaxed_sys(&lay.header(dom.self(), row_of(first + lane))->seq, seq);
+        for (int i = 0; i < batches; ++i)
+          if (group.next(first, n) && (releases >> i & 1u))
+            arch::st_relaxed_sys(&lay.header(dom.self(), a + first + lane)->seq, seq);
       }
+    };
+    // Otherwise chunks of 128 rows aligned on row 0, dealt to the blocks round robin:
+    // lane k takes rows 4k, ..., 4k + 3 of a chunk, their entry counts in one load
+    // (entry_counts), and the chunk's j-th batch is every lane's row 4k + j.
+    constexpr int64_t kWideChunk = 4 * arch::kWarpSize;
+    const auto stage_wide = [&](int64_t a, int64_t b) {
+      const int64_t end = (b + kWideChunk - 1) / kWideChunk;
+      for (int64_t c = a / kWideChunk + blockIdx.x; c < end;) {
+        const int64_t group = c;
+        uint32_t releases = 0;  // bit 4i + j: this lane releases row 4k + j of the group's chunk i
+        int chunks = 0;
+        for (; chunks < 8 && c < end; ++chunks, c += gridDim.x) {
+          const int64_t base = c * kWideChunk + 4 * lane;
+          int32_t n[4];
+          entry_counts(base, a, b, n);
+          for (int j = 0; j < 4; ++j) {
+            const int64_t r = base + j;
+            releases |= static_cast<uint32_t>(stage(r >= a && r < b ? r : -1, n[j])) << (4 * chunks + j);
+          }
+        }
+        if (releases == 0) continue;
+        arch::fence_acq_rel_sys();
+        for (int i = 0; i < chunks; ++i)
+          for (int j = 0; j < 4; ++j)
+            if (releases >> (4 * i + j) & 1u)
+              arch::st_relaxed_sys(
+                  &lay.header(dom.self(), (group + i * gridDim.x) * kWideChunk + 4 * lane + j)->seq, seq);
+      }
+    };
+    const auto stage_rows = [&](int64_t a, int64_t b) {
+      if (b - a >= kWideChunk * gridDim.x) return stage_wide(a, b);
+      if (b > a) stage_narrow(a, b);
     };
 
     // Received rows are in source rank order; [own_begin, own_end) came from this
@@ -641,8 +693,9 @@ struct Combine {
       own_begin = min_i64(before, num_recv);
       own_end = min_i64(own_begin + own, num_recv);
     }
-    stage_all(num_recv - (own_end - own_begin), [&](int64_t i) { return i < own_begin ? i : i - own_begin + own_end; });
-    stage_all(own_end - own_begin, [&](int64_t i) { return own_begin + i; });
+    stage_rows(0, own_begin);
+    stage_rows(own_end, num_recv);
+    stage_rows(own_begin, own_end);
 
     // Every staged row is published (by the store lane, or here) before any job waits
     // for one.

@@ -307,6 +307,21 @@ TEST(IntranodeCombine, ProbsCombineInBothLayouts) {
     for (uint64_t seed : test::seeds(2)) check_case(c, seed);
 }
 
+// Where a block has 128 received rows or more, the stage jobs take them four to a lane
+// (one 16-byte load of their entry counts) in chunks of 128 aligned on row 0: row
+// counts that end mid-chunk (the lanes past the end load nothing), uneven ranks, one
+// and two blocks, with and without probs, both layouts.
+TEST(IntranodeCombine, ManyRowsAreStagedFourToALane) {
+  const std::vector<Case> cases = {
+      {2, {200, 190}, 16, 4, 2, 1},
+      {3, {300, 257, 281}, 16, 2, 2, 2, Routing::Skewed},
+      {2, {263, 250}, 16, 4, 2, 2, Routing::Uniform, kReceived, true},
+      {2, {250, 263}, 16, 4, 2, 2, Routing::Uniform, kPermuted, false, pad(4)},
+  };
+  for (const Case& c : cases)
+    for (uint64_t seed : test::seeds(2)) check_case(c, seed);
+}
+
 // Rows dropped by a bound contribute nothing and tokens whose every row was
 // dropped get zeros; received-layout bounds differ per rank (0 included).
 TEST(IntranodeCombine, BoundedRowsAreLeftOut) {

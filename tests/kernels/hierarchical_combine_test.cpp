@@ -223,6 +223,18 @@ TEST(HierarchicalCombine, RowsStayInStagingAndCombineInPlace) {
   run_case(three, 7, test::weak_with_nic_delays(64), CombineInputLayout::Received, 3);
 }
 
+// Where a block has 128 rows or more of a range (other domains' rows, then its own),
+// the stage jobs take them four to a lane in chunks aligned on row 0, which the
+// ranges' ends cut (other domains' rows are two ranges around the domain's own): in
+// the weak memory mode with NIC delays, with the rows in staging and without.
+TEST(HierarchicalCombine, ManyRowsAreStagedFourToALane) {
+  Case c{2, 2, {300, 150, 270, 290}, 4, 2, false, test::Routing::Uniform};
+  run_case(c, 8, test::weak_with_nic_delays(64), CombineInputLayout::Received, 1);
+  if (HasFailure()) return;
+  c.options.rows_stay = true;
+  run_case(c, 9, test::weak_with_nic_delays(64), CombineInputLayout::Received, 1);
+}
+
 // Bounds, different per rank: on received rows for expert outputs in the received
 // layout, on permuted rows (padding counted) in the expert-grouped one (semantics.md
 // 6: each layout's own bound). Dropped rows contribute nothing, to their domain's
