@@ -6,24 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstring>
-#include <limits>
 
 #include "railyard/arch/convert.cuh"
 
 namespace railyard::arch {
 namespace {
-
-float from_bits(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-uint32_t to_bits(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  return bits;
-}
 
 struct Case {
   uint32_t input;
@@ -50,7 +37,7 @@ constexpr Case kCases[] = {
 
 TEST(ArchConvert, RoundToBf16RoundsToNearestEven) {
   for (const Case& c : kCases) {
-    EXPECT_EQ(to_bits(round_to_bf16(from_bits(c.input))), static_cast<uint32_t>(c.expected) << 16)
+    EXPECT_EQ(float_bits(round_to_bf16(float_from_bits(c.input))), static_cast<uint32_t>(c.expected) << 16)
         << std::hex << "input 0x" << c.input;
   }
 }
@@ -58,7 +45,7 @@ TEST(ArchConvert, RoundToBf16RoundsToNearestEven) {
 TEST(ArchConvert, Bf16x2PutsTheFirstInTheLowHalf) {
   for (const Case& lo : kCases) {
     for (const Case& hi : kCases) {
-      EXPECT_EQ(bf16x2_rn(from_bits(lo.input), from_bits(hi.input)),
+      EXPECT_EQ(bf16x2_rn(float_from_bits(lo.input), float_from_bits(hi.input)),
                 static_cast<uint32_t>(lo.expected) | (static_cast<uint32_t>(hi.expected) << 16))
           << std::hex << "lo 0x" << lo.input << ", hi 0x" << hi.input;
     }
