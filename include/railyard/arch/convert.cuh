@@ -4,7 +4,7 @@
 // (common/dtypes.cuh), the reference's and the simulator's software rounding, which is
 // their twin here. The combine's reduction warps round every output element and every
 // domain partial; in software that is a dozen integer instructions per element, in
-// hardware one instruction per two. tests/arch/convert_gpu_test compares the two over
+// hardware one instruction per two. tests/gpu/bf16_convert_gpu_test.cpp compares the two over
 // all 2^32 floats on a GPU.
 #pragma once
 
